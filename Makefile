@@ -1,0 +1,32 @@
+# worldserve: `make serve` runs the server on the built-in model; `make test` runs every check.
+# Both create and fill .venv on first use (and again whenever pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+
+.PHONY: venv lint test conformance bench
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU build lies on disk; a looser pin pulls a CUDA build.
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $@
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy --strict src
+
+test: lint
+	$(BIN)/pytest
+
+conformance: venv
+	PYTHON=$(BIN)/python bash ../shared/conformance/run
+
+bench: venv
+	$(BIN)/python bench/control_plane.py

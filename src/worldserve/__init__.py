@@ -1,0 +1,84 @@
+"""worldserve: serve realtime, interactive world models chunk by chunk.
+
+The core (this package's top level, :mod:`worldserve.protocol`, :mod:`worldserve.session`,
+:mod:`worldserve.lifecycle`, :mod:`worldserve.stats`) needs only the standard library.
+"""
+
+from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC, CollectiveRPCClient, WorkerLifecycle
+from worldserve.protocol import (
+    CHUNK_METADATA_KEY,
+    TICK_EXTRA_ARGS_KEY,
+    ChunkMetadata,
+    ControlInput,
+    FrozenMap,
+    TickRequest,
+    build_chunk_envelope,
+    freeze_transport_value,
+    parse_chunk_envelope,
+    thaw_transport_value,
+)
+from worldserve.session import (
+    TRANSITIONS,
+    ChunkMetadataError,
+    ControlReducer,
+    ControlValidator,
+    DroppedEvents,
+    DropReason,
+    EventAcceptance,
+    EventAcceptanceStatus,
+    EventQueueFullError,
+    InvalidEventError,
+    PreparedControls,
+    Session,
+    SessionError,
+    SessionEvent,
+    SessionLifecycle,
+    SessionManager,
+    SessionStateError,
+    SessionStatus,
+    StaleEventError,
+    TickConsumer,
+)
+from worldserve.stats import HistogramSnapshot, SessionStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CHUNK_METADATA_KEY",
+    "CLOSE_SESSION_RPC",
+    "RESET_SESSION_RPC",
+    "TICK_EXTRA_ARGS_KEY",
+    "TRANSITIONS",
+    "ChunkMetadata",
+    "ChunkMetadataError",
+    "CollectiveRPCClient",
+    "ControlInput",
+    "ControlReducer",
+    "ControlValidator",
+    "DropReason",
+    "DroppedEvents",
+    "EventAcceptance",
+    "EventAcceptanceStatus",
+    "EventQueueFullError",
+    "FrozenMap",
+    "HistogramSnapshot",
+    "InvalidEventError",
+    "PreparedControls",
+    "Session",
+    "SessionError",
+    "SessionEvent",
+    "SessionLifecycle",
+    "SessionManager",
+    "SessionStateError",
+    "SessionStats",
+    "SessionStatus",
+    "StaleEventError",
+    "TickConsumer",
+    "TickRequest",
+    "WorkerLifecycle",
+    "__version__",
+    "build_chunk_envelope",
+    "freeze_transport_value",
+    "parse_chunk_envelope",
+    "thaw_transport_value",
+]

@@ -1,0 +1,45 @@
+"""World-model adapters and the built-in model registry.
+
+Importing this package needs the ``models`` extra (numpy, jsonschema), never torch:
+a model's heavy dependencies load only when :func:`load_model` builds it, which the
+runtime does inside its worker processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from worldserve.models.base import ControlSchema, ModelSpec, SessionOptions, SpecControlValidator, WorldModel
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ControlSchema",
+    "ModelSpec",
+    "SessionOptions",
+    "SpecControlValidator",
+    "WorldModel",
+    "load_model",
+]
+
+#: Built-in model names and the ``module:factory`` that builds each.
+BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
+    {
+        "procedural": "worldserve.models.procedural:ProceduralModel",
+    }
+)
+
+
+def load_model(name: str, **options: Any) -> WorldModel:
+    """Build a model by built-in name, or by ``"package.module:factory"`` for your own."""
+    target = BUILTIN_MODELS.get(name, name)
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"unknown model {name!r}; built-in models: {sorted(BUILTIN_MODELS)}.")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    model = factory(**options)
+    if not isinstance(model, WorldModel):
+        raise TypeError(f"{target} did not build a WorldModel (got {type(model).__name__}).")
+    return model

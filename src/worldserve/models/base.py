@@ -1,0 +1,194 @@
+"""The model interface: what a world-model adapter gives the runtime.
+
+Owns: :class:`WorldModel` (the protocol an adapter implements), :class:`ModelSpec`
+and :class:`ControlSchema` (what a model declares: size, rate, controls, batch limit,
+bytes of state per session), :class:`SessionOptions` (how a session's world starts)
+and :class:`SpecControlValidator`, which refuses a control the model cannot take
+when its event is *accepted*, from the spec alone (no model weights needed).
+
+Must not know: sessions, engines, transports. Controls are the model's to interpret:
+the control plane only ever sees them as opaque ``ControlInput`` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import jsonschema
+
+from worldserve.protocol import ControlInput, FrozenMap, TickRequest, freeze_transport_value, thaw_transport_value
+
+__all__ = [
+    "ControlSchema",
+    "ModelSpec",
+    "SessionOptions",
+    "SpecControlValidator",
+    "WorldModel",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSchema:
+    """One control track a model accepts: its ``schema`` name and a JSON Schema of its data."""
+
+    track: str
+    schema: str
+    description: str
+    json_schema: Mapping[str, Any]
+    example: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "json_schema", freeze_transport_value(self.json_schema, path="json_schema"))
+        object.__setattr__(self, "example", freeze_transport_value(self.example, path="example"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "track": self.track,
+            "schema": self.schema,
+            "description": self.description,
+            "json_schema": thaw_transport_value(self.json_schema),
+            "example": thaw_transport_value(self.example),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What a model declares about itself; shown to clients and used by the runtime."""
+
+    name: str
+    frames_per_chunk: int
+    fps: float
+    height: int
+    width: int
+    controls: tuple[ControlSchema, ...]
+    max_batch_size: int
+    state_bytes: int
+    styles: tuple[str, ...] = ()
+    default_prompt: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
+        if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
+            raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
+        if not self.fps > 0:
+            raise ValueError(f"ModelSpec.fps must be positive; got {self.fps!r}.")
+        tracks = [control.track for control in self.controls]
+        if len(tracks) != len(set(tracks)):
+            raise ValueError("ModelSpec.controls must declare each track once.")
+
+    @property
+    def chunk_seconds(self) -> float:
+        """Playback time of one chunk."""
+        return self.frames_per_chunk / self.fps
+
+    def control(self, track: str) -> ControlSchema | None:
+        for control in self.controls:
+            if control.track == track:
+                return control
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "frames_per_chunk": self.frames_per_chunk,
+            "fps": self.fps,
+            "height": self.height,
+            "width": self.width,
+            "controls": [control.to_dict() for control in self.controls],
+            "max_batch_size": self.max_batch_size,
+            "state_bytes": self.state_bytes,
+            "styles": list(self.styles),
+            "default_prompt": self.default_prompt,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """How a session's world starts; kept by the runtime and reused on every reset.
+
+    ``prompt`` is the start prompt, used while no event has set one. ``seed`` picks the
+    world. ``image`` is an optional start image: raw RGB bytes of ``height * width * 3``.
+    """
+
+    prompt: str | None = None
+    seed: int = 0
+    image: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise ValueError("SessionOptions.prompt must be a string or None.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"SessionOptions.seed must be an integer in [0, 2**32); got {self.seed!r}.")
+        if self.image is not None and not isinstance(self.image, bytes):
+            raise ValueError("SessionOptions.image must be raw RGB bytes or None.")
+
+    def check_image(self, spec: ModelSpec) -> None:
+        """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size."""
+        expected = spec.height * spec.width * 3
+        if self.image is not None and len(self.image) != expected:
+            raise ValueError(
+                f"start image must be {spec.width}x{spec.height} RGB ({expected} bytes); got {len(self.image)} bytes."
+            )
+
+
+@runtime_checkable
+class WorldModel(Protocol):
+    """A world model adapter the runtime drives, one AR block per tick.
+
+    ``step`` receives one ``(state, tick)`` pair per session of a batch (at most
+    ``spec.max_batch_size``) and returns one chunk envelope per pair, in order,
+    whose metadata echoes the tick and whose payload is the chunk's frames. States
+    are the model's own; the runner owns which session holds which state.
+    """
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    def new_state(self, session_id: str, options: SessionOptions) -> Any: ...
+
+    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]: ...
+
+    def release(self, state: Any) -> None: ...
+
+
+class SpecControlValidator:
+    """The :class:`~worldserve.session.ControlValidator` a :class:`ModelSpec` implies.
+
+    A control is refused unless its track is declared, its schema name matches, and
+    its data satisfies the declared JSON Schema; the error names all three.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self._by_track: dict[str, tuple[str, jsonschema.protocols.Validator]] = {}
+        for control in spec.controls:
+            schema = thaw_transport_value(control.json_schema)
+            validator_class = jsonschema.validators.validator_for(schema)
+            validator_class.check_schema(schema)
+            self._by_track[control.track] = (control.schema, validator_class(schema))
+        self._model = spec.name
+
+    def validate_controls(self, controls: Sequence[ControlInput]) -> None:
+        for control in controls:
+            known = self._by_track.get(control.track)
+            if known is None:
+                raise ValueError(
+                    f"model {self._model!r} has no control track {control.track!r}; "
+                    f"known tracks: {sorted(self._by_track)}."
+                )
+            schema_name, validator = known
+            if control.schema != schema_name:
+                raise ValueError(
+                    f"control track {control.track!r} expects schema {schema_name!r}; got {control.schema!r}."
+                )
+            data = thaw_transport_value(control.data) if isinstance(control.data, FrozenMap) else control.data
+            error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+            if error is not None:
+                where = "data" + "".join(f"[{part!r}]" for part in error.absolute_path)
+                raise ValueError(f"control track {control.track!r} (schema {schema_name!r}): {where}: {error.message}.")

@@ -1,0 +1,406 @@
+"""The typed tick contract: immutable values that cross every boundary.
+
+Owns: :class:`ControlInput` (one model-defined control track), :class:`TickRequest`
+(one AR block for one session), :class:`ChunkMetadata` (what a model echoes back),
+the deep-freezing of JSON-like control data, and the two wire encodings shared with
+vllm-omni (the ``extra_args`` key and the chunk output envelope).
+
+Must not know: sessions, queues, sockets, tensors or what a control means.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from math import isfinite
+from typing import Any, NoReturn
+
+__all__ = [
+    "CHUNK_METADATA_KEY",
+    "TICK_EXTRA_ARGS_KEY",
+    "ChunkMetadata",
+    "ControlInput",
+    "FrozenMap",
+    "TickRequest",
+    "build_chunk_envelope",
+    "freeze_transport_value",
+    "parse_chunk_envelope",
+    "thaw_transport_value",
+]
+
+#: ``extra_args`` key under which vllm-omni carries a serialized tick.
+TICK_EXTRA_ARGS_KEY = "ar_diffusion_tick"
+#: Key of the chunk identity inside an output envelope's ``metadata`` mapping.
+CHUNK_METADATA_KEY = "ar_diffusion"
+
+
+class FrozenMap(Mapping[str, Any]):
+    """A read-only, hashable mapping of string keys to deeply frozen values.
+
+    ``FrozenMap(mapping)`` freezes a JSON-like mapping (see
+    :func:`freeze_transport_value`). A ``FrozenMap`` is never frozen twice: passing
+    one where frozen data is expected shares it as it is. It compares equal to any
+    mapping with the same items, so frozen control data can be checked against
+    plain dicts.
+    """
+
+    __slots__ = ("_hash", "_items")
+
+    _items: dict[str, Any]
+    _hash: int | None
+
+    def __new__(cls, value: Mapping[str, Any] | None = None, /) -> FrozenMap:
+        if isinstance(value, FrozenMap):
+            return value
+        return freeze_transport_value({} if value is None else value, path="value")  # type: ignore[no-any-return]
+
+    @classmethod
+    def _trusted(cls, items: dict[str, Any]) -> FrozenMap:
+        """Wrap ``items`` whose keys and values are already validated and frozen."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "_items", items)
+        object.__setattr__(self, "_hash", None)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError("FrozenMap is immutable")
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self is other or self._items == other._items
+        if isinstance(other, dict):
+            return self._items == other
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        cached = self._hash
+        if cached is None:
+            cached = hash(frozenset(self._items.items()))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Values are FrozenMaps, tuples and scalars, which pickle as themselves;
+        # the receiving side trusts them instead of freezing them again.
+        return (FrozenMap._trusted, (self._items,))
+
+
+def _not_transport_safe(path: str, value: object, why: str | None = None) -> NoReturn:
+    detail = why or f"got {type(value).__name__}"
+    raise ValueError(
+        f"{path} is not transport-safe ({detail}); control data may contain only mappings "
+        "with string keys, sequences, strings, finite numbers, booleans and None."
+    )
+
+
+def _freeze(value: Any, path: Any) -> Any:
+    # ``path`` is a chain of (parent, step) pairs built on the way down and
+    # rendered only for an error, so the happy path formats no strings.
+    kind = type(value)
+    if kind is float:
+        if not isfinite(value):
+            _not_transport_safe(_render(path), value, f"non-finite float {value!r}")
+        return value
+    if kind is str or kind is int or kind is bool or value is None or kind is FrozenMap:
+        return value
+    if kind is dict or isinstance(value, Mapping):
+        items: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                _not_transport_safe(_render(path), value, f"mapping key {key!r} is not a string")
+            items[key] = _freeze(item, (path, key))
+        return FrozenMap._trusted(items)
+    if kind is list or kind is tuple:
+        frozen = [_freeze(item, (path, index)) for index, item in enumerate(value)]
+        if kind is tuple and all(a is b for a, b in zip(frozen, value, strict=True)):
+            return value  # already frozen: share it
+        return tuple(frozen)
+    # Subclasses (enums, numpy floats, ...) become their plain JSON values.
+    if isinstance(value, float):
+        return _freeze(float(value), path)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return tuple(_freeze(item, (path, index)) for index, item in enumerate(value))
+    _not_transport_safe(_render(path), value)
+
+
+def _render(path: Any) -> str:
+    steps: list[str] = []
+    while isinstance(path, tuple):
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    return str(path) + "".join(reversed(steps))
+
+
+def freeze_transport_value(value: Any, *, path: str = "value") -> Any:
+    """Return a deeply immutable copy of JSON-like ``value``.
+
+    Mappings become :class:`FrozenMap`, lists and tuples become tuples; already
+    frozen parts are shared, not copied. Anything that is not JSON (other types,
+    non-string keys, NaN or infinite floats) raises ``ValueError`` naming its path.
+    """
+    return _freeze(value, path)
+
+
+def thaw_transport_value(value: Any) -> Any:
+    """Return a detached, JSON-serializable copy (dicts and lists) of frozen data."""
+    if isinstance(value, Mapping):
+        return {key: thaw_transport_value(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [thaw_transport_value(item) for item in value]
+    return value
+
+
+def _require_text(value: object, field: str) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    raise ValueError(f"{field} must be a non-empty string; got {value!r}.")
+
+
+def _require_index(value: object, field: str) -> int:
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise ValueError(f"{field} must be a non-negative integer (not a bool); got {value!r}.")
+
+
+def _event_id_tuple(value: object, field: str) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
+        raise ValueError(f"{field} must be a sequence of event ids; got {type(value).__name__}.")
+    ids = tuple([_require_index(event_id, f"{field} item") for event_id in value])
+    for earlier, later in pairwise(ids):
+        if later <= earlier:
+            raise ValueError(f"{field} must be unique and strictly increasing; got {list(ids)!r}.")
+    return ids
+
+
+def _require_mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a mapping; got {type(value).__name__}.")
+    return value
+
+
+def _reject_unknown_keys(value: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
+    unknown = sorted(str(key) for key in value if key not in allowed)
+    if unknown:
+        raise ValueError(f"{what} has unknown keys {unknown}; allowed: {sorted(allowed)}.")
+
+
+@dataclass(frozen=True, slots=True)
+class ControlInput:
+    """One model-defined control track (``track``) in a ``schema`` the model names.
+
+    ``data`` is frozen once, here: nested mappings become :class:`FrozenMap`,
+    sequences become tuples. Passing already frozen data shares it.
+    """
+
+    track: str
+    schema: str
+    data: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        _require_text(self.track, "control.track")
+        _require_text(self.schema, "control.schema")
+        data = self.data
+        if type(data) is not FrozenMap:
+            if not isinstance(data, Mapping):
+                raise ValueError(
+                    f"control[{self.track}].data must be a mapping; got {type(data).__name__} "
+                    "(control data must be transport-safe)."
+                )
+            object.__setattr__(self, "data", _freeze(data, f"control[{self.track}].data"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A detached JSON-ready copy: ``{"track", "schema", "data"}``."""
+        return {"track": self.track, "schema": self.schema, "data": thaw_transport_value(self.data)}
+
+    @classmethod
+    def from_dict(cls, value: object) -> ControlInput:
+        """Parse :meth:`to_dict` output; missing or unknown keys are errors."""
+        mapping = _require_mapping(value, "control")
+        _reject_unknown_keys(mapping, _CONTROL_KEYS, "control")
+        for key in ("track", "schema", "data"):
+            if key not in mapping:
+                raise ValueError(f"control is missing {key!r}.")
+        return cls(track=mapping["track"], schema=mapping["schema"], data=mapping["data"])
+
+
+_CONTROL_KEYS = frozenset({"track", "schema", "data"})
+
+
+@dataclass(frozen=True, slots=True)
+class TickRequest:
+    """One atomic AR-block computation for one session.
+
+    ``request_id`` names this computation, ``session_id`` the persistent rollout,
+    ``chunk_index`` the block's place in it, and ``applied_event_ids`` the accepted
+    events this immutable snapshot of ``prompt`` and ``controls`` represents.
+    """
+
+    session_id: str
+    request_id: str
+    chunk_index: int
+    applied_event_ids: tuple[int, ...] = ()
+    prompt: str | None = None
+    controls: tuple[ControlInput, ...] = ()
+    reset: bool = False
+    close_session: bool = False
+
+    def __post_init__(self) -> None:
+        _require_text(self.session_id, "session_id")
+        _require_text(self.request_id, "request_id")
+        object.__setattr__(self, "chunk_index", _require_index(self.chunk_index, "chunk_index"))
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise ValueError(f"prompt must be a string or None; got {type(self.prompt).__name__}.")
+        if type(self.reset) is not bool:
+            raise ValueError(f"reset must be a bool; got {self.reset!r}.")
+        if type(self.close_session) is not bool:
+            raise ValueError(f"close_session must be a bool; got {self.close_session!r}.")
+        object.__setattr__(self, "applied_event_ids", _event_id_tuple(self.applied_event_ids, "applied_event_ids"))
+        controls = self.controls if type(self.controls) is tuple else tuple(self.controls)
+        tracks = set()
+        for control in controls:
+            if type(control) is not ControlInput:
+                raise ValueError(f"controls must contain ControlInput values; got {type(control).__name__}.")
+            if control.track in tracks:
+                raise ValueError(f"controls must hold each track at most once; {control.track!r} repeats.")
+            tracks.add(control.track)
+        object.__setattr__(self, "controls", controls)
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """Serialize under vllm-omni's ``extra_args`` key (``"ar_diffusion_tick"``)."""
+        return {
+            TICK_EXTRA_ARGS_KEY: {
+                "session_id": self.session_id,
+                "request_id": self.request_id,
+                "chunk_index": self.chunk_index,
+                "applied_event_ids": list(self.applied_event_ids),
+                "prompt": self.prompt,
+                "controls": [control.to_dict() for control in self.controls],
+                "reset": self.reset,
+                "close_session": self.close_session,
+            }
+        }
+
+    @classmethod
+    def from_extra_args(cls, extra_args: Mapping[str, Any] | None) -> TickRequest | None:
+        """Parse :meth:`to_extra_args` output; ``None`` when no tick is present."""
+        if extra_args is None or TICK_EXTRA_ARGS_KEY not in extra_args:
+            return None
+        value = _require_mapping(extra_args[TICK_EXTRA_ARGS_KEY], TICK_EXTRA_ARGS_KEY)
+        _reject_unknown_keys(value, _TICK_KEYS, TICK_EXTRA_ARGS_KEY)
+        for key in ("session_id", "request_id", "chunk_index"):
+            if key not in value:
+                raise ValueError(f"{TICK_EXTRA_ARGS_KEY} is missing {key!r}.")
+        raw_controls = value.get("controls", ())
+        if isinstance(raw_controls, (str, bytes)) or not isinstance(raw_controls, Sequence):
+            raise ValueError(f"controls must be a sequence; got {type(raw_controls).__name__}.")
+        return cls(
+            session_id=value["session_id"],
+            request_id=value["request_id"],
+            chunk_index=value["chunk_index"],
+            applied_event_ids=_event_id_tuple(value.get("applied_event_ids", ()), "applied_event_ids"),
+            prompt=value.get("prompt"),
+            controls=tuple(ControlInput.from_dict(control) for control in raw_controls),
+            reset=value.get("reset", False),
+            close_session=value.get("close_session", False),
+        )
+
+
+_TICK_KEYS = frozenset(
+    {
+        "session_id",
+        "request_id",
+        "chunk_index",
+        "applied_event_ids",
+        "prompt",
+        "controls",
+        "reset",
+        "close_session",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMetadata:
+    """Identity of one generated AR block; a chunk commits only if it equals its tick's."""
+
+    session_id: str
+    request_id: str
+    chunk_index: int
+    applied_event_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_text(self.session_id, "session_id")
+        _require_text(self.request_id, "request_id")
+        object.__setattr__(self, "chunk_index", _require_index(self.chunk_index, "chunk_index"))
+        object.__setattr__(self, "applied_event_ids", _event_id_tuple(self.applied_event_ids, "applied_event_ids"))
+
+    @classmethod
+    def from_tick(cls, tick: TickRequest) -> ChunkMetadata:
+        return cls(tick.session_id, tick.request_id, tick.chunk_index, tick.applied_event_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "request_id": self.request_id,
+            "chunk_index": self.chunk_index,
+            "applied_event_ids": list(self.applied_event_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> ChunkMetadata:
+        """Parse :meth:`to_dict` output strictly (``applied_event_ids`` defaults to ``()``)."""
+        mapping = _require_mapping(value, f"metadata.{CHUNK_METADATA_KEY}")
+        for key in ("session_id", "request_id", "chunk_index"):
+            if key not in mapping:
+                raise ValueError(f"metadata.{CHUNK_METADATA_KEY} is missing {key!r}.")
+        return cls(
+            session_id=mapping["session_id"],
+            request_id=mapping["request_id"],
+            chunk_index=mapping["chunk_index"],
+            applied_event_ids=_event_id_tuple(
+                mapping.get("applied_event_ids", ()), f"metadata.{CHUNK_METADATA_KEY}.applied_event_ids"
+            ),
+        )
+
+
+def build_chunk_envelope(payload: Any, metadata: ChunkMetadata) -> dict[str, Any]:
+    """The chunk output envelope: ``{"payload": ..., "metadata": {"ar_diffusion": {...}}}``."""
+    return {"payload": payload, "metadata": {CHUNK_METADATA_KEY: metadata.to_dict()}}
+
+
+def parse_chunk_envelope(envelope: object) -> tuple[Any, ChunkMetadata]:
+    """Split an envelope into ``(payload, ChunkMetadata)``; a malformed one raises ``ValueError``."""
+    outer = _require_mapping(envelope, "chunk envelope")
+    if "payload" not in outer:
+        raise ValueError("chunk envelope is missing 'payload'.")
+    if "metadata" not in outer:
+        raise ValueError("chunk envelope is missing 'metadata'.")
+    metadata = _require_mapping(outer["metadata"], "chunk envelope metadata")
+    if CHUNK_METADATA_KEY not in metadata:
+        raise ValueError(f"chunk envelope metadata is missing {CHUNK_METADATA_KEY!r}.")
+    return outer["payload"], ChunkMetadata.from_dict(metadata[CHUNK_METADATA_KEY])

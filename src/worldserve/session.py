@@ -1,0 +1,664 @@
+"""The session control plane: event ordering, backpressure and chunk-boundary snapshots.
+
+Owns, per realtime world: a bounded, de-duplicated queue of accepted events; the
+monotonic event floor; the current prompt and controls; the chunk counter; the
+status machine (:data:`TRANSITIONS`); counters; and the record of events it had to
+drop. Events are *accepted* at once and *applied* only at the next chunk boundary,
+as one sorted, immutable :class:`~worldserve.protocol.TickRequest`; a chunk commits
+only if the model's :class:`~worldserve.protocol.ChunkMetadata` equals its tick's.
+Any failure fails closed: the worker's state is released and only ``reset()`` or
+``close()`` go on.
+
+All state changes happen in synchronous code between ``await`` points, so on one
+event loop they are atomic without a lock; the one lock serializes the operations
+that await a worker (a tick, a reset, a close). Model-defined control payloads stay
+opaque here. Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Generic, Protocol, TypeVar
+
+from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
+from worldserve.stats import SessionCounters, SessionStats
+
+__all__ = [
+    "TRANSITIONS",
+    "ChunkMetadataError",
+    "ControlReducer",
+    "ControlValidator",
+    "DropReason",
+    "DroppedEvents",
+    "EventAcceptance",
+    "EventAcceptanceStatus",
+    "EventQueueFullError",
+    "InvalidEventError",
+    "PreparedControls",
+    "Session",
+    "SessionError",
+    "SessionEvent",
+    "SessionLifecycle",
+    "SessionManager",
+    "SessionStateError",
+    "SessionStatus",
+    "StaleEventError",
+    "TickConsumer",
+]
+
+
+class SessionError(RuntimeError):
+    """Base error of session operations; ``code`` is stable for transports."""
+
+    code = "session_error"
+
+
+class SessionStateError(SessionError):
+    """The operation is invalid in the session's current status."""
+
+    code = "invalid_state"
+
+
+class EventQueueFullError(SessionError):
+    """Accepting the event would exceed the bounded queue; retry after a chunk."""
+
+    code = "queue_full"
+
+
+class StaleEventError(SessionError):
+    """The event id is at or below the session's event floor."""
+
+    code = "stale_event"
+
+
+class ChunkMetadataError(SessionError):
+    """The tick consumer returned metadata for a different chunk."""
+
+    code = "metadata_mismatch"
+
+
+class InvalidEventError(SessionError, ValueError):
+    """The model cannot take an event's controls; raised at acceptance, not at its chunk."""
+
+    code = "invalid_control"
+
+
+class EventAcceptanceStatus(StrEnum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+
+
+class SessionStatus(StrEnum):
+    ACTIVE = "active"
+    RESETTING = "resetting"
+    FAILED = "failed"
+    CLOSING = "closing"
+    CLEANUP_FAILED = "cleanup_failed"
+    CLOSED = "closed"
+
+
+#: The status machine: each status and the statuses it may move to.
+TRANSITIONS: Mapping[SessionStatus, frozenset[SessionStatus]] = MappingProxyType(
+    {
+        SessionStatus.ACTIVE: frozenset({SessionStatus.FAILED, SessionStatus.RESETTING, SessionStatus.CLOSING}),
+        SessionStatus.FAILED: frozenset({SessionStatus.RESETTING, SessionStatus.CLOSING}),
+        SessionStatus.RESETTING: frozenset({SessionStatus.ACTIVE, SessionStatus.FAILED}),
+        SessionStatus.CLOSING: frozenset({SessionStatus.CLOSED, SessionStatus.CLEANUP_FAILED}),
+        SessionStatus.CLEANUP_FAILED: frozenset({SessionStatus.CLOSING}),
+        SessionStatus.CLOSED: frozenset(),
+    }
+)
+
+
+class DropReason(StrEnum):
+    """Why accepted events were discarded without being applied."""
+
+    RESET = "reset"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedEvents:
+    """Accepted events a session discarded, and why; a transport tells its client."""
+
+    event_ids: tuple[int, ...]
+    reason: DropReason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One atomically accepted prompt and/or control update.
+
+    ``prompt=None`` leaves the prompt as it is. Controls are keyed by ``track`` when
+    the chunk snapshot is assembled; their schema and data are opaque here.
+    """
+
+    event_id: int
+    prompt: str | None = None
+    controls: tuple[ControlInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.event_id) is not int or self.event_id < 0:
+            if isinstance(self.event_id, bool) or not isinstance(self.event_id, int) or self.event_id < 0:
+                raise ValueError(f"event_id must be a non-negative integer; got {self.event_id!r}.")
+            object.__setattr__(self, "event_id", int(self.event_id))
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise ValueError(f"prompt must be a string or None; got {type(self.prompt).__name__}.")
+        controls = self.controls if type(self.controls) is tuple else tuple(self.controls)
+        tracks: set[str] = set()
+        for control in controls:
+            if not isinstance(control, ControlInput):
+                raise ValueError(f"controls must contain ControlInput values; got {type(control).__name__}.")
+            if control.track in tracks:
+                raise ValueError(f"A composite event may update each control track at most once ({control.track!r}).")
+            tracks.add(control.track)
+        if self.prompt is None and not controls:
+            raise ValueError("An event must update the prompt, one or more controls, or both.")
+        object.__setattr__(self, "controls", controls)
+
+
+@dataclass(frozen=True, slots=True)
+class EventAcceptance:
+    """The immediate answer to ``accept_event``; accepted does not mean applied."""
+
+    session_id: str
+    event_id: int
+    status: EventAcceptanceStatus
+    pending_event_count: int
+
+
+TickOutputT = TypeVar("TickOutputT")
+
+
+class TickConsumer(Protocol[TickOutputT]):
+    """Runs one immutable chunk-boundary tick (the engine, in production)."""
+
+    async def execute_tick(self, tick: TickRequest) -> TickOutputT: ...
+
+    def chunk_metadata(self, output: TickOutputT) -> ChunkMetadata: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedControls:
+    """One reducer-owned, transactional control snapshot.
+
+    ``private_state`` is opaque here and becomes durable only after the tick that
+    used it commits.
+    """
+
+    controls: tuple[ControlInput, ...]
+    private_state: Any = None
+
+
+class ControlReducer(Protocol):
+    """Optional model adapter for stateful controls sampled per AR block."""
+
+    def prepare(
+        self,
+        *,
+        current_controls: Mapping[str, ControlInput],
+        events: Sequence[SessionEvent],
+        chunk_index: int,
+    ) -> PreparedControls: ...
+
+    def commit(self, prepared: PreparedControls) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class ControlValidator(Protocol):
+    """The model's check of controls, run when an event is accepted.
+
+    Raises ``ValueError`` naming the track, schema and problem for a control the
+    model cannot take.
+    """
+
+    def validate_controls(self, controls: Sequence[ControlInput]) -> None: ...
+
+
+class SessionLifecycle(Protocol):
+    """Worker-facing lifecycle operations (see :class:`worldserve.WorkerLifecycle`)."""
+
+    async def reset_session(self, session_id: str) -> None: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+
+def _default_request_id(session_id: str, chunk_index: int) -> str:
+    return f"ar-{session_id}-{chunk_index}-{uuid.uuid4().hex}"
+
+
+def _positive_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{field} must be a positive integer; got {value!r}.")
+    return value
+
+
+def _echoes(metadata: object, tick: TickRequest) -> bool:
+    """Whether ``metadata`` equals ``ChunkMetadata.from_tick(tick)``, without building it."""
+    return (
+        type(metadata) is ChunkMetadata
+        and metadata.session_id == tick.session_id
+        and metadata.request_id == tick.request_id
+        and metadata.chunk_index == tick.chunk_index
+        and metadata.applied_event_ids == tick.applied_event_ids
+    )
+
+
+_MAX_DROP_RECORDS = 256
+
+
+class Session(Generic[TickOutputT]):
+    """Transactional event queue and chunk snapshot for one realtime world."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        tick_consumer: TickConsumer[TickOutputT],
+        lifecycle: SessionLifecycle,
+        max_pending_events: int,
+        request_id_factory: Callable[[str, int], str] | None = None,
+        control_reducer: ControlReducer | None = None,
+        control_validator: ControlValidator | None = None,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id.strip():
+            raise ValueError("session_id must be a non-empty string.")
+        self.session_id = session_id
+        self._tick_consumer = tick_consumer
+        self._lifecycle = lifecycle
+        self._max_pending_events = _positive_int(max_pending_events, "max_pending_events")
+        self._request_id_factory = request_id_factory or _default_request_id
+        self._control_reducer = control_reducer
+        self._control_validator = control_validator
+
+        self._status = SessionStatus.ACTIVE
+        # event_id -> (event, monotonic ns at acceptance)
+        self._pending: dict[int, tuple[SessionEvent, int]] = {}
+        self._recent_event_ids: OrderedDict[int, None] = OrderedDict()
+        self._event_floor = -1
+        self._inflight_event_floor: int | None = None
+        self._chunk_index = 0
+        self._epoch = 0
+        self._prompt: str | None = None
+        self._controls: dict[str, ControlInput] = {}
+        self._controls_snapshot: tuple[ControlInput, ...] = ()
+        self._failure: str | None = None
+        self._dropped: deque[DroppedEvents] = deque(maxlen=_MAX_DROP_RECORDS)
+        self._counters = SessionCounters()
+        self._tick_lock = asyncio.Lock()
+
+    # -- read-only views -------------------------------------------------------------
+
+    @property
+    def status(self) -> SessionStatus:
+        return self._status
+
+    @property
+    def chunk_index(self) -> int:
+        """Index of the next chunk; 0 after creation and after each reset."""
+        return self._chunk_index
+
+    @property
+    def epoch(self) -> int:
+        """How many successful resets this session has seen."""
+        return self._epoch
+
+    @property
+    def pending_event_count(self) -> int:
+        """Accepted events not yet committed, including those of the tick in flight."""
+        return len(self._pending)
+
+    @property
+    def max_pending_events(self) -> int:
+        return self._max_pending_events
+
+    @property
+    def event_floor(self) -> int:
+        """Events at or below this id are stale (-1 before any chunk applied one)."""
+        floor = self._event_floor
+        if self._inflight_event_floor is not None and self._inflight_event_floor > floor:
+            return self._inflight_event_floor
+        return floor
+
+    @property
+    def prompt(self) -> str | None:
+        """The committed prompt (that of the last chunk)."""
+        return self._prompt
+
+    @property
+    def controls(self) -> tuple[ControlInput, ...]:
+        """The committed controls, ordered by track."""
+        return self._controls_snapshot
+
+    @property
+    def failure(self) -> str | None:
+        """Why the session failed, while it is failed."""
+        return self._failure
+
+    @property
+    def dropped_events(self) -> tuple[DroppedEvents, ...]:
+        """Records of discarded events not yet taken by :meth:`take_dropped`."""
+        return tuple(self._dropped)
+
+    def take_dropped(self) -> tuple[DroppedEvents, ...]:
+        """Return and forget the drop records (a transport forwards them once)."""
+        records = tuple(self._dropped)
+        self._dropped.clear()
+        return records
+
+    @property
+    def stats(self) -> SessionStats:
+        return self._counters.snapshot()
+
+    # -- state machine helpers -------------------------------------------------------
+
+    def _move(self, status: SessionStatus) -> None:
+        if status not in TRANSITIONS[self._status]:
+            raise SessionStateError(
+                f"session {self.session_id!r} cannot move from {self._status.value} to {status.value}."
+            )
+        self._status = status
+
+    def _require(self, *allowed: SessionStatus) -> None:
+        if self._status not in allowed:
+            raise SessionStateError(f"session {self.session_id!r} is {self._status.value}.")
+
+    def _drop_pending(self, reason: DropReason, detail: str) -> None:
+        if not self._pending:
+            return
+        event_ids = tuple(sorted(self._pending))
+        self._event_floor = max(self._event_floor, event_ids[-1])
+        self._pending.clear()
+        self._dropped.append(DroppedEvents(event_ids, reason, detail))
+        self._counters.dropped += len(event_ids)
+
+    def _clear_world(self) -> None:
+        self._prompt = None
+        self._controls = {}
+        self._controls_snapshot = ()
+        self._inflight_event_floor = None
+
+    # -- events ------------------------------------------------------------------------
+
+    async def accept_event(self, event: SessionEvent) -> EventAcceptance:
+        """Enqueue ``event`` at once, or answer ``DUPLICATE`` for an id already seen.
+
+        Raises :class:`StaleEventError` at or below the event floor (that of the
+        tick in flight included), :class:`EventQueueFullError` when the queue is
+        full, :class:`InvalidEventError` when the model refuses a control. A
+        composite event is admitted whole or not at all.
+        """
+        if not isinstance(event, SessionEvent):
+            raise TypeError("event must be a SessionEvent.")
+        self._require(SessionStatus.ACTIVE)
+        counters = self._counters
+        event_id = event.event_id
+        if event_id in self._pending or event_id in self._recent_event_ids:
+            counters.duplicate += 1
+            return EventAcceptance(self.session_id, event_id, EventAcceptanceStatus.DUPLICATE, len(self._pending))
+        floor = self.event_floor
+        if event_id <= floor:
+            counters.stale += 1
+            raise StaleEventError(f"event_id {event_id} is stale; the session event floor is {floor}.")
+        if len(self._pending) >= self._max_pending_events:
+            counters.rejected_full += 1
+            raise EventQueueFullError(
+                f"session {self.session_id!r} event queue is full ({self._max_pending_events} pending)."
+            )
+        if self._control_validator is not None and event.controls:
+            try:
+                self._control_validator.validate_controls(event.controls)
+            except ValueError as error:
+                counters.invalid += 1
+                raise InvalidEventError(f"event {event_id} refused: {error}") from error
+        self._pending[event_id] = (event, time.monotonic_ns())
+        recent = self._recent_event_ids
+        recent[event_id] = None
+        if len(recent) > self._max_pending_events:
+            recent.popitem(last=False)
+        counters.accepted += 1
+        return EventAcceptance(self.session_id, event_id, EventAcceptanceStatus.ACCEPTED, len(self._pending))
+
+    # -- chunks ------------------------------------------------------------------------
+
+    def _build_tick(self) -> tuple[TickRequest, dict[str, ControlInput], PreparedControls | None]:
+        event_ids = tuple(sorted(self._pending))
+        events = [self._pending[event_id][0] for event_id in event_ids]
+        prompt = self._prompt
+        for event in events:
+            if event.prompt is not None:
+                prompt = event.prompt
+        prepared: PreparedControls | None = None
+        if self._control_reducer is None:
+            if any(event.controls for event in events):
+                controls = dict(self._controls)
+                for event in events:
+                    for control in event.controls:
+                        controls[control.track] = control
+                snapshot = tuple(controls[track] for track in sorted(controls))
+            else:
+                controls, snapshot = self._controls, self._controls_snapshot
+        else:
+            prepared = self._control_reducer.prepare(
+                current_controls=MappingProxyType(self._controls),
+                events=tuple(events),
+                chunk_index=self._chunk_index,
+            )
+            if not isinstance(prepared, PreparedControls):
+                raise TypeError("control reducer prepare() must return PreparedControls.")
+            controls = {}
+            for control in prepared.controls:
+                if not isinstance(control, ControlInput):
+                    raise TypeError("prepared controls must contain ControlInput values.")
+                if control.track in controls:
+                    raise ValueError("prepared controls must contain at most one value per track.")
+                controls[control.track] = control
+            snapshot = tuple(controls[track] for track in sorted(controls))
+        tick = TickRequest(
+            session_id=self.session_id,
+            request_id=self._request_id_factory(self.session_id, self._chunk_index),
+            chunk_index=self._chunk_index,
+            applied_event_ids=event_ids,
+            prompt=prompt,
+            controls=snapshot,
+        )
+        self._inflight_event_floor = event_ids[-1] if event_ids else None
+        return tick, controls, prepared
+
+    def _commit_tick(
+        self, tick: TickRequest, controls: dict[str, ControlInput], prepared: PreparedControls | None
+    ) -> None:
+        # Synchronous: no cancellation can land between the first and last line.
+        # The reducer's commit is the only fallible step, so it runs first.
+        if prepared is not None:
+            assert self._control_reducer is not None
+            self._control_reducer.commit(prepared)
+        counters = self._counters
+        now = time.monotonic_ns()
+        for event_id in tick.applied_event_ids:
+            _, accepted_at = self._pending.pop(event_id)
+            counters.applied_latency.observe((now - accepted_at) / 1e9)
+        if tick.applied_event_ids:
+            self._event_floor = tick.applied_event_ids[-1]
+            counters.applied += len(tick.applied_event_ids)
+        self._prompt = tick.prompt
+        self._controls = controls
+        self._controls_snapshot = tick.controls
+        self._chunk_index += 1
+        self._inflight_event_floor = None
+        counters.chunks += 1
+
+    async def _fail_tick(self, tick_error: BaseException) -> None:
+        self._inflight_event_floor = None
+        self._failure = f"{type(tick_error).__name__}: {tick_error}"
+        self._move(SessionStatus.FAILED)
+        self._counters.failures += 1
+        try:
+            # The forward may already have released the state; close is idempotent
+            # and also covers successful forwards whose metadata or commit failed.
+            # Shielded so a second cancellation cannot strand the worker's state.
+            await asyncio.shield(self._lifecycle.close_session(self.session_id))
+        except Exception as cleanup_error:
+            raise SessionError(
+                f"tick failed ({self._failure}) and worker session cleanup also failed: {cleanup_error}"
+            ) from tick_error
+
+    async def next_chunk(self) -> TickOutputT:
+        """Snapshot the pending events, run one tick, and commit it atomically."""
+        async with self._tick_lock:
+            self._require(SessionStatus.ACTIVE)
+            tick, controls, prepared = self._build_tick()
+            try:
+                output = await self._tick_consumer.execute_tick(tick)
+                metadata = self._tick_consumer.chunk_metadata(output)
+                if not _echoes(metadata, tick):
+                    raise ChunkMetadataError(
+                        f"Tick consumer metadata does not match the submitted tick: expected "
+                        f"{ChunkMetadata.from_tick(tick)!r}, got {metadata!r}."
+                    )
+                self._commit_tick(tick, controls, prepared)
+            except BaseException as error:
+                await self._fail_tick(error)
+                raise
+            return output
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def reset(self) -> None:
+        """Reset the worker's state and start over at chunk 0.
+
+        Pending events are dropped (recorded), the prompt and controls cleared; the
+        duplicate window is kept, so a re-sent old event stays a duplicate.
+        """
+        async with self._tick_lock:
+            self._require(SessionStatus.ACTIVE, SessionStatus.FAILED)
+            failure = self._failure
+            self._move(SessionStatus.RESETTING)
+            try:
+                await self._lifecycle.reset_session(self.session_id)
+                if self._control_reducer is not None:
+                    self._control_reducer.reset()
+            except BaseException as error:
+                self._failure = f"reset failed: {type(error).__name__}: {error}"
+                self._move(SessionStatus.FAILED)
+                raise
+            if failure is not None:
+                self._drop_pending(DropReason.FAILED, failure)
+            else:
+                self._drop_pending(DropReason.RESET, "session reset")
+            self._clear_world()
+            self._chunk_index = 0
+            self._epoch += 1
+            self._failure = None
+            self._counters.resets += 1
+            self._move(SessionStatus.ACTIVE)
+
+    async def close(self) -> None:
+        """Release the worker's state; a failed cleanup leaves a ``CLEANUP_FAILED`` tombstone."""
+        async with self._tick_lock:
+            if self._status is SessionStatus.CLOSED:
+                return
+            self._move(SessionStatus.CLOSING)
+            try:
+                await self._lifecycle.close_session(self.session_id)
+            except BaseException:
+                self._move(SessionStatus.CLEANUP_FAILED)
+                raise
+            if self._failure is not None:
+                self._drop_pending(DropReason.FAILED, self._failure)
+            else:
+                self._drop_pending(DropReason.CLOSED, "session closed")
+            self._clear_world()
+            self._move(SessionStatus.CLOSED)
+
+    async def disconnect(self) -> None:
+        """A transport disconnect releases the worker's state like an explicit close."""
+        await self.close()
+
+
+class SessionManager(Generic[TickOutputT]):
+    """Creates, finds, resets and closes sessions that share one tick/lifecycle backend.
+
+    A session stays registered until its close succeeds. :meth:`stats` sums the
+    counters of live sessions and of those already closed.
+    """
+
+    def __init__(
+        self,
+        *,
+        tick_consumer: TickConsumer[TickOutputT],
+        lifecycle: SessionLifecycle,
+        max_pending_events: int,
+        request_id_factory: Callable[[str, int], str] | None = None,
+        session_id_factory: Callable[[], str] | None = None,
+        control_reducer_factory: Callable[[], ControlReducer] | None = None,
+        control_validator: ControlValidator | None = None,
+    ) -> None:
+        self._tick_consumer = tick_consumer
+        self._lifecycle = lifecycle
+        self._max_pending_events = _positive_int(max_pending_events, "max_pending_events")
+        self._request_id_factory = request_id_factory
+        self._session_id_factory = session_id_factory or (lambda: uuid.uuid4().hex)
+        self._control_reducer_factory = control_reducer_factory
+        self._control_validator = control_validator
+        self._sessions: dict[str, Session[TickOutputT]] = {}
+        self._retired = SessionStats()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session[TickOutputT]]:
+        return iter(tuple(self._sessions.values()))
+
+    async def create_session(self, session_id: str | None = None) -> Session[TickOutputT]:
+        resolved = session_id or self._session_id_factory()
+        if resolved in self._sessions:
+            raise SessionStateError(f"session {resolved!r} already exists.")
+        session: Session[TickOutputT] = Session(
+            resolved,
+            tick_consumer=self._tick_consumer,
+            lifecycle=self._lifecycle,
+            max_pending_events=self._max_pending_events,
+            request_id_factory=self._request_id_factory,
+            control_reducer=self._control_reducer_factory() if self._control_reducer_factory else None,
+            control_validator=self._control_validator,
+        )
+        self._sessions[resolved] = session
+        return session
+
+    async def get_session(self, session_id: str) -> Session[TickOutputT]:
+        try:
+            return self._sessions[session_id]
+        except KeyError as exc:
+            raise SessionStateError(f"session {session_id!r} does not exist.") from exc
+
+    async def reset_session(self, session_id: str) -> None:
+        session = await self.get_session(session_id)
+        await session.reset()
+
+    async def close_session(self, session_id: str) -> None:
+        session = await self.get_session(session_id)
+        await session.close()
+        if self._sessions.get(session_id) is session:
+            del self._sessions[session_id]
+            self._retired = self._retired + session.stats
+
+    async def disconnect(self, session_id: str) -> None:
+        """Release the owning worker's state when the session's transport goes away."""
+        await self.close_session(session_id)
+
+    def stats(self) -> SessionStats:
+        total = self._retired
+        for session in self._sessions.values():
+            total = total + session.stats
+        return total
