@@ -1,0 +1,170 @@
+"""The ``worldserve`` command: ``serve``, ``bench`` and ``record``.
+
+Owns: argument parsing, turning arguments into a :class:`ServerConfig` and a runtime,
+and running uvicorn. Must not know: what happens inside a connection or a session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+DEFAULT_MODEL = "procedural"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="worldserve",
+        description="Serve realtime, interactive world models over WebSocket; drive and measure them.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP + WebSocket server (browser player at /)",
+        description="Run the server: the player at /, WS /v1/world, /healthz, /v1/models, /metrics.",
+    )
+    serve.add_argument("--model", default=DEFAULT_MODEL, help="built-in model name or module:factory (%(default)s)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
+    serve.add_argument("--workers", type=_positive_int, default=1, help="model worker processes (%(default)s)")
+    serve.add_argument("--token", default=None, help="require this bearer token for /v1/*, /metrics and WebSocket")
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="browser origin allowed besides the server's own (repeatable; '*' allows any)",
+    )
+    serve.add_argument("--max-sessions", type=_positive_int, default=64, help="resident sessions per worker")
+    serve.add_argument(
+        "--max-pending-events", type=_positive_int, default=64, help="queued events per session (%(default)s)"
+    )
+    serve.add_argument("--event-rate", type=_positive_float, default=60.0, help="events/s per connection")
+    serve.add_argument("--event-burst", type=_positive_int, default=120, help="event burst per connection")
+    serve.add_argument(
+        "--max-message-bytes", type=_positive_int, default=256 * 1024, help="largest client message (%(default)s)"
+    )
+    serve.add_argument("--idle-timeout", type=_positive_float, default=300.0, help="close idle connections after (s)")
+    serve.add_argument("--max-lag-chunks", type=_positive_int, default=3, help="un-acked chunks before pausing")
+    serve.add_argument("--tick-timeout", type=_positive_float, default=10.0, help="fail a tick after (s)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    bench = commands.add_parser(
+        "bench",
+        help="drive N concurrent clients against a server; print a table",
+        description="Load test: N clients start sessions, steer them, and check every event's fate.",
+    )
+    bench.add_argument("--url", default="ws://127.0.0.1:8000/v1/world")
+    bench.add_argument("--clients", type=_positive_int, default=32)
+    bench.add_argument("--duration", type=_positive_float, default=60.0, help="seconds per client")
+    bench.add_argument("--event-interval", type=_positive_float, default=0.25, help="mean seconds between events")
+    bench.add_argument("--token", default=None)
+
+    record = commands.add_parser(
+        "record",
+        help="play a scripted event list; write MP4/GIF and a JSON sidecar",
+        description="Play a script against a server and save the frames plus a sidecar of chunks and events.",
+    )
+    record.add_argument("script", type=Path, help="JSON script (see docs/protocol.md)")
+    record.add_argument("--url", default="ws://127.0.0.1:8000/v1/world")
+    record.add_argument("--out", type=Path, default=Path("world.gif"), help=".gif or .mp4 (%(default)s)")
+    record.add_argument("--scale", type=_positive_int, default=4, help="pixel upscaling (%(default)s)")
+    record.add_argument("--token", default=None)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from worldserve.runtime import Runtime
+    from worldserve.server.app import create_app
+    from worldserve.server.config import ServerConfig
+
+    config = ServerConfig(
+        token=args.token,
+        allowed_origins=tuple(args.allow_origin),
+        max_message_bytes=args.max_message_bytes,
+        event_rate=args.event_rate,
+        event_burst=args.event_burst,
+        idle_timeout=args.idle_timeout,
+        max_lag_chunks=args.max_lag_chunks,
+    )
+
+    def runtime() -> Runtime:
+        return Runtime(
+            model=args.model,
+            workers=args.workers,
+            max_pending_events=args.max_pending_events,
+            max_sessions_per_worker=args.max_sessions,
+            tick_timeout=args.tick_timeout,
+        )
+
+    app = create_app(config, runtime)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ws="websockets-sansio",
+        ws_max_size=max(4 * 1024 * 1024, 2 * args.max_message_bytes),
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from worldserve.loadtest import format_table, run_bench
+
+    result = asyncio.run(
+        run_bench(
+            args.url, clients=args.clients, duration=args.duration, event_interval=args.event_interval, token=args.token
+        )
+    )
+    print(format_table(result))
+    return 0 if all(r.lost == 0 and not r.errors for r in result.reports) else 1
+
+
+def _record(args: argparse.Namespace) -> int:
+    from worldserve.record import load_script, record, write_video
+
+    script = load_script(args.script)
+    recording = asyncio.run(record(args.url, script, token=args.token))
+    write_video(recording.frames, args.out, fps=float(recording.sidecar["model"]["fps"]), scale=args.scale)
+    sidecar = args.out.with_suffix(".json")
+    sidecar.write_text(json.dumps(recording.sidecar, indent=2))
+    print(f"wrote {args.out} ({len(recording.frames)} frames) and {sidecar}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    handlers = {"serve": _serve, "bench": _bench, "record": _record}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""``WorldClient``: drive a worldserve world from Python over its WebSocket protocol.
+
+Owns: one connection (``websockets``), a reader task that demultiplexes replies (by
+the client message ``id`` it stamps on every request), chunks (a JSON header, then its
+binary frames, decoded to ``uint8 [frames, height, width, 3]`` numpy arrays),
+dropped-event notices and session failures; and acknowledging each chunk as it is
+consumed, which is what lets the server pace generation to this client.
+
+Must not know: the server's internals. Needs the ``client`` extra (websockets, numpy,
+pillow).
+
+    async with WorldClient("ws://127.0.0.1:8000/v1/world") as client:
+        await client.start(prompt="snowy peaks", seed=3)
+        await client.send_event(controls=[keys("W")])
+        async for chunk in client.chunks():
+            print(chunk.chunk_index, chunk.applied_event_ids, chunk.frames.shape)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import websockets
+from PIL import Image
+from websockets.asyncio.client import ClientConnection
+
+from worldserve.protocol import ControlInput
+
+__all__ = [
+    "Acceptance",
+    "ClientChunk",
+    "Dropped",
+    "SessionFailedError",
+    "SessionInfo",
+    "WorldClient",
+    "WorldClientError",
+    "WorldError",
+    "camera",
+    "keys",
+]
+
+
+class WorldClientError(Exception):
+    """The connection or the protocol broke (not a server-reported error)."""
+
+
+class WorldError(Exception):
+    """An ``error`` message from the server: ``code`` is stable (see docs/protocol.md)."""
+
+    def __init__(self, code: str, message: str, event_id: int | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.event_id = event_id
+
+
+class SessionFailedError(WorldError):
+    """The session failed (``session.failed``); only ``reset()`` or ``close()`` go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    model: dict[str, Any]
+    media: str
+    max_pending_events: int
+    max_lag_chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    event_id: int
+    status: str  # "accepted" or "duplicate"
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    event_ids: tuple[int, ...]
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientChunk:
+    seq: int
+    epoch: int
+    chunk_index: int
+    request_id: str
+    applied_event_ids: tuple[int, ...]
+    frames: npt.NDArray[np.uint8] = field(repr=False)
+    timings: dict[str, float]
+    received_at: float
+
+
+def keys(*held: str) -> ControlInput:
+    """A ``keys`` control of the built-in models: the movement keys held now."""
+    return ControlInput("keys", "worldserve.keys.v1", {"held": list(held)})
+
+
+def camera(dx: float, dy: float) -> ControlInput:
+    """A ``camera`` control of the built-in models: pan velocity, px per frame."""
+    return ControlInput("camera", "worldserve.camera.v1", {"dx": dx, "dy": dy})
+
+
+_CLOSED = object()
+
+
+class WorldClient:
+    """An async client for one session over one WebSocket connection."""
+
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000/v1/world",
+        *,
+        token: str | None = None,
+        open_timeout: float = 10.0,
+        reply_timeout: float = 30.0,
+    ) -> None:
+        self.url = url
+        self._token = token
+        self._open_timeout = open_timeout
+        self._reply_timeout = reply_timeout
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._chunks: asyncio.Queue[ClientChunk | BaseException | object] = asyncio.Queue()
+        self._ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._epoch = 0
+        self.session: SessionInfo | None = None
+        #: Every ``input.dropped`` notice received, in order.
+        self.dropped: list[Dropped] = []
+
+    # -- connection ----------------------------------------------------------------
+
+    async def connect(self) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            self._ws = await websockets.connect(
+                self.url,
+                additional_headers=headers,
+                subprotocols=[websockets.Subprotocol("worldserve.v1")],
+                open_timeout=self._open_timeout,
+                max_size=16 * 1024 * 1024,
+            )
+        except (OSError, websockets.InvalidHandshake, TimeoutError) as error:
+            raise WorldClientError(f"cannot connect to {self.url}: {error}") from error
+        self._reader = asyncio.create_task(self._read(), name="worldclient-reader")
+
+    async def __aenter__(self) -> WorldClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.disconnect()
+
+    async def disconnect(self) -> None:
+        """Drop the connection (the server releases the session as on ``close``)."""
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        self._ws = self._reader = None
+
+    # -- requests ------------------------------------------------------------------
+
+    async def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self._ws is None:
+            raise WorldClientError("not connected; call connect() or use 'async with'.")
+        message_id = f"c{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._replies[message_id] = future
+        try:
+            await self._ws.send(json.dumps({**message, "id": message_id}))
+            reply = await asyncio.wait_for(future, self._reply_timeout)
+        finally:
+            self._replies.pop(message_id, None)
+        if reply["type"] == "error":
+            raise WorldError(reply["code"], reply["message"], reply.get("event_id"))
+        if reply["type"] == "session.failed":
+            raise SessionFailedError(reply["code"], reply["message"])
+        return reply
+
+    async def start(
+        self,
+        prompt: str | None = None,
+        *,
+        seed: int = 0,
+        image: npt.NDArray[np.uint8] | bytes | None = None,
+        media: str = "raw",
+        quality: int = 90,
+        model: str | None = None,
+    ) -> SessionInfo:
+        """Start this connection's session; ``image`` is an optional start image."""
+        message: dict[str, Any] = {
+            "type": "session.start",
+            "seed": seed,
+            "options": {"media": media, "quality": quality},
+        }
+        if prompt is not None:
+            message["prompt"] = prompt
+        if model is not None:
+            message["model"] = model
+        if image is not None:
+            if isinstance(image, np.ndarray):
+                buffer = io.BytesIO()
+                Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
+                image = buffer.getvalue()
+            message["image"] = base64.b64encode(image).decode()
+        reply = await self._request(message)
+        self.session = SessionInfo(
+            session_id=reply["session_id"],
+            model=reply["model"],
+            media=reply["media"],
+            max_pending_events=reply["max_pending_events"],
+            max_lag_chunks=reply["max_lag_chunks"],
+        )
+        return self.session
+
+    async def send_event(
+        self,
+        *,
+        prompt: str | None = None,
+        controls: Sequence[ControlInput | dict[str, Any]] = (),
+        event_id: int | None = None,
+    ) -> Acceptance:
+        """Send one event and wait until the server accepted it (not yet applied)."""
+        resolved = next(self._event_ids) if event_id is None else event_id
+        message: dict[str, Any] = {
+            "type": "input.event",
+            "event_id": resolved,
+            "controls": [c.to_dict() if isinstance(c, ControlInput) else dict(c) for c in controls],
+        }
+        if prompt is not None:
+            message["prompt"] = prompt
+        reply = await self._request(message)
+        return Acceptance(event_id=reply["event_id"], status=reply["status"], pending=reply["pending"])
+
+    async def reset(self) -> int:
+        """Reset the session (also after a failure); returns the new epoch."""
+        reply = await self._request({"type": "session.reset"})
+        self._epoch = int(reply["epoch"])
+        return self._epoch
+
+    async def ping(self) -> float:
+        """Round-trip time in seconds."""
+        started = time.perf_counter()
+        await self._request({"type": "ping"})
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        """Close the session (the server answers with any dropped events), then the socket."""
+        if self._ws is not None and self.session is not None:
+            with contextlib.suppress(WorldError, WorldClientError):
+                await self._request({"type": "session.close"})
+            self.session = None
+        await self.disconnect()
+
+    # -- chunks --------------------------------------------------------------------
+
+    async def next_chunk(self, timeout: float | None = None) -> ClientChunk:
+        """The next chunk of the current epoch; acknowledges it to the server."""
+        while True:
+            item = await asyncio.wait_for(self._chunks.get(), timeout)
+            if item is _CLOSED:
+                self._chunks.put_nowait(_CLOSED)
+                raise WorldClientError("connection closed.")
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, ClientChunk)
+            if self._ws is not None:
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    await self._ws.send(json.dumps({"type": "chunk.ack", "seq": item.seq}))
+            if item.epoch >= self._epoch:
+                return item
+
+    async def chunks(self) -> AsyncIterator[ClientChunk]:
+        """Chunks as they arrive, until the connection closes; a failure raises."""
+        while True:
+            try:
+                yield await self.next_chunk()
+            except WorldClientError:
+                return
+
+    # -- reading -------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        try:
+            async for raw in self._ws:
+                if isinstance(raw, bytes):
+                    raise WorldClientError("binary message without a chunk header.")
+                message = json.loads(raw)
+                kind = message.get("type")
+                if kind == "chunk":
+                    self._chunks.put_nowait(await self._read_chunk(message))
+                elif kind == "input.dropped":
+                    self.dropped.append(
+                        Dropped(tuple(message["event_ids"]), message["reason"], message.get("detail", ""))
+                    )
+                elif message.get("id") in self._replies:
+                    future = self._replies[message["id"]]
+                    if not future.done():
+                        future.set_result(message)
+                elif kind == "session.failed":
+                    self._chunks.put_nowait(SessionFailedError(message["code"], message["message"]))
+                elif kind == "error":
+                    self._chunks.put_nowait(WorldError(message["code"], message["message"], message.get("event_id")))
+        except websockets.ConnectionClosed:
+            pass
+        except WorldClientError as error:
+            self._chunks.put_nowait(error)
+        finally:
+            for future in self._replies.values():
+                if not future.done():
+                    future.set_exception(WorldClientError("connection closed before the reply."))
+            self._chunks.put_nowait(_CLOSED)
+
+    async def _read_chunk(self, header: dict[str, Any]) -> ClientChunk:
+        assert self._ws is not None
+        info = header["frames"]
+        payloads = []
+        for _ in range(info["count"]):
+            payload = await self._ws.recv()
+            if not isinstance(payload, bytes):
+                raise WorldClientError("expected a binary frame after a chunk header.")
+            payloads.append(payload)
+        height, width = info["height"], info["width"]
+        if info["media"] == "raw":
+            frames = np.stack([np.frombuffer(p, dtype=np.uint8).reshape(height, width, 3) for p in payloads])
+        else:
+            frames = await asyncio.to_thread(_decode_jpegs, payloads)
+        return ClientChunk(
+            seq=header["seq"],
+            epoch=header["epoch"],
+            chunk_index=header["chunk_index"],
+            request_id=header["request_id"],
+            applied_event_ids=tuple(header["applied_event_ids"]),
+            frames=frames,
+            timings=header.get("timings", {}),
+            received_at=time.monotonic(),
+        )
+
+
+def _decode_jpegs(payloads: list[bytes]) -> npt.NDArray[np.uint8]:
+    return np.stack([np.asarray(Image.open(io.BytesIO(p)).convert("RGB"), dtype=np.uint8) for p in payloads])

@@ -1,0 +1,144 @@
+"""The HTTP + WebSocket application (Starlette): routes, authentication, origins.
+
+Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/models``,
+``GET /metrics`` and ``WS /v1/world``; the optional bearer token (header, or the
+``bearer.<token>`` WebSocket subprotocol browsers can send); the origin allow-list.
+Each WebSocket gets one :class:`~worldserve.server.connection.Connection`.
+
+Must not know: how sessions, engines or models work.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib import resources
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from worldserve.server.config import ServerConfig
+from worldserve.server.connection import Connection, WorldBackend
+from worldserve.server.metrics import ServerMetrics
+from worldserve.session import SessionManager
+
+__all__ = ["PROTOCOL_NAME", "create_app"]
+
+#: The WebSocket subprotocol the server speaks (offered optionally by clients).
+PROTOCOL_NAME = "worldserve.v1"
+_BEARER_PREFIX = "bearer."
+
+
+class RuntimeBackend(WorldBackend, Protocol):
+    """A backend that also exposes what the HTTP routes and metrics read."""
+
+    @property
+    def manager(self) -> SessionManager[Any]: ...
+
+    def engine_stats(self) -> dict[str, float]: ...
+
+
+def _static_dir() -> str:
+    return str(resources.files("worldserve.server") / "static")
+
+
+def _token_ok(expected: str | None, offered: str | None) -> bool:
+    if expected is None:
+        return True
+    return offered is not None and hmac.compare_digest(expected.encode(), offered.encode())
+
+
+def _bearer(connection: HTTPConnection) -> str | None:
+    header = connection.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _origin_ok(connection: HTTPConnection, allowed: tuple[str, ...]) -> bool:
+    origin = connection.headers.get("origin")
+    if origin is None:
+        return True  # not a browser: the token (if any) is what guards the socket
+    if "*" in allowed or origin in allowed:
+        return True
+    host = connection.headers.get("host", "")
+    return urlsplit(origin).netloc == host and host != ""
+
+
+def create_app(
+    config: ServerConfig,
+    backend_factory: Callable[[], AbstractAsyncContextManager[RuntimeBackend]],
+) -> Starlette:
+    """Build the app; ``backend_factory`` yields the started runtime for the app's lifetime."""
+    state: dict[str, Any] = {}
+
+    def backend() -> RuntimeBackend:
+        runtime: RuntimeBackend = state["backend"]
+        return runtime
+
+    def metrics() -> ServerMetrics:
+        value: ServerMetrics = state["metrics"]
+        return value
+
+    def unauthorized() -> Response:
+        return JSONResponse(
+            {"error": {"code": "unauthorized", "message": "missing or wrong bearer token."}},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def index(request: Request) -> Response:
+        return FileResponse(f"{_static_dir()}/index.html", media_type="text/html")
+
+    async def healthz(request: Request) -> Response:
+        runtime = backend()
+        return JSONResponse({"status": "ok", "model": runtime.spec.name, "sessions": len(runtime.manager)})
+
+    async def models(request: Request) -> Response:
+        if not _token_ok(config.token, _bearer(request)):
+            return unauthorized()
+        return JSONResponse({"object": "list", "data": [backend().spec.to_dict()]})
+
+    async def metrics_route(request: Request) -> Response:
+        if not _token_ok(config.token, _bearer(request)):
+            return unauthorized()
+        return Response(metrics().render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def world(websocket: WebSocket) -> None:
+        offered = [
+            part.strip() for part in websocket.headers.get("sec-websocket-protocol", "").split(",") if part.strip()
+        ]
+        token = _bearer(websocket)
+        if token is None:
+            token = next((p[len(_BEARER_PREFIX) :] for p in offered if p.startswith(_BEARER_PREFIX)), None)
+        if not _token_ok(config.token, token) or not _origin_ok(websocket, config.allowed_origins):
+            await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
+            return
+        await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
+        await Connection(websocket, backend(), config, metrics()).run()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with backend_factory() as runtime:
+            state["backend"] = runtime
+            state["metrics"] = ServerMetrics(runtime.manager, runtime.engine_stats)
+            yield
+            state.clear()
+
+    return Starlette(
+        routes=[
+            Route("/", index),
+            Route("/healthz", healthz),
+            Route("/v1/models", models),
+            Route("/metrics", metrics_route),
+            WebSocketRoute("/v1/world", world),
+            Mount("/static", StaticFiles(directory=_static_dir()), name="static"),
+        ],
+        lifespan=lifespan,
+    )

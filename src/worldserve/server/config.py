@@ -1,0 +1,44 @@
+"""Server settings: limits, pacing, security. One frozen value, validated once.
+
+Must not know: sockets, sessions, models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """What ``worldserve serve`` is configured with (see ``worldserve serve --help``)."""
+
+    #: Bearer token required by ``/v1/*``, ``/metrics`` and the WebSocket (None: open).
+    token: str | None = None
+    #: Browser origins allowed to open the WebSocket, besides the server's own origin.
+    allowed_origins: tuple[str, ...] = ()
+    #: Largest client text message taken; larger ones get ``message_too_large``.
+    max_message_bytes: int = 256 * 1024
+    #: Input events per second a connection may send (token bucket refill rate) ...
+    event_rate: float = 60.0
+    #: ... and how many it may send in one burst.
+    event_burst: int = 120
+    #: A connection that sends nothing for this long is closed (seconds).
+    idle_timeout: float = 300.0
+    #: Generation pauses while the client lags by more than this many un-acked chunks.
+    max_lag_chunks: int = 3
+    #: How many chunks generation may run ahead of playback time.
+    lead_chunks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not self.token.strip():
+            raise ValueError("token must be non-empty when given.")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be at least 1024.")
+        if not self.event_rate > 0 or self.event_burst < 1:
+            raise ValueError("event_rate must be positive and event_burst at least 1.")
+        if not self.idle_timeout > 0:
+            raise ValueError("idle_timeout must be positive.")
+        if self.max_lag_chunks < 1 or self.lead_chunks < 0:
+            raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")

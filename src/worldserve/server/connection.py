@@ -1,0 +1,441 @@
+"""One WebSocket connection: its session, its message handling and its paced generation loop.
+
+Owns, per connection: parsing and answering client messages (typed errors, never an
+exception out of the loop), the one session it started, a generation task that calls
+``next_chunk()`` paced to playback (at most ``lead_chunks`` ahead of real time, and
+paused while the client lags by more than ``max_lag_chunks`` un-acked chunks), frame
+encoding off the event loop, forwarding of dropped-event records, and the release of
+the session on ``session.close``, on idle timeout and on disconnect.
+
+Must not know: HTTP routing, how the runtime reaches its workers, what controls mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from worldserve.models.base import ModelSpec
+from worldserve.protocol import ControlInput
+from worldserve.server.config import ServerConfig
+from worldserve.server.encoding import decode_start_image, encode_frames
+from worldserve.server.limits import TokenBucket
+from worldserve.server.messages import (
+    ChunkAck,
+    ChunkFrames,
+    ChunkMessage,
+    ClientMessageError,
+    ErrorCode,
+    ErrorMessage,
+    InputAccepted,
+    InputDropped,
+    InputEvent,
+    Ping,
+    Pong,
+    SessionClose,
+    SessionClosed,
+    SessionFailed,
+    SessionReset,
+    SessionResetDone,
+    SessionStart,
+    SessionStarted,
+    parse_client_message,
+)
+from worldserve.server.metrics import ServerMetrics
+from worldserve.session import (
+    EventQueueFullError,
+    InvalidEventError,
+    Session,
+    SessionError,
+    SessionEvent,
+    SessionStateError,
+    SessionStatus,
+    StaleEventError,
+)
+
+__all__ = ["Connection", "WorldBackend"]
+
+log = logging.getLogger("worldserve.server")
+
+
+class WorldBackend(Protocol):
+    """What a connection needs from the runtime."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Any]: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+
+_SESSION_ERROR_CODES: dict[type[SessionError], ErrorCode] = {
+    InvalidEventError: ErrorCode.INVALID_CONTROL,
+    StaleEventError: ErrorCode.STALE_EVENT,
+    EventQueueFullError: ErrorCode.QUEUE_FULL,
+    SessionStateError: ErrorCode.INVALID_STATE,
+}
+
+
+class Connection:
+    """Serves one WebSocket until it closes; at most one live session at a time."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        backend: WorldBackend,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ws = websocket
+        self._backend = backend
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._send_lock = asyncio.Lock()
+        self._events = TokenBucket(config.event_rate, config.event_burst, clock)
+        self._session: Session[Any] | None = None
+        self._media = "jpeg"
+        self._quality = 90
+        self._generator: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._sent_seq = -1
+        self._acked_seq = -1
+        self._started_at = 0.0
+        self._first_chunk_sent = False
+
+    # -- sending -------------------------------------------------------------------
+
+    async def _send(self, message: BaseModel, *binary: bytes) -> None:
+        """Send one JSON message and, contiguously, its binary frames."""
+        text = message.model_dump_json(by_alias=True, exclude_none=True)
+        async with self._send_lock:
+            await self._ws.send_text(text)
+            for payload in binary:
+                await self._ws.send_bytes(payload)
+
+    async def _error(
+        self, code: ErrorCode, message: str, *, message_id: str | None, event_id: int | None = None
+    ) -> None:
+        self._metrics.client_errors.labels(code=code.value).inc()
+        await self._send(ErrorMessage(id=message_id, code=code, message=message, event_id=event_id))
+
+    async def _forward_dropped(self, session: Session[Any]) -> None:
+        for record in session.take_dropped():
+            await self._send(
+                InputDropped(event_ids=list(record.event_ids), reason=record.reason.value, detail=record.detail)
+            )
+
+    # -- the connection's life -----------------------------------------------------
+
+    async def run(self) -> None:
+        """Read and answer messages until the client goes away or idles out."""
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(self._ws.receive(), timeout=self._config.idle_timeout)
+                except TimeoutError:
+                    await self._close_session("idle_timeout", message_id=None)
+                    await self._ws.close(code=1000, reason="idle timeout")
+                    return
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self._handle_frame(message)
+        except WebSocketDisconnect:
+            return
+        finally:
+            await self._release()
+
+    async def _handle_frame(self, message: Mapping[str, Any]) -> None:
+        text = message.get("text")
+        if text is None:
+            await self._error(
+                ErrorCode.INVALID_MESSAGE, "binary messages are not accepted; send JSON text.", message_id=None
+            )
+            return
+        if len(text) > self._config.max_message_bytes or len(text.encode()) > self._config.max_message_bytes:
+            await self._error(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message exceeds {self._config.max_message_bytes} bytes.",
+                message_id=None,
+            )
+            return
+        try:
+            parsed = parse_client_message(text)
+        except ClientMessageError as error:
+            await self._error(error.code, str(error), message_id=error.message_id)
+            return
+        handlers: dict[type[BaseModel], Callable[[Any], Awaitable[None]]] = {
+            SessionStart: self._on_start,
+            InputEvent: self._on_event,
+            SessionReset: self._on_reset,
+            SessionClose: self._on_close,
+            Ping: self._on_ping,
+            ChunkAck: self._on_ack,
+        }
+        try:
+            await handlers[type(parsed)](parsed)
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("internal error while handling %s", type(parsed).__name__)
+            await self._error(ErrorCode.INTERNAL_ERROR, "internal server error.", message_id=parsed.id)
+
+    async def _release(self) -> None:
+        """On disconnect: stop generating at once and release the worker's state."""
+        await self._stop_generator(grace=0)
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                await self._backend.close_session(session.session_id)
+            except Exception:
+                log.exception("releasing session %s after disconnect failed", session.session_id)
+            finally:
+                self._metrics.sessions_active.dec()
+
+    # -- client messages -----------------------------------------------------------
+
+    async def _on_start(self, message: SessionStart) -> None:
+        if self._session is not None:
+            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+            return
+        spec = self._backend.spec
+        if message.model is not None and message.model != spec.name:
+            await self._error(
+                ErrorCode.UNKNOWN_MODEL,
+                f"this server runs model {spec.name!r}, not {message.model!r}.",
+                message_id=message.id,
+            )
+            return
+        image = None
+        if message.image is not None:
+            try:
+                image = await asyncio.to_thread(decode_start_image, message.image, spec.height, spec.width)
+            except ValueError as error:
+                await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
+                return
+        try:
+            session = await self._backend.create_session(prompt=message.prompt, seed=message.seed, image=image)
+        except SessionError as error:
+            code = ErrorCode.ADMISSION_REFUSED if error.code == "admission_refused" else ErrorCode.INTERNAL_ERROR
+            await self._error(code, str(error), message_id=message.id)
+            return
+        self._session = session
+        self._media = message.options.media
+        self._quality = message.options.quality
+        self._stopping = False
+        self._started_at = self._clock()
+        self._first_chunk_sent = False
+        self._metrics.sessions_started.inc()
+        self._metrics.sessions_active.inc()
+        await self._send(
+            SessionStarted(
+                id=message.id,
+                session_id=session.session_id,
+                model=spec.to_dict(),
+                media=self._media,
+                max_pending_events=session.max_pending_events,
+                max_lag_chunks=self._config.max_lag_chunks,
+            )
+        )
+        self._generator = asyncio.create_task(self._generate(session), name=f"generate-{session.session_id}")
+
+    async def _on_event(self, message: InputEvent) -> None:
+        session = self._session
+        if session is None:
+            await self._error(
+                ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id, event_id=message.event_id
+            )
+            return
+        if not self._events.take():
+            await self._error(
+                ErrorCode.RATE_LIMITED,
+                f"more than {self._config.event_rate:g} events/s; slow down.",
+                message_id=message.id,
+                event_id=message.event_id,
+            )
+            return
+        try:
+            event = SessionEvent(
+                event_id=message.event_id,
+                prompt=message.prompt,
+                controls=tuple(ControlInput(c.track, c.schema_, c.data) for c in message.controls),
+            )
+        except ValueError as error:
+            await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id, event_id=message.event_id)
+            return
+        try:
+            acceptance = await session.accept_event(event)
+        except SessionError as error:
+            code = _SESSION_ERROR_CODES.get(type(error), ErrorCode.INVALID_STATE)
+            if code is ErrorCode.INVALID_STATE and session.status is SessionStatus.FAILED:
+                detail = f"session failed ({session.failure}); send session.reset."
+            else:
+                detail = str(error)
+            await self._error(code, detail, message_id=message.id, event_id=message.event_id)
+            return
+        await self._send(
+            InputAccepted(
+                id=message.id,
+                event_id=acceptance.event_id,
+                status=acceptance.status.value,
+                pending=acceptance.pending_event_count,
+            )
+        )
+
+    async def _on_reset(self, message: SessionReset) -> None:
+        session = self._session
+        if session is None:
+            await self._error(ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id)
+            return
+        try:
+            await session.reset()
+        except SessionStateError as error:
+            await self._error(ErrorCode.INVALID_STATE, str(error), message_id=message.id)
+            return
+        except Exception as error:
+            await self._send(SessionFailed(id=message.id, code="reset_failed", message=str(error)))
+            return
+        self._sent_seq = self._acked_seq  # nothing of the old epoch counts as lag any more
+        self._wake.set()
+        await self._forward_dropped(session)
+        await self._send(SessionResetDone(id=message.id, epoch=session.epoch))
+
+    async def _on_close(self, message: SessionClose) -> None:
+        if self._session is None:
+            await self._error(ErrorCode.NO_SESSION, "there is no session to close.", message_id=message.id)
+            return
+        await self._close_session("closed", message_id=message.id)
+
+    async def _close_session(self, reason: str, *, message_id: str | None) -> None:
+        """Stop generating after the chunk in flight, release the session, tell the client."""
+        session = self._session
+        if session is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        try:
+            # Waits for the tick in flight; the generator then sends that last chunk and stops.
+            await self._backend.close_session(session.session_id)
+        except Exception as error:
+            await self._send(SessionFailed(id=message_id, code="cleanup_failed", message=str(error)))
+            return
+        await self._stop_generator(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
+        self._session = None
+        self._metrics.sessions_active.dec()
+        await self._forward_dropped(session)
+        await self._send(SessionClosed(id=message_id, reason=reason))
+
+    async def _stop_generator(self, grace: float) -> None:
+        """Let the generation task finish within ``grace`` seconds, else cancel it."""
+        self._stopping = True
+        self._wake.set()
+        generator = self._generator
+        if generator is None:
+            return
+        if grace > 0:
+            await asyncio.wait({generator}, timeout=grace)
+        if not generator.done():
+            generator.cancel()
+            with contextlib.suppress(BaseException):
+                await generator
+        self._generator = None
+
+    async def _on_ping(self, message: Ping) -> None:
+        await self._send(Pong(id=message.id))
+
+    async def _on_ack(self, message: ChunkAck) -> None:
+        if message.seq > self._acked_seq:
+            self._acked_seq = min(message.seq, self._sent_seq)
+            self._wake.set()
+
+    # -- generation ----------------------------------------------------------------
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Sleep until woken (ack, reset, close) or ``timeout`` passes."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _generate(self, session: Session[Any]) -> None:
+        """Produce chunks paced to playback, with client backpressure, until stopped."""
+        period = self._backend.spec.chunk_seconds
+        lead = self._config.lead_chunks
+        anchor: float | None = None  # when chunk 0 of this epoch was ready
+        produced = 0  # chunks of this epoch so far
+        epoch = session.epoch
+        while not self._stopping:
+            if session.status is not SessionStatus.ACTIVE:
+                await self._wait(None)  # failed: wait for a reset (or close)
+                continue
+            if self._sent_seq - self._acked_seq >= self._config.max_lag_chunks:
+                await self._wait(None)  # backpressure: the client lags
+                continue
+            if session.epoch != epoch:
+                epoch, anchor, produced = session.epoch, None, 0
+            if anchor is not None:
+                delay = anchor + (produced - lead) * period - self._clock()
+                if delay > 0:
+                    await self._wait(delay)
+                    if self._stopping or session.epoch != epoch:
+                        continue
+                    if self._clock() < anchor + (produced - lead) * period:
+                        continue  # woken early (an ack): wait out the rest
+                elif delay < -period:
+                    anchor -= delay  # fell behind real time: re-anchor playback
+            started = self._clock()
+            try:
+                chunk = await session.next_chunk()
+            except SessionStateError:
+                continue  # a reset or close got in first
+            except Exception as error:
+                code = session.failure_code or "tick_failed"
+                self._metrics.session_failures.labels(code=code).inc()
+                await self._send(SessionFailed(code=code, message=session.failure or str(error)))
+                continue
+            chunk_epoch = session.epoch
+            finished = self._clock()
+            if anchor is None or chunk_epoch != epoch:
+                epoch, anchor, produced = chunk_epoch, finished, 0
+            produced += 1
+            await self._send_chunk(chunk, chunk_epoch, compute=finished - started)
+
+    async def _send_chunk(self, chunk: Any, epoch: int, *, compute: float) -> None:
+        frames = chunk.frames
+        metadata = chunk.metadata
+        payloads = await asyncio.to_thread(encode_frames, frames, self._media, self._quality)
+        self._sent_seq += 1
+        timings = {"compute_ms": compute * 1000.0}
+        timings.update({key: float(value) for key, value in getattr(chunk, "timings", {}).items()})
+        self._metrics.chunk_latency.observe(compute)
+        self._metrics.frames_sent.inc(len(payloads))
+        await self._send(
+            ChunkMessage(
+                seq=self._sent_seq,
+                epoch=epoch,
+                chunk_index=metadata.chunk_index,
+                request_id=metadata.request_id,
+                applied_event_ids=list(metadata.applied_event_ids),
+                frames=ChunkFrames(
+                    count=len(payloads),
+                    media="jpeg" if self._media == "jpeg" else "raw",
+                    width=int(frames.shape[2]),
+                    height=int(frames.shape[1]),
+                    sizes=[len(payload) for payload in payloads],
+                ),
+                timings=timings,
+            ),
+            *payloads,
+        )
+        if not self._first_chunk_sent:
+            self._first_chunk_sent = True
+            self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)

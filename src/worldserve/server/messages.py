@@ -1,0 +1,294 @@
+"""The WebSocket session protocol's messages, as pydantic models.
+
+Owns: every JSON text message of ``WS /v1/world`` in both directions, their parsing
+(:func:`parse_client_message`, strict: no type coercion, no unknown fields), the
+stable error codes (:class:`ErrorCode`) and the JSON Schema the docs publish
+(:func:`protocol_json_schema`). Frames travel as binary messages right after their
+``chunk`` message; they are not modelled here.
+
+Must not know: sockets, sessions, models.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "MAX_CONTROLS",
+    "MAX_PROMPT_CHARS",
+    "ChunkAck",
+    "ChunkFrames",
+    "ChunkMessage",
+    "ClientMessage",
+    "ClientMessageError",
+    "ControlModel",
+    "ErrorCode",
+    "ErrorMessage",
+    "InputAccepted",
+    "InputDropped",
+    "InputEvent",
+    "Ping",
+    "Pong",
+    "ServerMessage",
+    "SessionClose",
+    "SessionClosed",
+    "SessionFailed",
+    "SessionReset",
+    "SessionResetDone",
+    "SessionStart",
+    "SessionStarted",
+    "StartOptions",
+    "parse_client_message",
+    "protocol_json_schema",
+]
+
+MAX_PROMPT_CHARS = 500
+MAX_CONTROLS = 16
+MAX_ID_CHARS = 64
+
+
+class ErrorCode(StrEnum):
+    """Stable codes of ``error`` and ``session.failed`` messages."""
+
+    # The client's fault: fix the message and go on.
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"
+    UNKNOWN_TYPE = "unknown_type"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    RATE_LIMITED = "rate_limited"
+    NO_SESSION = "no_session"
+    SESSION_EXISTS = "session_exists"
+    UNKNOWN_MODEL = "unknown_model"
+    INVALID_IMAGE = "invalid_image"
+    INVALID_CONTROL = "invalid_control"
+    STALE_EVENT = "stale_event"
+    QUEUE_FULL = "queue_full"
+    INVALID_STATE = "invalid_state"
+    # The server's side: retry later, or reset.
+    ADMISSION_REFUSED = "admission_refused"
+    INTERNAL_ERROR = "internal_error"
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _ClientMessage(_Message):
+    id: Annotated[str | None, Field(max_length=MAX_ID_CHARS, description="Client message id, echoed in replies.")] = (
+        None
+    )
+
+
+class ControlModel(_Message):
+    """One control update: the model's ``track``, its ``schema`` name and JSON ``data``."""
+
+    track: Annotated[str, Field(min_length=1, max_length=64)]
+    schema_: Annotated[str, Field(min_length=1, max_length=128, alias="schema")]
+    data: dict[str, Any]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+
+class StartOptions(_Message):
+    media: Literal["jpeg", "raw"] = Field(
+        default="jpeg", description="Frame encoding: JPEG bytes, or raw RGB (height*width*3 bytes)."
+    )
+    quality: Annotated[int, Field(ge=1, le=100)] = 90
+
+
+class SessionStart(_ClientMessage):
+    """Start this connection's session (one per connection)."""
+
+    type: Literal["session.start"]
+    prompt: Annotated[str | None, Field(max_length=MAX_PROMPT_CHARS)] = None
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    model: Annotated[str | None, Field(max_length=64)] = None
+    image: Annotated[
+        str | None,
+        Field(
+            max_length=200_000,
+            description="Start image, base64: PNG or JPEG, or raw RGB bytes, of the model's frame size.",
+        ),
+    ] = None
+    options: StartOptions = StartOptions()
+
+
+class InputEvent(_ClientMessage):
+    """A prompt and/or control update; applied at the next chunk boundary."""
+
+    type: Literal["input.event"]
+    event_id: Annotated[int, Field(ge=0, lt=2**53)]
+    prompt: Annotated[str | None, Field(max_length=MAX_PROMPT_CHARS)] = None
+    controls: Annotated[list[ControlModel], Field(max_length=MAX_CONTROLS)] = []
+
+
+class SessionReset(_ClientMessage):
+    type: Literal["session.reset"]
+
+
+class SessionClose(_ClientMessage):
+    type: Literal["session.close"]
+
+
+class Ping(_ClientMessage):
+    type: Literal["ping"]
+
+
+class ChunkAck(_ClientMessage):
+    """The client has played (or consumed) the chunk with this ``seq``; drives backpressure."""
+
+    type: Literal["chunk.ack"]
+    seq: Annotated[int, Field(ge=0)]
+
+
+ClientMessage = Annotated[
+    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck,
+    Field(discriminator="type"),
+]
+
+
+class _ServerMessage(_Message):
+    id: str | None = None
+
+
+class SessionStarted(_ServerMessage):
+    type: Literal["session.started"] = "session.started"
+    session_id: str
+    model: dict[str, Any]
+    media: Literal["jpeg", "raw"]
+    max_pending_events: int
+    max_lag_chunks: int
+
+
+class InputAccepted(_ServerMessage):
+    type: Literal["input.accepted"] = "input.accepted"
+    event_id: int
+    status: Literal["accepted", "duplicate"]
+    pending: int
+
+
+class ChunkFrames(_Message):
+    count: int
+    media: Literal["jpeg", "raw"]
+    width: int
+    height: int
+    sizes: list[int]
+
+
+class ChunkMessage(_ServerMessage):
+    """Header of one generated chunk; ``frames.count`` binary messages follow it."""
+
+    type: Literal["chunk"] = "chunk"
+    seq: int
+    epoch: int
+    chunk_index: int
+    request_id: str
+    applied_event_ids: list[int]
+    frames: ChunkFrames
+    timings: dict[str, float]
+
+
+class InputDropped(_ServerMessage):
+    type: Literal["input.dropped"] = "input.dropped"
+    event_ids: list[int]
+    reason: Literal["reset", "closed", "failed"]
+    detail: str = ""
+
+
+class SessionFailed(_ServerMessage):
+    type: Literal["session.failed"] = "session.failed"
+    code: str
+    message: str
+
+
+class SessionResetDone(_ServerMessage):
+    type: Literal["session.reset"] = "session.reset"
+    epoch: int
+
+
+class SessionClosed(_ServerMessage):
+    type: Literal["session.closed"] = "session.closed"
+    reason: str
+
+
+class ErrorMessage(_ServerMessage):
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    event_id: int | None = None
+
+
+class Pong(_ServerMessage):
+    type: Literal["pong"] = "pong"
+
+
+ServerMessage = Annotated[
+    SessionStarted
+    | InputAccepted
+    | ChunkMessage
+    | InputDropped
+    | SessionFailed
+    | SessionResetDone
+    | SessionClosed
+    | ErrorMessage
+    | Pong,
+    Field(discriminator="type"),
+]
+
+_CLIENT_ADAPTER: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+_SERVER_ADAPTER: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
+_CLIENT_TYPES = ("session.start", "input.event", "session.reset", "session.close", "ping", "chunk.ack")
+
+
+class ClientMessageError(ValueError):
+    """A client message that cannot be taken; ``code`` says why, ``message_id`` echoes its id."""
+
+    def __init__(self, code: ErrorCode, message: str, message_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message_id = message_id
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False)[:4]:
+        location = ".".join(str(step) for step in item["loc"][1:]) or "message"
+        parts.append(f"{location}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def parse_client_message(text: str) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck:
+    """Parse one text message; raise :class:`ClientMessageError` with a stable code."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ClientMessageError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ClientMessageError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object with a 'type'.")
+    message_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+    kind = raw.get("type")
+    if kind not in _CLIENT_TYPES:
+        raise ClientMessageError(
+            ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r}; expected one of {list(_CLIENT_TYPES)}.", message_id
+        )
+    try:
+        return _CLIENT_ADAPTER.validate_python(raw)
+    except ValidationError as error:
+        raise ClientMessageError(ErrorCode.INVALID_MESSAGE, f"invalid {kind}: {_describe(error)}", message_id) from None
+
+
+def parse_server_message(text: str) -> Any:
+    """Parse a server message (clients and tests use this)."""
+    return _SERVER_ADAPTER.validate_json(text)
+
+
+def protocol_json_schema() -> dict[str, Any]:
+    """JSON Schema of both directions, for ``docs/protocol.md``."""
+    return {
+        "client_to_server": _CLIENT_ADAPTER.json_schema(by_alias=True),
+        "server_to_client": _SERVER_ADAPTER.json_schema(by_alias=True),
+    }
