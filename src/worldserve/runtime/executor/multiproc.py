@@ -1,0 +1,267 @@
+"""The multi-process executor (the default): one spawned process per worker.
+
+Owns: spawning workers with the ``spawn`` start method (no forked CUDA or thread
+state), one duplex pipe per worker, and per worker a writer thread (pickling and
+sending, so a full pipe never blocks the event loop) and a reader thread (receiving
+replies, resolving futures through ``call_soon_threadsafe``, and noticing a death as
+end-of-file). A dead worker's pending calls fail with ``WorkerDiedError`` naming its
+pid and exit status.
+
+Must not know: sessions, batching, routing, what the model computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import queue
+import signal
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from worldserve.runtime.errors import (
+    RuntimeClosedError,
+    WorkerDiedError,
+    WorkerStartError,
+    error_from_code,
+)
+from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.messages import WorkerConfig
+from worldserve.runtime.worker import SHUTDOWN, run_worker
+
+__all__ = ["MultiprocExecutor"]
+
+
+@dataclass(eq=False)
+class _Proc:
+    index: int
+    process: BaseProcess
+    conn: Connection
+    ready: asyncio.Future[Any]
+    outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...]] | None] = field(default_factory=queue.SimpleQueue)
+    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    alive: bool = False
+    closing: bool = False
+    death: WorkerDiedError | None = None
+    reader: threading.Thread | None = None
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class MultiprocExecutor(Executor):
+    """Workers in spawned processes, reached through pipes."""
+
+    def __init__(self, config: WorkerConfig, num_workers: int = 1, *, start_timeout: float = 300.0) -> None:
+        super().__init__(config, num_workers)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._start_timeout = start_timeout
+        self._procs: list[_Proc | None] = [None] * num_workers
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # -- starting ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await asyncio.gather(*(self._launch(index) for index in range(self.num_workers)))
+        except BaseException:
+            await self.shutdown()
+            raise
+
+    async def restart(self, worker: int) -> None:
+        if self._closed:
+            raise RuntimeClosedError("the executor is shut down.")
+        old = self._procs[worker]
+        if old is not None and old.process.is_alive():
+            old.closing = True
+            old.process.kill()
+        await self._launch(worker)
+
+    async def _launch(self, index: int) -> None:
+        loop = self._require_loop()
+        # Process.start() forks and writes the spawn preamble: keep it off the event loop.
+        proc = await loop.run_in_executor(None, self._spawn, index, loop)
+        self._procs[index] = proc
+        try:
+            message = await asyncio.wait_for(asyncio.shield(proc.ready), self._start_timeout)
+        except TimeoutError:
+            proc.closing = True
+            proc.process.kill()
+            raise WorkerStartError(f"worker {index} did not load its model within {self._start_timeout:g} s.") from None
+        kind = message[0]
+        if kind != "ready":
+            raise WorkerStartError(message[1])
+        if self._spec is None:
+            self._spec = message[2]
+        proc.alive = True
+
+    def _spawn(self, index: int, loop: asyncio.AbstractEventLoop) -> _Proc:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=run_worker, args=(child, self.config, index), name=f"worldserve-worker-{index}", daemon=True
+        )
+        process.start()
+        child.close()
+        proc = _Proc(index, process, parent, loop.create_future())
+        proc.reader = threading.Thread(
+            target=self._read, args=(proc, loop), name=f"worldserve-reader-{index}", daemon=True
+        )
+        proc.reader.start()
+        threading.Thread(target=self._write, args=(proc,), name=f"worldserve-writer-{index}", daemon=True).start()
+        return proc
+
+    # -- calls -------------------------------------------------------------------------
+
+    def call(self, worker: int, method: str, args: tuple[Any, ...] = ()) -> asyncio.Future[Any]:
+        loop = self._require_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        proc = self._procs[worker]
+        if self._closed or proc is None:
+            future.set_exception(RuntimeClosedError("the runtime is shut down."))
+        elif not proc.alive:
+            future.set_exception(proc.death or WorkerDiedError(f"worker {worker} is not running."))
+        else:
+            request_id = next(self._ids)
+            proc.pending[request_id] = future
+            proc.outbox.put((request_id, method, args))
+        return future
+
+    def is_alive(self, worker: int) -> bool:
+        proc = self._procs[worker]
+        return proc is not None and proc.alive
+
+    def kill(self, worker: int) -> None:
+        proc = self._procs[worker]
+        if proc is not None and proc.process.is_alive():
+            proc.process.kill()
+
+    def pid(self, worker: int) -> int | None:
+        proc = self._procs[worker]
+        return None if proc is None else proc.process.pid
+
+    # -- threads -----------------------------------------------------------------------
+
+    @staticmethod
+    def _write(proc: _Proc) -> None:
+        while True:
+            message = proc.outbox.get()
+            if message is None:
+                return
+            try:
+                proc.conn.send(message)
+            except (BrokenPipeError, EOFError, OSError):
+                return  # the reader sees the death
+
+    def _read(self, proc: _Proc, loop: asyncio.AbstractEventLoop) -> None:
+        conn = proc.conn
+        try:
+            _post(loop, _settle, proc.ready, conn.recv())
+            while True:
+                request_id, ok, payload = conn.recv()
+                _post(loop, self._deliver, proc, request_id, ok, payload)
+        except (EOFError, OSError):
+            pass
+        except BaseException as error:  # a reply that cannot be unpickled: treat the worker as broken
+            proc.process.kill()
+            _post(loop, _settle, proc.ready, ("start_failed", f"worker {proc.index}: {error}"))
+        proc.process.join(5.0)
+        _post(loop, self._on_exit, proc)
+
+    # -- on the event loop ---------------------------------------------------------------
+
+    def _deliver(self, proc: _Proc, request_id: int, ok: bool, payload: Any) -> None:
+        future = proc.pending.pop(request_id, None)
+        if future is None or future.done():
+            return
+        if ok:
+            future.set_result(payload)
+        else:
+            future.set_exception(error_from_code(*payload))
+
+    def _on_exit(self, proc: _Proc) -> None:
+        proc.outbox.put(None)
+        proc.conn.close()
+        was_alive = proc.alive
+        proc.alive = False
+        status = _describe_exit(proc.process.exitcode)
+        if proc.closing or self._closed:
+            error: WorkerDiedError | RuntimeClosedError = RuntimeClosedError("the runtime is shut down.")
+        else:
+            error = WorkerDiedError(
+                f"worker {proc.index} (pid {proc.process.pid}) died ({status}); the session states it held are "
+                "lost, reset the session to start over."
+            )
+            proc.death = error
+        _settle(
+            proc.ready,
+            (
+                "start_failed",
+                f"worker {proc.index} (pid {proc.process.pid}) {status} while starting (see its stderr; a script "
+                "that starts a runtime needs an `if __name__ == '__main__':` guard, as spawned workers import it).",
+            ),
+        )
+        pending, proc.pending = proc.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        if was_alive and isinstance(error, WorkerDiedError):
+            self._report_death(proc.index, error)
+
+    # -- stopping ----------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        procs = [proc for proc in self._procs if proc is not None]
+        for proc in procs:
+            proc.closing = True
+            proc.outbox.put((-1, SHUTDOWN, ()))
+        loop = self._require_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, _stop, proc) for proc in procs))
+        for proc in procs:
+            pending, proc.pending = proc.pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(RuntimeClosedError("the runtime is shut down."))
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeClosedError("the executor has not started.")
+        return self._loop
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _stop(proc: _Proc) -> None:
+    process = proc.process
+    process.join(5.0)
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)
+    if proc.reader is not None:
+        proc.reader.join(5.0)

@@ -1,0 +1,79 @@
+"""A worker process's main loop: build the model and runner, then answer calls in order.
+
+Owns: the child side of one multiprocess worker -- it loads the model by name (so heavy
+model libraries are imported only here), sends ``("ready", pid, spec)`` or
+``("start_failed", message)``, then answers each ``(request_id, method, args)`` with
+``(request_id, True, result)`` or ``(request_id, False, (code, message))``. Exceptions
+never cross the pipe; only codes and messages do.
+
+Must not know: asyncio, the engine's routing or batching, sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from worldserve.models import load_model
+from worldserve.runtime.errors import TickFailedError
+from worldserve.runtime.messages import WorkerConfig
+from worldserve.runtime.runner import ModelRunner
+
+__all__ = ["SHUTDOWN", "build_runner", "run_worker", "serve"]
+
+_log = logging.getLogger(__name__)
+
+#: The method name that ends a worker's loop.
+SHUTDOWN = "__shutdown__"
+
+
+def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
+    """Load the configured model and wrap it in a runner."""
+    return ModelRunner(load_model(config.model, **dict(config.model_options)), config.limits, worker=worker)
+
+
+def run_worker(conn: Connection, config: WorkerConfig, worker: int) -> None:
+    """The process entry point (``multiprocessing`` spawn target)."""
+    # The parent owns shutdown: a Ctrl-C in its terminal must not kill workers mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        runner = build_runner(config, worker)
+    except BaseException as error:
+        conn.send(
+            ("start_failed", f"worker {worker} could not load model {config.model!r}: {type(error).__name__}: {error}")
+        )
+        return
+    conn.send(("ready", os.getpid(), runner.spec))
+    serve(conn, runner, worker)
+
+
+def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
+    """Answer calls until the pipe closes or :data:`SHUTDOWN` arrives."""
+    while True:
+        try:
+            request_id, method, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        if method == SHUTDOWN:
+            return
+        reply: tuple[int, bool, Any]
+        try:
+            reply = (request_id, True, runner.call(method, args))
+        except TickFailedError as error:
+            reply = (request_id, False, (error.code, str(error)))
+        except Exception as error:
+            _log.exception("worker %d: %s failed", worker, method)
+            reply = (
+                request_id,
+                False,
+                ("runtime_error", f"worker {worker}: {method} raised {type(error).__name__}: {error}"),
+            )
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, EOFError, OSError):
+            return
+        except Exception as error:  # e.g. a result that cannot be pickled
+            conn.send((request_id, False, ("runtime_error", f"worker {worker}: {method} reply not sendable: {error}")))
