@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from worldserve.runtime.engine import EngineConfig
+from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
 
 __all__ = ["EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
@@ -54,6 +55,7 @@ class RuntimeConfig:
     tick_deadline_s: float | None = 30.0
     hang_timeout_s: float | None = None
     rpc_timeout_s: float | None = 60.0
+    frame_buffer_bytes: int = DEFAULT_FRAME_BUFFER_BYTES  # shared memory per worker process; 0: frames via the pipe
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -65,6 +67,8 @@ class RuntimeConfig:
             raise ValueError(f"executor must be one of {list(EXECUTOR_NAMES)}; got {self.executor!r}.")
         if isinstance(self.max_pending_events, bool) or not isinstance(self.max_pending_events, int):
             raise ValueError(f"max_pending_events must be a positive integer; got {self.max_pending_events!r}.")
+        if isinstance(self.frame_buffer_bytes, bool) or not isinstance(self.frame_buffer_bytes, int):
+            raise ValueError(f"frame_buffer_bytes must be a non-negative integer; got {self.frame_buffer_bytes!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
 
@@ -105,6 +109,9 @@ class RuntimeConfig:
         group.add_argument("--tick-deadline-s", type=float, default=30.0, help="0 disables the deadline")
         group.add_argument("--hang-timeout-s", type=float, default=0.0, help="kill a worker stuck this long; 0: never")
         group.add_argument("--rpc-timeout-s", type=float, default=60.0)
+        group.add_argument(
+            "--frame-buffer", type=parse_bytes, default=DEFAULT_FRAME_BUFFER_BYTES, help="shared memory per worker"
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -121,6 +128,7 @@ class RuntimeConfig:
             tick_deadline_s=namespace.tick_deadline_s or None,
             hang_timeout_s=namespace.hang_timeout_s or None,
             rpc_timeout_s=namespace.rpc_timeout_s or None,
+            frame_buffer_bytes=namespace.frame_buffer,
         )
 
 

@@ -72,6 +72,7 @@ class ModelRunner:
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recently used first
         self._tombstones: OrderedDict[str, None] = OrderedDict()  # evicted, not yet reset/closed
         self._evictions = 0
+        self._compute_s = 0.0  # time inside model.step during the current step call
 
     @property
     def spec(self) -> ModelSpec:
@@ -206,16 +207,13 @@ class ModelRunner:
                 results[index] = checked
             else:
                 runnable.append((index, sid, checked, tick))
-        compute_s = 0.0
+        self._compute_s = 0.0
         limit = self._spec.max_batch_size
         for start in range(0, len(runnable), limit):
             group = runnable[start : start + limit]
-            began = time.perf_counter()
-            outcomes = self._run(group)
-            compute_s += time.perf_counter() - began
-            for (index, _, _, _), outcome in zip(group, outcomes, strict=True):
+            for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
-        return StepReport(tuple(result for result in results if result is not None), compute_s)
+        return StepReport(tuple(result for result in results if result is not None), self._compute_s)
 
     def _admit_tick(self, tick: TickRequest) -> _Resident | TickFailure:
         sid = tick.session_id
@@ -252,9 +250,11 @@ class ModelRunner:
             self._release(session_id, resident)
 
     def _run(self, group: list[tuple[int, str, _Resident, TickRequest]]) -> list[TickOutput | TickFailure]:
+        began = time.perf_counter()
         try:
             envelopes = self._model.step([(resident.state, tick) for _, _, resident, tick in group])
         except Exception as error:
+            self._compute_s += time.perf_counter() - began
             if len(group) > 1 and self._spec.atomic_step:
                 # The model promises an untouched batch: retry alone to isolate the culprit.
                 return [outcome for item in group for outcome in self._run([item])]
@@ -267,6 +267,7 @@ class ModelRunner:
                     "so every state of the batch was released)"
                 )
             return [TickFailure("model_error", f"{detail}; reset the session to go on.")] * len(group)
+        self._compute_s += time.perf_counter() - began
         if not isinstance(envelopes, list) or len(envelopes) != len(group):
             for _, sid, _, _ in group:
                 self._drop(sid)

@@ -25,7 +25,7 @@ from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.config import RuntimeConfig
 from worldserve.runtime.engine import Engine
 from worldserve.runtime.errors import RuntimeClosedError
-from worldserve.runtime.executor import EXECUTORS
+from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
 from worldserve.runtime.metrics import EngineStats
 from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus
 from worldserve.stats import SessionStats
@@ -54,7 +54,13 @@ class Runtime:
         if model is not None:
             overrides["model"] = model
         self.config = dataclasses.replace(base, **overrides) if overrides else base
-        executor = EXECUTORS[self.config.executor](self.config.worker_config(), self.config.workers)
+        executor: Executor
+        if self.config.executor == "multiprocess":
+            executor = MultiprocExecutor(
+                self.config.worker_config(), self.config.workers, frame_buffer_bytes=self.config.frame_buffer_bytes
+            )
+        else:
+            executor = InprocExecutor(self.config.worker_config(), self.config.workers)
         self.engine = Engine(executor, self.config.engine_config())
         self._manager: SessionManager[Chunk] | None = None
         self._started = False

@@ -6,7 +6,4 @@ from worldserve.runtime.executor.abstract import DeathCallback, Executor
 from worldserve.runtime.executor.inproc import InprocExecutor
 from worldserve.runtime.executor.multiproc import MultiprocExecutor
 
-__all__ = ["EXECUTORS", "DeathCallback", "Executor", "InprocExecutor", "MultiprocExecutor"]
-
-#: Executor names a configuration may pick.
-EXECUTORS: dict[str, type[Executor]] = {"multiprocess": MultiprocExecutor, "inprocess": InprocExecutor}
+__all__ = ["DeathCallback", "Executor", "InprocExecutor", "MultiprocExecutor"]

@@ -2,10 +2,12 @@
 
 Owns: spawning workers with the ``spawn`` start method (no forked CUDA or thread
 state), one duplex pipe per worker, and per worker a writer thread (pickling and
-sending, so a full pipe never blocks the event loop) and a reader thread (receiving
-replies, resolving futures through ``call_soon_threadsafe``, and noticing a death as
-end-of-file). A dead worker's pending calls fail with ``WorkerDiedError`` naming its
-pid and exit status.
+sending, so a full pipe never blocks the event loop), a reader thread (receiving
+replies, copying a step's frames out of the worker's shared-memory
+:class:`~worldserve.runtime.framebuf.FrameBuffer`, resolving futures through
+``call_soon_threadsafe``, and noticing a death as end-of-file), and the buffer's
+lifetime. A dead worker's pending calls fail with ``WorkerDiedError`` naming its pid
+and exit status.
 
 Must not know: sessions, batching, routing, what the model computes.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import multiprocessing
 import queue
 import signal
@@ -26,15 +29,19 @@ from typing import Any
 
 from worldserve.runtime.errors import (
     RuntimeClosedError,
+    TickFailedError,
     WorkerDiedError,
     WorkerStartError,
     error_from_code,
 )
 from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES, FrameBuffer, PackedStep
 from worldserve.runtime.messages import WorkerConfig
-from worldserve.runtime.worker import SHUTDOWN, run_worker
+from worldserve.runtime.worker import ATTACH_FRAMES, SHUTDOWN, run_worker
 
 __all__ = ["MultiprocExecutor"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -43,12 +50,14 @@ class _Proc:
     process: BaseProcess
     conn: Connection
     ready: asyncio.Future[Any]
-    outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...]] | None] = field(default_factory=queue.SimpleQueue)
+    outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...], bool] | None] = field(default_factory=queue.SimpleQueue)
     pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
     alive: bool = False
     closing: bool = False
     death: WorkerDiedError | None = None
     reader: threading.Thread | None = None
+    frames: FrameBuffer | None = None
+    frames_request: int | None = None  # the step whose frames the buffer holds (one at a time)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -65,8 +74,16 @@ def _describe_exit(code: int | None) -> str:
 class MultiprocExecutor(Executor):
     """Workers in spawned processes, reached through pipes."""
 
-    def __init__(self, config: WorkerConfig, num_workers: int = 1, *, start_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        num_workers: int = 1,
+        *,
+        start_timeout: float = 300.0,
+        frame_buffer_bytes: int = DEFAULT_FRAME_BUFFER_BYTES,
+    ) -> None:
         super().__init__(config, num_workers)
+        self._frame_buffer_bytes = frame_buffer_bytes
         self._ctx = multiprocessing.get_context("spawn")
         self._start_timeout = start_timeout
         self._procs: list[_Proc | None] = [None] * num_workers
@@ -107,9 +124,20 @@ class MultiprocExecutor(Executor):
         kind = message[0]
         if kind != "ready":
             raise WorkerStartError(message[1])
+        spec = message[2]
         if self._spec is None:
-            self._spec = message[2]
+            self._spec = spec
         proc.alive = True
+        shape = (spec.frames_per_chunk, spec.height, spec.width, 3)
+        frames = FrameBuffer.create(shape, spec.max_batch_size, self._frame_buffer_bytes)
+        if frames is not None:
+            try:
+                await self.call(index, ATTACH_FRAMES, (frames.name, frames.slots, shape))
+            except TickFailedError as error:
+                _log.warning("worker %d: frames go through the pipe (%s)", index, error)
+                frames.close()
+            else:
+                proc.frames = frames
 
     def _spawn(self, index: int, loop: asyncio.AbstractEventLoop) -> _Proc:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -139,12 +167,20 @@ class MultiprocExecutor(Executor):
         else:
             request_id = next(self._ids)
             proc.pending[request_id] = future
-            proc.outbox.put((request_id, method, args))
+            use_frames = method == "step" and proc.frames is not None and proc.frames_request is None
+            if use_frames:
+                proc.frames_request = request_id
+            proc.outbox.put((request_id, method, args, use_frames))
         return future
 
     def is_alive(self, worker: int) -> bool:
         proc = self._procs[worker]
         return proc is not None and proc.alive
+
+    def shared_frame_slots(self, worker: int) -> int:
+        """How many chunks of a step the worker hands over in shared memory (0: all through the pipe)."""
+        proc = self._procs[worker]
+        return 0 if proc is None or proc.frames is None else proc.frames.slots
 
     def kill(self, worker: int) -> None:
         proc = self._procs[worker]
@@ -174,6 +210,11 @@ class MultiprocExecutor(Executor):
             _post(loop, _settle, proc.ready, conn.recv())
             while True:
                 request_id, ok, payload = conn.recv()
+                if isinstance(payload, PackedStep):
+                    assert proc.frames is not None
+                    payload = proc.frames.unpack(payload)  # before the next step may reuse the slots
+                if request_id == proc.frames_request:
+                    proc.frames_request = None
                 _post(loop, self._deliver, proc, request_id, ok, payload)
         except (EOFError, OSError):
             pass
@@ -197,6 +238,8 @@ class MultiprocExecutor(Executor):
     def _on_exit(self, proc: _Proc) -> None:
         proc.outbox.put(None)
         proc.conn.close()
+        if proc.frames is not None:
+            proc.frames.close()
         was_alive = proc.alive
         proc.alive = False
         status = _describe_exit(proc.process.exitcode)
@@ -232,10 +275,12 @@ class MultiprocExecutor(Executor):
         procs = [proc for proc in self._procs if proc is not None]
         for proc in procs:
             proc.closing = True
-            proc.outbox.put((-1, SHUTDOWN, ()))
+            proc.outbox.put((-1, SHUTDOWN, (), False))
         loop = self._require_loop()
         await asyncio.gather(*(loop.run_in_executor(None, _stop, proc) for proc in procs))
         for proc in procs:
+            if proc.frames is not None:
+                proc.frames.close()
             pending, proc.pending = proc.pending, {}
             for future in pending.values():
                 if not future.done():
