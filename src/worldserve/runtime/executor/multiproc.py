@@ -2,7 +2,8 @@
 
 Owns: spawning workers with the ``spawn`` start method (no forked CUDA or thread
 state), one duplex pipe per worker, and per worker a writer thread (pickling and
-sending, so a full pipe never blocks the event loop), a reader thread (receiving
+sending control calls, so a full pipe never blocks the event loop; a step, small and
+sent only to a worker that is reading, goes straight from the loop), a reader thread (receiving
 replies, copying a step's frames out of the worker's shared-memory
 :class:`~worldserve.runtime.framebuf.FrameBuffer`, resolving futures through
 ``call_soon_threadsafe``, and noticing a death as end-of-file), and the buffer's
@@ -58,6 +59,8 @@ class _Proc:
     reader: threading.Thread | None = None
     frames: FrameBuffer | None = None
     frames_request: int | None = None  # the step whose frames the buffer holds (one at a time)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    queued: int = 0  # messages handed to the writer thread and not yet sent
 
 
 def _describe_exit(code: int | None) -> str:
@@ -170,8 +173,30 @@ class MultiprocExecutor(Executor):
             use_frames = method == "step" and proc.frames is not None and proc.frames_request is None
             if use_frames:
                 proc.frames_request = request_id
-            proc.outbox.put((request_id, method, args, use_frames))
+            message = (request_id, method, args, use_frames)
+            if not (method == "step" and self._send_now(proc, message)):
+                proc.queued += 1
+                proc.outbox.put(message)
         return future
+
+    @staticmethod
+    def _send_now(proc: _Proc, message: tuple[int, str, tuple[Any, ...], bool]) -> bool:
+        """Send a step on the event loop, skipping the writer thread's wake-up (the hot path).
+
+        Only when nothing waits for the writer (order is kept). A step never blocks here:
+        the engine sends one per worker at a time, after the previous one came back, so the
+        worker is reading its pipe; it is a few hundred bytes per tick.
+        """
+        if proc.queued or not proc.send_lock.acquire(blocking=False):
+            return False
+        try:
+            if proc.queued:
+                return False
+            with contextlib.suppress(BrokenPipeError, EOFError, OSError):  # the reader sees a death
+                proc.conn.send(message)
+            return True
+        finally:
+            proc.send_lock.release()
 
     def is_alive(self, worker: int) -> bool:
         proc = self._procs[worker]
@@ -199,10 +224,13 @@ class MultiprocExecutor(Executor):
             message = proc.outbox.get()
             if message is None:
                 return
-            try:
-                proc.conn.send(message)
-            except (BrokenPipeError, EOFError, OSError):
-                return  # the reader sees the death
+            with proc.send_lock:
+                try:
+                    proc.conn.send(message)
+                except (BrokenPipeError, EOFError, OSError):
+                    return  # the reader sees the death
+                finally:
+                    proc.queued -= 1
 
     def _read(self, proc: _Proc, loop: asyncio.AbstractEventLoop) -> None:
         conn = proc.conn
