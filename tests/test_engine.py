@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 
@@ -18,9 +19,11 @@ from worldserve.runtime import (
     EngineConfig,
     InprocExecutor,
     Runtime,
+    RuntimeConfig,
     UnknownSessionError,
     WorkerConfig,
 )
+from worldserve.runtime.config import parse_bytes
 from worldserve.runtime.scheduler import BatchQueue
 
 pytestmark = pytest.mark.timeout(30)
@@ -111,6 +114,9 @@ async def test_collective_rpc_shapes_work_with_worker_lifecycle() -> None:
         assert await engine.collective_rpc("nope") == [
             [{"supported": False, "error": f"worker {index} has no RPC method 'nope'."} for index in (0, 1)]
         ]
+        assert await engine.collective_rpc("step", args=([],)) == [
+            {"supported": False, "error": "step is the engine's own call; use the engine's API."}
+        ]
         unsupported = await engine.collective_rpc("resident_sessions", stage_ids=[0, 3])
         assert unsupported[1] == {"supported": False, "error": "this engine runs one stage (0), not stage 3."}
         lifecycle = WorkerLifecycle(engine, stage_ids=[0])
@@ -157,3 +163,37 @@ async def test_events_reach_their_chunk_in_process() -> None:
         assert chunk.metadata.applied_event_ids == (1,)
         assert np.array_equal(chunk.frames, truth.next(None, [keys("D")]))
         assert not chunk.frames.flags.writeable
+
+
+def test_runtime_config_from_the_command_line() -> None:
+    parser = argparse.ArgumentParser()
+    RuntimeConfig.add_cli_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--model",
+            "procedural",
+            "--model-option",
+            "height=64",
+            "--model-option",
+            "label=plain text",
+            "--workers",
+            "3",
+            "--memory-budget",
+            "2MiB",
+            "--tick-deadline-s",
+            "0",
+            "--batch-wait-ms",
+            "5",
+        ]
+    )
+    config = RuntimeConfig.from_cli_arguments(args)
+    assert dict(config.model_options) == {"height": 64, "label": "plain text"}
+    assert (config.workers, config.memory_budget_bytes, config.tick_deadline_s) == (3, 2 * 2**20, None)
+    assert config.batch_wait_s == 0.005
+    assert config.worker_config().limits.capacity(1024) == 2048
+    with pytest.raises(ValueError, match="executor must be one of"):
+        RuntimeConfig(executor="ray")
+    with pytest.raises(ValueError, match="not a byte size"):
+        parse_bytes("lots")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):
+        Runtime("procedural", wokers=2)

@@ -44,6 +44,9 @@ __all__ = ["Engine", "EngineConfig"]
 
 _log = logging.getLogger(__name__)
 
+#: Runner methods only the engine may call (they would bypass batching, affinity and admission).
+_ENGINE_ONLY = frozenset({"step", "admit"})
+
 
 def _optional_positive(value: float | None, name: str) -> None:
     if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
@@ -301,9 +304,9 @@ class Engine:
 
     def _expire(self, worker: _Worker, entry: Queued[_Tick]) -> None:
         pending = entry.item
-        if pending.future.done():
+        loop = self._loop
+        if pending.future.done() or loop is None or self._state != "running":
             return
-        loop = self._require_running()
         waiting = worker.queue.discard(entry)
         where = (
             f"still queued for worker {worker.index}"
@@ -461,6 +464,8 @@ class Engine:
             else:
                 self.release_session(session_id)
             return True
+        if method in _ENGINE_ONLY:
+            return {"supported": False, "error": f"{method} is the engine's own call; use the engine's API."}
         if kwargs:
             return {"supported": False, "error": f"{method}: workers take positional arguments only."}
         live = [worker.index for worker in self._workers if self._executor.is_alive(worker.index)]
