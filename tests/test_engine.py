@@ -197,3 +197,12 @@ def test_runtime_config_from_the_command_line() -> None:
         parse_bytes("lots")
     with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):
         Runtime("procedural", wokers=2)
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "multiprocess"])
+async def test_a_model_that_cannot_load_fails_start_with_its_reason(executor: str) -> None:
+    runtime = Runtime("no_such_module:Model", executor=executor)
+    with pytest.raises(SessionError, match=r"could not load model 'no_such_module:Model'.*No module named") as caught:
+        await runtime.start()
+    assert caught.value.code == "worker_start_failed"
+    await runtime.aclose()

@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 from typing import Any
 
-from worldserve.runtime.errors import RuntimeClosedError, TickFailedError, WorkerDiedError
+from worldserve.runtime.errors import RuntimeClosedError, TickFailedError, WorkerDiedError, WorkerStartError
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.messages import WorkerConfig
 from worldserve.runtime.runner import ModelRunner
@@ -53,7 +53,13 @@ class InprocExecutor(Executor):
         loop = self._require_loop()
         self._generations[index] += 1
         thread = _Thread(index, self._generations[index])
-        thread.runner = await loop.run_in_executor(thread.pool, build_runner, self.config, index)
+        try:
+            thread.runner = await loop.run_in_executor(thread.pool, build_runner, self.config, index)
+        except Exception as error:
+            thread.pool.shutdown(wait=False)
+            raise WorkerStartError(
+                f"worker {index} could not load model {self.config.model!r}: {type(error).__name__}: {error}"
+            ) from error
         if self._spec is None:
             self._spec = thread.runner.spec
         self._threads[index] = thread

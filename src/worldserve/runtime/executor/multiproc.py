@@ -60,7 +60,10 @@ class _Proc:
     frames: FrameBuffer | None = None
     frames_request: int | None = None  # the step whose frames the buffer holds (one at a time)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
-    queued: int = 0  # messages handed to the writer thread and not yet sent
+    # Messages handed to the writer thread, and those it has sent; each has one writing
+    # thread (the loop, the writer), so no update is lost.
+    enqueued: int = 0
+    sent: int = 0
 
 
 def _describe_exit(code: int | None) -> str:
@@ -175,7 +178,7 @@ class MultiprocExecutor(Executor):
                 proc.frames_request = request_id
             message = (request_id, method, args, use_frames)
             if not (method == "step" and self._send_now(proc, message)):
-                proc.queued += 1
+                proc.enqueued += 1
                 proc.outbox.put(message)
         return future
 
@@ -187,10 +190,10 @@ class MultiprocExecutor(Executor):
         the engine sends one per worker at a time, after the previous one came back, so the
         worker is reading its pipe; it is a few hundred bytes per tick.
         """
-        if proc.queued or not proc.send_lock.acquire(blocking=False):
+        if proc.enqueued != proc.sent or not proc.send_lock.acquire(blocking=False):
             return False
         try:
-            if proc.queued:
+            if proc.enqueued != proc.sent:
                 return False
             with contextlib.suppress(BrokenPipeError, EOFError, OSError):  # the reader sees a death
                 proc.conn.send(message)
@@ -230,7 +233,7 @@ class MultiprocExecutor(Executor):
                 except (BrokenPipeError, EOFError, OSError):
                     return  # the reader sees the death
                 finally:
-                    proc.queued -= 1
+                    proc.sent += 1
 
     def _read(self, proc: _Proc, loop: asyncio.AbstractEventLoop) -> None:
         conn = proc.conn
