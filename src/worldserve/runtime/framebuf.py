@@ -19,11 +19,12 @@ import contextlib
 import os
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from typing import Any
 
 import numpy as np
 
-from worldserve.protocol import ChunkMetadata
 from worldserve.runtime.messages import StepReport, TickFailure, TickOutput
+from worldserve.runtime.wire import decode_metadata, encode_metadata
 
 __all__ = ["DEFAULT_FRAME_BUFFER_BYTES", "FrameBuffer", "PackedStep"]
 
@@ -34,9 +35,10 @@ _SHM_DIR = "/dev/shm"
 
 @dataclass(frozen=True, slots=True)
 class PackedStep:
-    """A :class:`StepReport` whose outputs' frames wait in the buffer: ``(slot, metadata)``."""
+    """A :class:`StepReport` whose outputs' frames wait in the buffer: ``(slot, metadata)``
+    (the metadata in :mod:`~worldserve.runtime.wire`'s compact form)."""
 
-    results: tuple[tuple[int, ChunkMetadata] | TickFailure, ...]
+    results: tuple[tuple[int, tuple[Any, ...]] | TickFailure, ...]  # (slot, encoded metadata)
     compute_s: float
 
 
@@ -86,12 +88,12 @@ class FrameBuffer:
         outputs = [result for result in report.results if isinstance(result, TickOutput)]
         if len(outputs) > self.slots or any(output.frames.shape != self.shape for output in outputs):
             return None
-        packed: list[tuple[int, ChunkMetadata] | TickFailure] = []
+        packed: list[tuple[int, tuple[Any, ...]] | TickFailure] = []
         slot = 0
         for result in report.results:
             if isinstance(result, TickOutput):
                 view[slot] = result.frames
-                packed.append((slot, result.metadata))
+                packed.append((slot, encode_metadata(result.metadata)))
                 slot += 1
             else:
                 packed.append(result)
@@ -107,7 +109,7 @@ class FrameBuffer:
                 results.append(item)
             else:
                 slot, metadata = item
-                results.append(TickOutput(view[slot].copy(), metadata))
+                results.append(TickOutput(view[slot].copy(), decode_metadata(metadata)))
         return StepReport(tuple(results), packed.compute_s)
 
     def close(self) -> None:

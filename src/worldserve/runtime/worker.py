@@ -4,7 +4,8 @@ Owns: the child side of one multiprocess worker -- it loads the model by name (s
 model libraries are imported only here), sends ``("ready", pid, spec)`` or
 ``("start_failed", message)``, then answers each ``(request_id, method, args, use_frames)``
 with ``(request_id, True, result)`` or ``(request_id, False, (code, message))``.
-Exceptions never cross the pipe; only codes and messages do. A step's frames go through
+Exceptions never cross the pipe; only codes and messages do. A step's ticks arrive in
+:mod:`~worldserve.runtime.wire`'s compact form. A step's frames go through
 the parent's shared-memory :class:`~worldserve.runtime.framebuf.FrameBuffer` when the
 parent allows it (``use_frames``) and they fit.
 
@@ -24,6 +25,7 @@ from worldserve.runtime.errors import TickFailedError
 from worldserve.runtime.framebuf import FrameBuffer
 from worldserve.runtime.messages import StepReport, WorkerConfig
 from worldserve.runtime.runner import ModelRunner
+from worldserve.runtime.wire import decode_ticks
 
 __all__ = ["ATTACH_FRAMES", "SHUTDOWN", "build_runner", "run_worker", "serve"]
 
@@ -72,6 +74,8 @@ def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
                     frames = FrameBuffer.attach(*args)
                     result: Any = True
                 else:
+                    if method == "step":
+                        args = (decode_ticks(args[0]),)
                     result = runner.call(method, args)
                     if use_frames and frames is not None and isinstance(result, StepReport):
                         result = frames.pack(result) or result

@@ -38,6 +38,7 @@ from worldserve.runtime.errors import (
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES, FrameBuffer, PackedStep
 from worldserve.runtime.messages import WorkerConfig
+from worldserve.runtime.wire import encode_ticks
 from worldserve.runtime.worker import ATTACH_FRAMES, SHUTDOWN, run_worker
 
 __all__ = ["MultiprocExecutor"]
@@ -176,6 +177,8 @@ class MultiprocExecutor(Executor):
             use_frames = method == "step" and proc.frames is not None and proc.frames_request is None
             if use_frames:
                 proc.frames_request = request_id
+            if method == "step":
+                args = (encode_ticks(args[0]),)  # the worker decodes them
             message = (request_id, method, args, use_frames)
             if not (method == "step" and self._send_now(proc, message)):
                 proc.enqueued += 1
