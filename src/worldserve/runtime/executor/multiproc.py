@@ -55,6 +55,7 @@ class _Proc:
     outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...], bool] | None] = field(default_factory=queue.SimpleQueue)
     pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
     alive: bool = False
+    exited: bool = False
     closing: bool = False
     death: WorkerDiedError | None = None
     reader: threading.Thread | None = None
@@ -131,6 +132,8 @@ class MultiprocExecutor(Executor):
         kind = message[0]
         if kind != "ready":
             raise WorkerStartError(message[1])
+        if proc.exited:
+            raise WorkerStartError(f"worker {index} (pid {proc.process.pid}) exited right after starting.")
         spec = message[2]
         if self._spec is None:
             self._spec = spec
@@ -145,6 +148,8 @@ class MultiprocExecutor(Executor):
                 frames.close()
             else:
                 proc.frames = frames
+        if not proc.alive:
+            raise WorkerStartError(f"worker {index} (pid {proc.process.pid}) died while starting.")
 
     def _spawn(self, index: int, loop: asyncio.AbstractEventLoop) -> _Proc:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -270,6 +275,7 @@ class MultiprocExecutor(Executor):
             future.set_exception(error_from_code(*payload))
 
     def _on_exit(self, proc: _Proc) -> None:
+        proc.exited = True
         proc.outbox.put(None)
         proc.conn.close()
         if proc.frames is not None:
