@@ -99,3 +99,13 @@ def test_spec_validator_names_track_schema_and_problem() -> None:
         validator.validate_controls([ControlInput("jump", "x", {})])
     with pytest.raises(ValueError, match="expects schema"):
         validator.validate_controls([ControlInput("camera", "other", {"dx": 0, "dy": 0})])
+
+
+def test_a_step_that_raises_moves_no_state() -> None:
+    model = load_model("procedural")
+    assert model.spec.atomic_step
+    state = model.new_state("s", SessionOptions(seed=3))
+    with pytest.raises(TypeError, match="foreign state"):
+        model.step([(state, tick(0, keys("D"))), (object(), tick(0))])
+    again = parse_chunk_envelope(model.step([(state, tick(0))])[0])[0]
+    assert np.array_equal(again[0], World(3).render(0, 0, 48, 48, "islands"))  # still at the start view

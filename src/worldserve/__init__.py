@@ -2,7 +2,11 @@
 
 The core (this package's top level, :mod:`worldserve.protocol`, :mod:`worldserve.session`,
 :mod:`worldserve.lifecycle`, :mod:`worldserve.stats`) needs only the standard library.
+``worldserve.Runtime`` (the ``models`` extra: numpy) is imported on first use (so it is
+left out of ``__all__``: a star import stays standard-library only).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC, CollectiveRPCClient, WorkerLifecycle
 from worldserve.protocol import (
@@ -40,6 +44,9 @@ from worldserve.session import (
     TickConsumer,
 )
 from worldserve.stats import HistogramSnapshot, SessionStats
+
+if TYPE_CHECKING:
+    from worldserve.runtime import Runtime as Runtime
 
 __version__ = "0.1.0"
 
@@ -82,3 +89,12 @@ __all__ = [
     "parse_chunk_envelope",
     "thaw_transport_value",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``import worldserve`` stays standard-library only; the runtime needs numpy.
+    if name == "Runtime":
+        from worldserve.runtime import Runtime as Runtime
+
+        return Runtime
+    raise AttributeError(f"module 'worldserve' has no attribute {name!r}")

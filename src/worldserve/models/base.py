@@ -68,6 +68,9 @@ class ModelSpec:
     styles: tuple[str, ...] = ()
     default_prompt: str | None = None
     description: str = ""
+    #: True when a ``step`` that raises leaves every state of its batch unchanged, so the
+    #: runtime may retry the batch's other sessions alone to isolate the failing one.
+    atomic_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
@@ -76,6 +79,8 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
         if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
             raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
+        if type(self.atomic_step) is not bool:
+            raise ValueError(f"ModelSpec.atomic_step must be a bool; got {self.atomic_step!r}.")
         if not self.fps > 0:
             raise ValueError(f"ModelSpec.fps must be positive; got {self.fps!r}.")
         tracks = [control.track for control in self.controls]
@@ -145,7 +150,9 @@ class WorldModel(Protocol):
     ``step`` receives one ``(state, tick)`` pair per session of a batch (at most
     ``spec.max_batch_size``) and returns one chunk envelope per pair, in order,
     whose metadata echoes the tick and whose payload is the chunk's frames. States
-    are the model's own; the runner owns which session holds which state.
+    are the model's own; the runner owns which session holds which state. A step that
+    raises fails its batch; declare ``spec.atomic_step`` if it then leaves every state
+    unchanged, so the runtime can retry the other sessions alone.
     """
 
     @property

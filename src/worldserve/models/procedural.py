@@ -63,6 +63,7 @@ class ProceduralModel:
             styles=STYLES,
             default_prompt=DEFAULT_STYLE,
             description="Exact procedural terrain renderer (ground truth for tinyworld; cheap load-test model).",
+            atomic_step=True,
         )
 
     @property
@@ -79,15 +80,22 @@ class ProceduralModel:
         return self._view(state, x, y, style_for_prompt(state.options.prompt))
 
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+        # Atomic: every chunk is rendered from a copy of its motion, and the states move
+        # only once the whole batch has succeeded (the spec declares ``atomic_step``).
         outputs = []
+        moved = []
         for state, tick in batch:
             if not isinstance(state, ProceduralState):
                 raise TypeError(f"procedural model got a foreign state: {type(state).__name__}")
             style = style_for_prompt(tick.prompt if tick.prompt is not None else state.options.prompt)
             vx, vy = velocity(tick.controls)
-            positions = state.motion.advance(vx, vy, self._spec.frames_per_chunk)
+            motion = Motion(state.motion.x, state.motion.y)
+            positions = motion.advance(vx, vy, self._spec.frames_per_chunk)
             frames = np.stack([self._view(state, x, y, style) for x, y in positions])
             outputs.append(build_chunk_envelope(frames, ChunkMetadata.from_tick(tick)))
+            moved.append((state, motion))
+        for state, motion in moved:
+            state.motion = motion
         return outputs
 
     def release(self, state: Any) -> None:

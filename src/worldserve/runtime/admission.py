@@ -1,0 +1,148 @@
+"""Admission: placing sessions on workers and (re)creating, evicting and releasing their states.
+
+Owns: the choice of worker for a new session (least loaded first, skipping at once the
+workers that are full of sessions with ticks in flight), the ``admit`` call with the
+sessions the worker must not evict, recording evictions, resets (a fresh state on the
+session's own worker, or anywhere when it lost its state), releases that never wait
+behind a step, and fail-closed clean-up when an admission times out or is cancelled.
+
+Must not know: batching, deadlines, how workers are reached (the executor's), sessions' events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from worldserve.lifecycle import CLOSE_SESSION_RPC
+from worldserve.models.base import SessionOptions
+from worldserve.runtime.errors import AdmissionRefusedError, RPCTimeoutError, RuntimeClosedError, WorkerDiedError
+from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.metrics import EngineCounters
+from worldserve.runtime.router import Router
+
+__all__ = ["Admission", "WorkerView"]
+
+_log = logging.getLogger(__name__)
+
+
+class WorkerView(Protocol):
+    """What admission needs to know of a worker."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def pinned(self) -> frozenset[str]:
+        """Sessions with a tick queued for, or running on, this worker."""
+        ...
+
+
+class Admission:
+    """Places sessions and keeps the router in step with what workers hold."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        router: Router,
+        counters: EngineCounters,
+        workers: Sequence[WorkerView],
+        *,
+        rpc_timeout_s: float | None,
+    ) -> None:
+        self._executor = executor
+        self._router = router
+        self._counters = counters
+        self._workers = workers
+        self._rpc_timeout_s = rpc_timeout_s
+        self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
+
+    async def place(self, session_id: str, options: SessionOptions, timeout: float | None) -> int:
+        """Create the session's state on the least loaded worker that takes it; return that worker."""
+        ready = [worker.index for worker in self._workers if worker.ready]
+        if not ready:
+            raise WorkerDiedError("no worker is running; the runtime cannot admit sessions now.")
+        refusals: list[str] = []
+        for index in self._router.placement_order(ready):
+            if not self._may_take(index):
+                refusals.append(f"worker {index}: full, every session has a tick in flight")
+                continue
+            try:
+                await self.admit_on(index, session_id, options, timeout)
+            except AdmissionRefusedError as error:
+                refusals.append(str(error))
+                continue
+            self._counters.admissions += 1
+            return index
+        self._counters.admissions_refused += 1
+        raise AdmissionRefusedError(
+            f"session {session_id!r} refused: no worker can make room ({'; '.join(refusals)}). "
+            "Close a session or try again later."
+        )
+
+    def _may_take(self, index: int) -> bool:
+        """False when the worker is surely full of pinned sessions (refuse without asking it)."""
+        capacity = self._capacity
+        if capacity is None or self._router.load(index) < capacity:
+            return True
+        if capacity == 0:
+            return False
+        pinned = self._workers[index].pinned()
+        return any(session_id not in pinned for session_id in self._router.resident(index))
+
+    async def admit_on(self, index: int, session_id: str, options: SessionOptions, timeout: float | None) -> None:
+        """Create (or re-create: a reset) the session's state on worker ``index``."""
+        pinned = self._workers[index].pinned()
+        self._router.begin_admission(index)
+        try:
+            evicted = await self.call(index, "admit", (session_id, options, pinned), timeout)
+        except AdmissionRefusedError:
+            raise  # the runner refused before touching any state
+        except BaseException:
+            # A timeout, a cancellation or a failed new_state: whatever state the worker
+            # may hold for this session is released, in order, before any later call.
+            self.release(session_id, f"session {session_id!r} has no state: its admission failed.", worker=index)
+            raise
+        finally:
+            self._router.end_admission(index)
+        self._counters.evictions += len(evicted)
+        self._router.evicted(evicted, index)
+        self._router.placed(session_id, index)
+
+    async def reset(self, session_id: str, timeout: float | None) -> None:
+        """A fresh state from the session's options: on its worker if it has one, else anywhere."""
+        route = self._router.find(session_id)
+        if route is None:
+            return  # unknown: nothing to reset
+        index = route.worker
+        if index is not None and self._workers[index].ready:
+            await self.admit_on(index, session_id, route.options, timeout)
+        else:
+            await self.place(session_id, route.options, timeout)
+
+    def release(self, session_id: str, why: str, *, worker: int | None = None) -> None:
+        """Release the session's state; its worker applies it before any later call.
+
+        Returns at once: it never waits behind a step in flight.
+        """
+        held = self._router.released(session_id, why)
+        target = held if held is not None else worker
+        if target is not None and self._executor.is_alive(target):
+            self._executor.call(target, CLOSE_SESSION_RPC, (session_id,)).add_done_callback(_log_release_failure)
+
+    async def call(self, index: int, method: str, args: tuple[Any, ...], timeout: float | None) -> Any:
+        limit = timeout if timeout is not None else self._rpc_timeout_s
+        try:
+            return await asyncio.wait_for(self._executor.call(index, method, args), limit)
+        except TimeoutError:
+            raise RPCTimeoutError(f"worker {index} did not answer {method} within {limit:g} s.") from None
+
+
+def _log_release_failure(done: asyncio.Future[Any]) -> None:
+    error = None if done.cancelled() else done.exception()
+    if error is not None and not isinstance(error, (WorkerDiedError, RuntimeClosedError)):
+        _log.warning("releasing a session's state failed: %s", error)

@@ -1,0 +1,497 @@
+"""The engine: the control plane's ``TickConsumer`` and ``collective_rpc`` (vLLM's engine core).
+
+Owns: the event-loop side of the runtime -- affinity (a session's ticks reach the
+worker holding its state), continuous batching (one
+:class:`~worldserve.runtime.scheduler.BatchQueue` per worker, one step in flight per
+worker), tick deadlines (a late tick fails at once, its session fails closed),
+hung-worker kills, worker deaths (only the dead worker's sessions fail, with
+``worker_died``, and a replacement starts), lifecycle RPCs in the shape
+:class:`~worldserve.lifecycle.WorkerLifecycle` accepts, and the engine counters. It
+delegates placing sessions to :class:`~worldserve.runtime.admission.Admission`.
+
+Nothing here computes or blocks: model work runs behind the executor.
+Must not know: how workers are reached (the executor's), what a state holds (the
+runner's), events and their ordering (the session's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
+from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.protocol import ChunkMetadata, TickRequest
+from worldserve.runtime.admission import Admission
+from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.errors import (
+    DeadlineExceededError,
+    RuntimeClosedError,
+    TickFailedError,
+    WorkerDiedError,
+    error_from_code,
+)
+from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.messages import StepReport, TickOutput
+from worldserve.runtime.metrics import EngineCounters, EngineStats
+from worldserve.runtime.router import Router
+from worldserve.runtime.scheduler import BatchQueue, Queued
+from worldserve.session import SessionStateError
+
+__all__ = ["Engine", "EngineConfig"]
+
+_log = logging.getLogger(__name__)
+
+#: Runner methods only the engine may call (they would bypass batching, affinity and admission).
+_ENGINE_ONLY = frozenset({"step", "admit"})
+
+
+def _optional_positive(value: float | None, name: str) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        raise ValueError(f"{name} must be positive or None; got {value!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine schedules.
+
+    ``batch_wait_s``: the longest an idle worker's tick waits for company;
+    ``max_batch_size``: cap below the model's own limit (None: the model's);
+    ``tick_deadline_s``: a tick not done by then fails its session (None: never);
+    ``hang_timeout_s``: a step running this long gets its worker killed and replaced
+    (None: never); ``rpc_timeout_s``: the default timeout of admissions, resets and
+    broadcasts; ``restart_workers``: replace a worker that died.
+    """
+
+    batch_wait_s: float = 0.002
+    max_batch_size: int | None = None
+    tick_deadline_s: float | None = 30.0
+    hang_timeout_s: float | None = None
+    rpc_timeout_s: float | None = 60.0
+    restart_workers: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_wait_s, bool) or not self.batch_wait_s >= 0:
+            raise ValueError(f"batch_wait_s must be non-negative; got {self.batch_wait_s!r}.")
+        if self.max_batch_size is not None and (
+            isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) or self.max_batch_size < 1
+        ):
+            raise ValueError(f"max_batch_size must be a positive integer or None; got {self.max_batch_size!r}.")
+        _optional_positive(self.tick_deadline_s, "tick_deadline_s")
+        _optional_positive(self.hang_timeout_s, "hang_timeout_s")
+        _optional_positive(self.rpc_timeout_s, "rpc_timeout_s")
+
+
+class _Tick:
+    """One tick from ``execute_tick`` until its chunk (or error) is delivered."""
+
+    __slots__ = ("dispatched", "future", "tick", "timer")
+
+    def __init__(self, tick: TickRequest, future: asyncio.Future[Chunk]) -> None:
+        self.tick = tick
+        self.future = future
+        self.dispatched = -1.0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Worker:
+    """One worker as the engine sees it."""
+
+    __slots__ = ("hang_timer", "index", "queue", "ready", "running", "timer")
+
+    def __init__(self, index: int, queue: BatchQueue[_Tick]) -> None:
+        self.index = index
+        self.queue = queue
+        self.running: list[Queued[_Tick]] | None = None  # the batch in flight
+        self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
+        self.hang_timer: asyncio.TimerHandle | None = None
+        self.ready = False
+
+    def pinned(self) -> frozenset[str]:
+        """Sessions with a tick queued for, or running on, this worker (never evicted)."""
+        ids = {entry.item.tick.session_id for entry in self.queue}
+        if self.running is not None:
+            ids.update(entry.item.tick.session_id for entry in self.running)
+        return frozenset(ids)
+
+
+class Engine:
+    """Schedules ticks of many sessions onto the executor's workers."""
+
+    def __init__(self, executor: Executor, config: EngineConfig | None = None) -> None:
+        self._executor = executor
+        self.config = config or EngineConfig()
+        self._router = Router(executor.num_workers)
+        self._workers: list[_Worker] = []
+        self._counters = EngineCounters()
+        self._restarts: dict[int, asyncio.Task[None]] = {}
+        self._admission: Admission | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = "new"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._executor.spec
+
+    @property
+    def num_workers(self) -> int:
+        return self._executor.num_workers
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise SessionStateError(f"the engine cannot start: it is {self._state}.")
+        self._loop = asyncio.get_running_loop()
+        self._executor.on_worker_death = self._on_worker_death
+        self._state = "starting"
+        await self._executor.start()
+        limit = min(self.spec.max_batch_size, self.config.max_batch_size or self.spec.max_batch_size)
+        self._workers = [
+            _Worker(index, BatchQueue(batch_limit=limit, batch_wait_s=self.config.batch_wait_s))
+            for index in range(self.num_workers)
+        ]
+        for worker in self._workers:
+            worker.ready = True
+        self._admission = Admission(
+            self._executor, self._router, self._counters, self._workers, rpc_timeout_s=self.config.rpc_timeout_s
+        )
+        self._state = "running"
+
+    async def shutdown(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        for task in self._restarts.values():
+            task.cancel()
+        closed = RuntimeClosedError("the runtime is shut down.")
+        for worker in self._workers:
+            self._cancel_timers(worker)
+            for entry in worker.queue.drain():
+                _fail(entry.item, closed)
+        await self._executor.shutdown()
+
+    def _require_running(self) -> asyncio.AbstractEventLoop:
+        if self._state != "running" or self._loop is None:
+            raise RuntimeClosedError(f"the engine is {self._state}; start it first (or it was shut down).")
+        return self._loop
+
+    # -- the TickConsumer ----------------------------------------------------------------
+
+    async def execute_tick(self, tick: TickRequest) -> Chunk:
+        """Run one tick on the worker holding its session's state; the chunk or a coded error."""
+        loop = self._require_running()
+        self._counters.ticks += 1
+        route = self._router.find(tick.session_id)
+        if route is None or route.worker is None:
+            error = self._router.unknown(tick.session_id) if route is None else route.not_resident_error()
+            self._counters.tick_failures[error.code] += 1
+            raise error
+        worker = self._workers[route.worker]
+        pending = _Tick(tick, loop.create_future())
+        entry = worker.queue.push(pending, loop.time())
+        deadline = self.config.tick_deadline_s
+        if deadline is not None:
+            pending.timer = loop.call_later(deadline, self._expire, worker, entry)
+        self._schedule(worker)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            worker.queue.discard(entry)
+            raise
+        finally:
+            if pending.timer is not None:
+                pending.timer.cancel()
+
+    def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
+        return output.metadata
+
+    # -- batching ------------------------------------------------------------------------
+
+    def _schedule(self, worker: _Worker) -> None:
+        if worker.running is not None or not worker.ready:
+            return
+        due = worker.queue.due_at(self._router.resident_count(worker.index))
+        if due is None:
+            return
+        loop = self._require_running()
+        if due <= loop.time():
+            self._dispatch(worker)
+        elif worker.timer is None:
+            worker.timer = loop.call_at(due, self._on_batch_timer, worker)
+
+    def _on_batch_timer(self, worker: _Worker) -> None:
+        worker.timer = None
+        if self._state == "running":
+            self._schedule(worker)
+
+    def _dispatch(self, worker: _Worker) -> None:
+        loop = self._require_running()
+        if worker.timer is not None:
+            worker.timer.cancel()
+            worker.timer = None
+        batch = worker.queue.take()
+        now = loop.time()
+        for entry in batch:
+            entry.item.dispatched = now
+        worker.running = batch
+        self._counters.batches += 1
+        self._counters.batch_size.observe(len(batch))
+        future = self._executor.call(worker.index, "step", ([entry.item.tick for entry in batch],))
+        future.add_done_callback(lambda done: self._on_step_done(worker, batch, done))
+        if self.config.hang_timeout_s is not None:
+            worker.hang_timer = loop.call_later(self.config.hang_timeout_s, self._on_hang, worker, batch)
+
+    def _on_step_done(self, worker: _Worker, batch: list[Queued[_Tick]], done: asyncio.Future[Any]) -> None:
+        if worker.running is batch:
+            worker.running = None
+            if worker.hang_timer is not None:
+                worker.hang_timer.cancel()
+                worker.hang_timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        error = RuntimeClosedError("the runtime is shut down.") if done.cancelled() else done.exception()
+        if error is not None:
+            failure = error if isinstance(error, TickFailedError) else TickFailedError(f"step failed: {error!r}")
+            for entry in batch:
+                self._fail_tick(entry.item, failure)
+        else:
+            report: StepReport = done.result()
+            overhead = max(0.0, (now - batch[0].item.dispatched) - report.compute_s)
+            self._counters.overhead.observe(overhead)
+            for entry, result in zip(batch, report.results, strict=True):
+                self._deliver(worker, entry, result, report, now)
+        if self._state == "running":
+            self._schedule(worker)
+
+    def _deliver(self, worker: _Worker, entry: Queued[_Tick], result: Any, report: StepReport, now: float) -> None:
+        pending = entry.item
+        if isinstance(result, TickOutput):
+            if pending.future.done():
+                return  # expired or cancelled: its session fails closed and releases the state
+            result.frames.flags.writeable = False
+            chunk = Chunk(
+                frames=result.frames,
+                metadata=result.metadata,
+                worker=worker.index,
+                batch_size=len(report.results),
+                queued_s=pending.dispatched - entry.arrived,
+                compute_s=report.compute_s,
+                roundtrip_s=now - pending.dispatched,
+            )
+            self._counters.chunks += 1
+            self._counters.tick_latency.observe(now - entry.arrived)
+            pending.future.set_result(chunk)
+            return
+        error = error_from_code(result.code, result.message)
+        # The runner released (or never had) this session's state.
+        self._router.lost(pending.tick.session_id, worker.index, error)
+        self._fail_tick(pending, error)
+
+    def _fail_tick(self, pending: _Tick, error: BaseException) -> None:
+        if pending.future.done():
+            return
+        code = getattr(error, "code", "runtime_error")
+        self._counters.tick_failures[code] += 1
+        pending.future.set_exception(_fresh(error))
+
+    def _expire(self, worker: _Worker, entry: Queued[_Tick]) -> None:
+        pending = entry.item
+        loop = self._loop
+        if pending.future.done() or loop is None or self._state != "running":
+            return
+        waiting = worker.queue.discard(entry)
+        where = (
+            f"still queued for worker {worker.index}"
+            if waiting
+            else f"running on worker {worker.index} for {loop.time() - pending.dispatched:.3f} s"
+        )
+        self._counters.deadline_exceeded += 1
+        tick = pending.tick
+        self._fail_tick(
+            pending,
+            DeadlineExceededError(
+                f"chunk {tick.chunk_index} of session {tick.session_id!r} missed its "
+                f"{self.config.tick_deadline_s:g} s deadline ({where}); the session failed closed, reset it to go on."
+            ),
+        )
+
+    def _on_hang(self, worker: _Worker, batch: list[Queued[_Tick]]) -> None:
+        worker.hang_timer = None
+        if worker.running is batch and self._state == "running":
+            _log.error("worker %d: a step ran past %s s; killing it", worker.index, self.config.hang_timeout_s)
+            self._counters.workers_killed_hung += 1
+            self._executor.kill(worker.index)
+
+    def _cancel_timers(self, worker: _Worker) -> None:
+        for timer in (worker.timer, worker.hang_timer):
+            if timer is not None:
+                timer.cancel()
+        worker.timer = worker.hang_timer = None
+
+    # -- worker deaths -------------------------------------------------------------------
+
+    def _on_worker_death(self, index: int, error: WorkerDiedError) -> None:
+        if self._state != "running":
+            return
+        worker = self._workers[index]
+        worker.ready = False
+        worker.running = None  # its step future fails with the same error
+        self._cancel_timers(worker)
+        self._counters.worker_deaths += 1
+        lost = self._router.worker_died(index, error)
+        for entry in worker.queue.drain():
+            self._fail_tick(entry.item, error)
+        _log.error("%s (%d sessions lost)", error, len(lost))
+        if self.config.restart_workers and index not in self._restarts:
+            self._restarts[index] = asyncio.ensure_future(self._restart(worker))
+
+    async def _restart(self, worker: _Worker) -> None:
+        try:
+            await self._executor.restart(worker.index)
+        except Exception:
+            _log.exception("worker %d could not be restarted", worker.index)
+            return
+        finally:
+            self._restarts.pop(worker.index, None)
+        if self._state == "running":
+            self._counters.worker_restarts += 1
+            worker.ready = True
+            self._schedule(worker)
+
+    async def wait_workers_ready(self, timeout: float | None = None) -> None:
+        """Wait until every worker restart in progress has finished."""
+        tasks = list(self._restarts.values())
+        if tasks:
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def add_session(self, session_id: str, options: SessionOptions, *, timeout: float | None = None) -> int:
+        """Admit a new session: create its state on the least loaded worker that can take it.
+
+        Returns the worker. Raises :class:`AdmissionRefusedError` at once when no worker
+        can make room (each keeps sessions with a tick in flight), ``ValueError`` for
+        options the model cannot take.
+        """
+        admission = self._require_admission()
+        if session_id in self._router:
+            raise SessionStateError(f"session {session_id!r} is already admitted.")
+        options.check_image(self.spec)
+        self._router.add(session_id, options)
+        try:
+            await self._await_a_worker(timeout)
+            return await admission.place(session_id, options, timeout)
+        except BaseException:
+            self._router.remove(session_id)
+            raise
+
+    async def reset_session(self, session_id: str, *, timeout: float | None = None) -> None:
+        """A fresh state from the session's options, at chunk 0: on its worker if it still
+        has one, else wherever there is room. An unknown session is fine."""
+        admission = self._require_admission()
+        await self._await_a_worker(timeout)
+        await admission.reset(session_id, timeout)
+
+    def release_session(self, session_id: str) -> None:
+        """Release the session's state (a close); its worker applies it before any later call.
+
+        Returns at once -- it never waits behind a step in flight, so failing a late tick
+        closed cannot hang. The session stays admitted: a reset re-creates its state.
+        """
+        self._require_admission().release(session_id, f"session {session_id!r} was released; reset it to go on.")
+
+    def forget_session(self, session_id: str) -> None:
+        """Release the session and drop its routing and options (it is closed for good)."""
+        if self._admission is not None and self._state == "running":
+            self.release_session(session_id)
+        self._router.remove(session_id)
+
+    def worker_of(self, session_id: str) -> int | None:
+        """The worker holding the session's state (None: it holds none, or is unknown)."""
+        route = self._router.find(session_id)
+        return None if route is None else route.worker
+
+    def _require_admission(self) -> Admission:
+        self._require_running()
+        assert self._admission is not None
+        return self._admission
+
+    async def _await_a_worker(self, timeout: float | None) -> None:
+        if not any(worker.ready for worker in self._workers) and self._restarts:
+            await self.wait_workers_ready(timeout if timeout is not None else self.config.rpc_timeout_s)
+
+    # -- collective RPC ------------------------------------------------------------------
+
+    async def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        stage_ids: list[int] | None = None,
+    ) -> list[Any]:
+        """One result per selected stage (this engine is stage 0).
+
+        ``reset_ar_diffusion_session`` / ``close_ar_diffusion_session`` go to the worker
+        holding the session and answer ``True``; any other method is broadcast to every
+        running worker and answers the list of their results.
+        """
+        results: list[Any] = []
+        for stage in [0] if stage_ids is None else stage_ids:
+            if stage != 0:
+                results.append({"supported": False, "error": f"this engine runs one stage (0), not stage {stage}."})
+            else:
+                results.append(await self._stage_rpc(method, timeout, args, kwargs or {}))
+        return results
+
+    async def _stage_rpc(
+        self, method: str, timeout: float | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if method in (RESET_SESSION_RPC, CLOSE_SESSION_RPC):
+            session_id = kwargs.get("session_id", args[0] if args else None)
+            if not isinstance(session_id, str):
+                return {"supported": False, "error": f"{method} takes a session id; got {args!r} {kwargs!r}."}
+            if method == RESET_SESSION_RPC:
+                await self.reset_session(session_id, timeout=timeout)
+            else:
+                self.release_session(session_id)
+            return True
+        if method in _ENGINE_ONLY:
+            return {"supported": False, "error": f"{method} is the engine's own call; use the engine's API."}
+        if kwargs:
+            return {"supported": False, "error": f"{method}: workers take positional arguments only."}
+        live = [worker.index for worker in self._workers if self._executor.is_alive(worker.index)]
+        admission = self._require_admission()
+        return list(await asyncio.gather(*(admission.call(index, method, args, timeout) for index in live)))
+
+    # -- stats ---------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return self._counters.snapshot(
+            sessions=len(self._router),
+            resident=tuple(self._router.resident_count(index) for index in range(self.num_workers)),
+            queued_ticks=sum(len(worker.queue) for worker in self._workers),
+            workers_alive=sum(self._executor.is_alive(index) for index in range(self.num_workers)),
+        )
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new instance per failed tick, so tracebacks of different awaiters do not pile up."""
+    if isinstance(error, TickFailedError):
+        copy = type(error)(str(error))
+        copy.code = error.code
+        return copy
+    return error
+
+
+def _fail(pending: _Tick, error: TickFailedError) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(_fresh(error))

@@ -1,0 +1,91 @@
+"""The immutable values that cross between the engine and a worker (often a process boundary).
+
+Owns: :class:`WorkerConfig` (how a worker builds its model and runner), the per-tick
+results of a step (:class:`TickOutput`, :class:`TickFailure`), :class:`StepReport`
+(one step's results plus its compute time) and :class:`ResidencyReport`. All are
+frozen and picklable; frames travel as numpy arrays.
+
+Must not know: asyncio, pipes, sessions' logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from worldserve.protocol import ChunkMetadata
+
+__all__ = ["ResidencyLimits", "ResidencyReport", "StepReport", "TickFailure", "TickOutput", "WorkerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyLimits:
+    """How many sessions one worker may hold: a count and/or a budget of state bytes.
+
+    ``None`` means unlimited. The budget is divided by the model's ``spec.state_bytes``.
+    """
+
+    max_sessions: int | None = None
+    memory_budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "memory_budget_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or None; got {value!r}.")
+
+    def capacity(self, state_bytes: int) -> int | None:
+        """Sessions that fit (``None``: unlimited)."""
+        capacity = self.max_sessions
+        if self.memory_budget_bytes is not None and state_bytes > 0:
+            by_budget = self.memory_budget_bytes // state_bytes
+            capacity = by_budget if capacity is None else min(capacity, by_budget)
+        return capacity
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything a worker needs to build its model and runner (picklable: it crosses to a process)."""
+
+    model: str
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    limits: ResidencyLimits = ResidencyLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutput:
+    """One tick's chunk: ``uint8 [frames, H, W, 3]`` and the metadata the model echoed."""
+
+    frames: npt.NDArray[np.uint8]
+    metadata: ChunkMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class TickFailure:
+    """One tick that failed; ``code`` is a :mod:`worldserve.runtime.errors` code."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """The results of one step request, in tick order, and the time spent in ``model.step``."""
+
+    results: tuple[TickOutput | TickFailure, ...]
+    compute_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyReport:
+    """What one worker holds: resident sessions (least recently used first) and its limits."""
+
+    worker: int
+    resident: tuple[str, ...]
+    capacity: int | None
+    state_bytes: int
+    evictions: int

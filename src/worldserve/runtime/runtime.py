@@ -1,0 +1,154 @@
+"""One call wires it all: a model by name, its workers, the engine and the control plane.
+
+Owns: :class:`Runtime` -- builds the executor and :class:`~worldserve.runtime.engine.Engine`
+from a :class:`~worldserve.runtime.config.RuntimeConfig`, a
+:class:`~worldserve.session.SessionManager` that ticks through the engine and validates
+controls with the model's spec at acceptance, and a
+:class:`~worldserve.lifecycle.WorkerLifecycle` over the engine's ``collective_rpc``.
+Creating a session admits it at once (or refuses it); closing one through the runtime
+also drops its routing.
+
+Must not know: transports, what a model computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from worldserve.lifecycle import WorkerLifecycle
+from worldserve.models.base import ModelSpec, SessionOptions, SpecControlValidator
+from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.config import RuntimeConfig
+from worldserve.runtime.engine import Engine
+from worldserve.runtime.errors import RuntimeClosedError
+from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
+from worldserve.runtime.metrics import EngineStats
+from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus
+from worldserve.stats import SessionStats
+
+__all__ = ["Runtime", "RuntimeStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    """The control plane's summed session counters and the engine's counters, together."""
+
+    sessions: SessionStats
+    engine: EngineStats
+
+
+class Runtime:
+    """A served world model: ``async with Runtime("procedural", workers=2) as rt: ...``.
+
+    Keyword arguments are :class:`RuntimeConfig` fields (``workers``, ``model_options``,
+    ``max_sessions_per_worker``, ``memory_budget_bytes``, ``tick_deadline_s``, ...);
+    or pass a whole ``config``.
+    """
+
+    def __init__(self, model: str | None = None, *, config: RuntimeConfig | None = None, **overrides: Any) -> None:
+        base = config or RuntimeConfig()
+        if model is not None:
+            overrides["model"] = model
+        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        executor: Executor
+        if self.config.executor == "multiprocess":
+            executor = MultiprocExecutor(
+                self.config.worker_config(), self.config.workers, frame_buffer_bytes=self.config.frame_buffer_bytes
+            )
+        else:
+            executor = InprocExecutor(self.config.worker_config(), self.config.workers)
+        self.engine = Engine(executor, self.config.engine_config())
+        self._manager: SessionManager[Chunk] | None = None
+        self._started = False
+
+    # -- starting and stopping ---------------------------------------------------------
+
+    async def start(self) -> Runtime:
+        """Start the workers (each loads the model) and the control plane."""
+        if self._started:
+            raise SessionStateError("the runtime is already started.")
+        self._started = True
+        await self.engine.start()
+        self._manager = SessionManager(
+            tick_consumer=self.engine,
+            lifecycle=WorkerLifecycle(self.engine, stage_ids=[0], timeout=self.config.rpc_timeout_s),
+            max_pending_events=self.config.max_pending_events,
+            control_validator=SpecControlValidator(self.engine.spec),
+        )
+        return self
+
+    async def aclose(self) -> None:
+        """Close every session (releasing its state), then stop the workers."""
+        if self._manager is not None:
+            for session in list(self._manager):
+                try:
+                    await self.close_session(session.session_id)
+                except Exception:  # shutting down regardless
+                    self.engine.forget_session(session.session_id)
+        await self.engine.shutdown()
+
+    async def __aenter__(self) -> Runtime:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- what the server uses ------------------------------------------------------------
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's spec, as its workers reported it."""
+        return self.engine.spec
+
+    @property
+    def manager(self) -> SessionManager[Chunk]:
+        if self._manager is None:
+            raise RuntimeClosedError("the runtime is not started; use `async with Runtime(...)` or `await start()`.")
+        return self._manager
+
+    async def create_session(
+        self,
+        *,
+        prompt: str | None = None,
+        seed: int = 0,
+        image: bytes | None = None,
+        session_id: str | None = None,
+    ) -> Session[Chunk]:
+        """Admit a new world and return its session.
+
+        Raises ``AdmissionRefusedError`` (code ``admission_refused``) at once when no
+        worker can make room, ``ValueError`` for options the model cannot take, and
+        ``SessionStateError`` for an id already in use.
+        """
+        manager = self.manager
+        await self._sweep_closed()
+        options = SessionOptions(prompt=prompt, seed=seed, image=image)
+        resolved = session_id or uuid.uuid4().hex
+        if resolved in {session.session_id for session in manager}:
+            raise SessionStateError(f"session {resolved!r} already exists.")
+        await self.engine.add_session(resolved, options)
+        try:
+            return await manager.create_session(resolved)
+        except BaseException:
+            self.engine.forget_session(resolved)
+            raise
+
+    async def close_session(self, session_id: str) -> None:
+        """Close the session (its worker releases the state) and drop its routing."""
+        await self.manager.close_session(session_id)
+        self.engine.forget_session(session_id)
+
+    def stats(self) -> RuntimeStats:
+        return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())
+
+    async def _sweep_closed(self) -> None:
+        # A session closed directly (session.close()) still holds its registration here.
+        for session in list(self.manager):
+            if session.status is SessionStatus.CLOSED:
+                await self.close_session(session.session_id)

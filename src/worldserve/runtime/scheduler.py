@@ -1,0 +1,83 @@
+"""Continuous batching for one worker: which queued ticks run together, and when.
+
+Owns: a worker's queue of ticks waiting for dispatch (in arrival order) and the rule
+that forms a batch. While the worker computes, ticks pile up and go together the
+moment it is free. When it is idle, a batch goes at once if it is full (the batch
+limit) or complete (every session resident on the worker has a tick queued); else it
+waits for company at most ``batch_wait_s`` after its oldest tick arrived.
+
+Pure: the caller passes the clock and the worker's resident count. Must not know:
+asyncio, executors, sessions' logic, models.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+__all__ = ["BatchQueue", "Queued"]
+
+T = TypeVar("T")
+
+
+class Queued(Generic[T]):
+    """One waiting item and when it arrived (the caller's clock)."""
+
+    __slots__ = ("arrived", "item")
+
+    def __init__(self, item: T, arrived: float) -> None:
+        self.item = item
+        self.arrived = arrived
+
+
+class BatchQueue(Generic[T]):
+    """The ticks waiting for one worker."""
+
+    def __init__(self, *, batch_limit: int, batch_wait_s: float) -> None:
+        if batch_limit < 1:
+            raise ValueError(f"batch_limit must be at least 1; got {batch_limit!r}.")
+        if not batch_wait_s >= 0:
+            raise ValueError(f"batch_wait_s must be non-negative; got {batch_wait_s!r}.")
+        self.batch_limit = batch_limit
+        self.batch_wait_s = batch_wait_s
+        self._queue: deque[Queued[T]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Queued[T]]:
+        return iter(self._queue)
+
+    def push(self, item: T, now: float) -> Queued[T]:
+        entry = Queued(item, now)
+        self._queue.append(entry)
+        return entry
+
+    def discard(self, entry: Queued[T]) -> bool:
+        """Drop a waiting entry (its tick expired or was cancelled); False if not waiting."""
+        try:
+            self._queue.remove(entry)
+        except ValueError:
+            return False
+        return True
+
+    def due_at(self, resident: int) -> float | None:
+        """When an idle worker should take a batch: ``-inf`` now, a time, or None (empty)."""
+        queue = self._queue
+        if not queue:
+            return None
+        if len(queue) >= self.batch_limit or len(queue) >= resident:
+            return float("-inf")
+        return queue[0].arrived + self.batch_wait_s
+
+    def take(self) -> list[Queued[T]]:
+        """Remove and return the next batch (oldest first, at most ``batch_limit``)."""
+        queue = self._queue
+        return [queue.popleft() for _ in range(min(len(queue), self.batch_limit))]
+
+    def drain(self) -> list[Queued[T]]:
+        """Remove and return everything waiting."""
+        entries = list(self._queue)
+        self._queue.clear()
+        return entries

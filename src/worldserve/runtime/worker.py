@@ -1,0 +1,99 @@
+"""A worker process's main loop: build the model and runner, then answer calls in order.
+
+Owns: the child side of one multiprocess worker -- it loads the model by name (so heavy
+model libraries are imported only here), sends ``("ready", pid, spec)`` or
+``("start_failed", message)``, then answers each ``(request_id, method, args, use_frames)``
+with ``(request_id, True, result)`` or ``(request_id, False, (code, message))``.
+Exceptions never cross the pipe; only codes and messages do. A step's ticks arrive in
+:mod:`~worldserve.runtime.wire`'s compact form. A step's frames go through
+the parent's shared-memory :class:`~worldserve.runtime.framebuf.FrameBuffer` when the
+parent allows it (``use_frames``) and they fit.
+
+Must not know: asyncio, the engine's routing or batching, sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from worldserve.models import load_model
+from worldserve.runtime.errors import TickFailedError
+from worldserve.runtime.framebuf import FrameBuffer
+from worldserve.runtime.messages import StepReport, WorkerConfig
+from worldserve.runtime.runner import ModelRunner
+from worldserve.runtime.wire import decode_ticks
+
+__all__ = ["ATTACH_FRAMES", "SHUTDOWN", "build_runner", "run_worker", "serve"]
+
+_log = logging.getLogger(__name__)
+
+#: The method name that ends a worker's loop.
+SHUTDOWN = "__shutdown__"
+#: The method name that attaches the parent's shared-memory frame buffer: ``(name, slots, shape)``.
+ATTACH_FRAMES = "__attach_frames__"
+
+
+def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
+    """Load the configured model and wrap it in a runner."""
+    return ModelRunner(load_model(config.model, **dict(config.model_options)), config.limits, worker=worker)
+
+
+def run_worker(conn: Connection, config: WorkerConfig, worker: int) -> None:
+    """The process entry point (``multiprocessing`` spawn target)."""
+    # The parent owns shutdown: a Ctrl-C in its terminal must not kill workers mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        runner = build_runner(config, worker)
+    except BaseException as error:
+        conn.send(
+            ("start_failed", f"worker {worker} could not load model {config.model!r}: {type(error).__name__}: {error}")
+        )
+        return
+    conn.send(("ready", os.getpid(), runner.spec))
+    serve(conn, runner, worker)
+
+
+def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
+    """Answer calls until the pipe closes or :data:`SHUTDOWN` arrives."""
+    frames: FrameBuffer | None = None
+    try:
+        while True:
+            try:
+                request_id, method, args, use_frames = conn.recv()
+            except (EOFError, OSError):
+                return
+            if method == SHUTDOWN:
+                return
+            reply: tuple[int, bool, Any]
+            try:
+                if method == ATTACH_FRAMES:
+                    frames = FrameBuffer.attach(*args)
+                    result: Any = True
+                else:
+                    if method == "step":
+                        args = (decode_ticks(args[0]),)
+                    result = runner.call(method, args)
+                    if use_frames and frames is not None and isinstance(result, StepReport):
+                        result = frames.pack(result) or result
+                reply = (request_id, True, result)
+            except TickFailedError as error:
+                reply = (request_id, False, (error.code, str(error)))
+            except Exception as error:
+                _log.exception("worker %d: %s failed", worker, method)
+                message = f"worker {worker}: {method} raised {type(error).__name__}: {error}"
+                reply = (request_id, False, ("runtime_error", message))
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, EOFError, OSError):
+                return
+            except Exception as error:  # e.g. a result that cannot be pickled
+                conn.send(
+                    (request_id, False, ("runtime_error", f"worker {worker}: {method} reply not sendable: {error}"))
+                )
+    finally:
+        if frames is not None:
+            frames.close()

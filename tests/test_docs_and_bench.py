@@ -1,0 +1,36 @@
+"""The README's Python example and the runtime benchmark still run (small, in subprocesses)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_readme_python_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Use it from Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    script = tmp_path / "example.py"
+    script.write_text(code.group(1))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "0 (1,) (4, 48, 48, 3)"
+    assert lines[-1] == "7 () (4, 48, 48, 3)"
+
+
+def test_runtime_benchmark_smoke() -> None:
+    command = [sys.executable, "bench/runtime.py", "--step-ms", "3", "--seconds", "0.2", "--sessions", "1", "8"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=50, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "chunks/s" in done.stdout
+    assert re.search(r"batching at 8 sessions: [\d.]+x", done.stdout), done.stdout

@@ -1,0 +1,208 @@
+"""The engine on the in-process executor: batching, deadlines, RPC shapes, errors (fast, no processes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from runtime_models import Truth, keys
+from worldserve import SessionError, SessionEvent, SessionStatus, WorkerLifecycle
+from worldserve.models import SessionOptions
+from worldserve.protocol import TickRequest
+from worldserve.runtime import (
+    DeadlineExceededError,
+    Engine,
+    EngineConfig,
+    InprocExecutor,
+    Runtime,
+    RuntimeConfig,
+    UnknownSessionError,
+    WorkerConfig,
+)
+from worldserve.runtime.config import parse_bytes
+from worldserve.runtime.scheduler import BatchQueue
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def runtime(*, slow_s: float = 0.5, **options: object) -> Runtime:
+    """An in-process runtime (the FaultyModel unless ``model=`` says otherwise)."""
+    if "model" not in options:
+        options.update(model="runtime_models:FaultyModel", model_options={"slow_s": slow_s})
+    return Runtime(executor="inprocess", **options)
+
+
+def test_batch_queue_rule() -> None:
+    queue: BatchQueue[str] = BatchQueue(batch_limit=3, batch_wait_s=0.5)
+    assert queue.due_at(resident=4) is None
+    queue.push("a", now=10.0)
+    assert queue.due_at(resident=4) == 10.5  # waits for company at most batch_wait_s
+    assert queue.due_at(resident=1) == float("-inf")  # alone on its worker: no wait
+    queue.push("b", now=10.2)
+    assert queue.due_at(resident=2) == float("-inf")  # everyone is here
+    queue.push("c", now=10.3)
+    queue.push("d", now=10.4)
+    assert queue.due_at(resident=9) == float("-inf")  # a full batch
+    assert [entry.item for entry in queue.take()] == ["a", "b", "c"]
+    assert queue.due_at(resident=9) == 10.9
+
+
+async def test_ready_ticks_of_different_sessions_run_as_one_step() -> None:
+    async with runtime(model="procedural", batch_wait_s=0.5) as rt:
+        sessions = [await rt.create_session(seed=seed) for seed in range(4)]
+        chunks = await asyncio.gather(*(session.next_chunk() for session in sessions))
+        assert [chunk.batch_size for chunk in chunks] == [4, 4, 4, 4]
+        assert max(chunk.queued_s for chunk in chunks) < 0.25  # complete: no wait for more company
+        for seed, chunk in enumerate(chunks):
+            assert np.array_equal(chunk.frames, Truth(seed).next(None, ()))
+        stats = rt.stats().engine
+        assert (stats.batches, stats.chunks, stats.mean_batch_size) == (1, 4, 4.0)
+
+
+async def test_ticks_arriving_during_a_step_go_together_when_it_ends() -> None:
+    async with runtime(slow_s=0.3, batch_wait_s=0.0) as rt:
+        slow = await rt.create_session(prompt="slow")
+        others = [await rt.create_session(seed=seed) for seed in range(3)]
+        first = asyncio.ensure_future(slow.next_chunk())
+        await asyncio.sleep(0.05)  # the slow step is running
+        chunks = await asyncio.gather(*(session.next_chunk() for session in others))
+        assert (await first).batch_size == 1
+        assert [chunk.batch_size for chunk in chunks] == [3, 3, 3]
+        assert min(chunk.queued_s for chunk in chunks) > 0.15
+
+
+async def test_a_lone_tick_waits_at_most_batch_wait_for_company() -> None:
+    async with runtime(model="procedural", batch_wait_s=0.15) as rt:
+        alone = await rt.create_session()
+        assert (await alone.next_chunk()).queued_s < 0.05  # the only session on its worker: no wait
+        await rt.create_session()  # idle company that never ticks
+        chunk = await alone.next_chunk()
+        assert 0.14 <= chunk.queued_s < 0.3
+        assert chunk.batch_size == 1
+
+
+async def test_deadline_fails_the_session_closed_without_waiting_for_the_step() -> None:
+    async with runtime(slow_s=0.6, tick_deadline_s=0.1) as rt:
+        session = await rt.create_session(seed=5)
+        await session.accept_event(SessionEvent(1, prompt="slow desert"))
+        began = time.perf_counter()
+        with pytest.raises(DeadlineExceededError, match=r"missed its 0\.1 s deadline") as caught:
+            await session.next_chunk()
+        assert time.perf_counter() - began < 0.4
+        assert caught.value.code == "deadline_exceeded"
+        assert session.status is SessionStatus.FAILED
+        assert rt.engine.worker_of(session.session_id) is None  # released on failure
+        await session.reset()  # behind the slow step, then a fresh state
+        chunk = await session.next_chunk()
+        assert chunk.metadata.chunk_index == 0
+        assert np.array_equal(chunk.frames, Truth(5).next(None, ()))
+        assert rt.stats().engine.deadline_exceeded == 1
+
+
+async def test_collective_rpc_shapes_work_with_worker_lifecycle() -> None:
+    async with runtime(model="procedural", workers=2) as rt:
+        engine = rt.engine
+        a = await rt.create_session(session_id="a")
+        await rt.create_session(session_id="b")
+        assert await engine.collective_rpc("resident_sessions") == [[("a",), ("b",)]]
+        assert await engine.collective_rpc("close_ar_diffusion_session", args=("nobody",)) == [True]
+        assert await engine.collective_rpc("reset_ar_diffusion_session", kwargs={"session_id": "a"}) == [True]
+        assert await engine.collective_rpc("nope") == [
+            [{"supported": False, "error": f"worker {index} has no RPC method 'nope'."} for index in (0, 1)]
+        ]
+        assert await engine.collective_rpc("step", args=([],)) == [
+            {"supported": False, "error": "step is the engine's own call; use the engine's API."}
+        ]
+        unsupported = await engine.collective_rpc("resident_sessions", stage_ids=[0, 3])
+        assert unsupported[1] == {"supported": False, "error": "this engine runs one stage (0), not stage 3."}
+        lifecycle = WorkerLifecycle(engine, stage_ids=[0])
+        await lifecycle.close_session("a")
+        assert await engine.collective_rpc("resident_sessions") == [[(), ("b",)]]
+        await lifecycle.reset_session("a")  # re-admitted from its options
+        assert engine.worker_of("a") is not None
+        assert (await a.next_chunk()).metadata.chunk_index == 0
+        with pytest.raises(SessionError, match="not stage 1"):
+            await WorkerLifecycle(engine, stage_ids=[0, 1]).close_session("a")
+        with pytest.raises(SessionError, match="was released") as released:  # stage 0 did close it
+            await a.next_chunk()
+        assert released.value.code == "not_resident"
+
+
+async def test_unknown_sessions_and_closed_engines_answer_with_codes() -> None:
+    executor = InprocExecutor(WorkerConfig("procedural"))
+    engine = Engine(executor, EngineConfig())
+    tick = TickRequest("ghost", "r", 0)
+    with pytest.raises(SessionError, match="engine is new") as closed:
+        await engine.execute_tick(tick)
+    assert closed.value.code == "runtime_closed"
+    await engine.start()
+    try:
+        with pytest.raises(UnknownSessionError, match="was not admitted") as unknown:
+            await engine.execute_tick(tick)
+        assert unknown.value.code == "unknown_session"
+        await engine.add_session("s", SessionOptions())
+        with pytest.raises(SessionError, match="already admitted"):
+            await engine.add_session("s", SessionOptions())
+        with pytest.raises(ValueError, match="48x48 RGB"):
+            await engine.add_session("t", SessionOptions(image=b"123"))
+    finally:
+        await engine.shutdown()
+    assert engine.stats().tick_failures == {"unknown_session": 1}
+
+
+async def test_events_reach_their_chunk_in_process() -> None:
+    async with runtime(model="procedural") as rt:
+        session = await rt.create_session(prompt="snowy", seed=2)
+        truth = Truth(2, "snowy")
+        await session.accept_event(SessionEvent(1, controls=(keys("D"),)))
+        chunk = await session.next_chunk()
+        assert chunk.metadata.applied_event_ids == (1,)
+        assert np.array_equal(chunk.frames, truth.next(None, [keys("D")]))
+        assert not chunk.frames.flags.writeable
+
+
+def test_runtime_config_from_the_command_line() -> None:
+    parser = argparse.ArgumentParser()
+    RuntimeConfig.add_cli_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--model",
+            "procedural",
+            "--model-option",
+            "height=64",
+            "--model-option",
+            "label=plain text",
+            "--workers",
+            "3",
+            "--memory-budget",
+            "2MiB",
+            "--tick-deadline-s",
+            "0",
+            "--batch-wait-ms",
+            "5",
+        ]
+    )
+    config = RuntimeConfig.from_cli_arguments(args)
+    assert dict(config.model_options) == {"height": 64, "label": "plain text"}
+    assert (config.workers, config.memory_budget_bytes, config.tick_deadline_s) == (3, 2 * 2**20, None)
+    assert config.batch_wait_s == 0.005
+    assert config.worker_config().limits.capacity(1024) == 2048
+    with pytest.raises(ValueError, match="executor must be one of"):
+        RuntimeConfig(executor="ray")
+    with pytest.raises(ValueError, match="not a byte size"):
+        parse_bytes("lots")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):
+        Runtime("procedural", wokers=2)
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "multiprocess"])
+async def test_a_model_that_cannot_load_fails_start_with_its_reason(executor: str) -> None:
+    runtime = Runtime("no_such_module:Model", executor=executor)
+    with pytest.raises(SessionError, match=r"could not load model 'no_such_module:Model'.*No module named") as caught:
+        await runtime.start()
+    assert caught.value.code == "worker_start_failed"
+    await runtime.aclose()
