@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["build_parser", "main"]
+from worldserve.runtime.config import RuntimeConfig
 
-DEFAULT_MODEL = "procedural"
+__all__ = ["build_parser", "main"]
 
 
 def _positive_int(text: str) -> int:
@@ -45,10 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the HTTP + WebSocket server (browser player at /)",
         description="Run the server: the player at /, WS /v1/world, /healthz, /v1/models, /metrics.",
     )
-    serve.add_argument("--model", default=DEFAULT_MODEL, help="built-in model name or module:factory (%(default)s)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
-    serve.add_argument("--workers", type=_positive_int, default=1, help="model worker processes (%(default)s)")
     serve.add_argument("--token", default=None, help="require this bearer token for /v1/*, /metrics and WebSocket")
     serve.add_argument(
         "--allow-origin",
@@ -57,10 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="browser origin allowed besides the server's own (repeatable; '*' allows any)",
     )
-    serve.add_argument("--max-sessions", type=_positive_int, default=64, help="resident sessions per worker")
-    serve.add_argument(
-        "--max-pending-events", type=_positive_int, default=64, help="queued events per session (%(default)s)"
-    )
     serve.add_argument("--event-rate", type=_positive_float, default=60.0, help="events/s per connection")
     serve.add_argument("--event-burst", type=_positive_int, default=120, help="event burst per connection")
     serve.add_argument(
@@ -68,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--idle-timeout", type=_positive_float, default=300.0, help="close idle connections after (s)")
     serve.add_argument("--max-lag-chunks", type=_positive_int, default=3, help="un-acked chunks before pausing")
-    serve.add_argument("--tick-timeout", type=_positive_float, default=10.0, help="fail a tick after (s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    RuntimeConfig.add_cli_arguments(serve)
 
     bench = commands.add_parser(
         "bench",
@@ -112,16 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_lag_chunks=args.max_lag_chunks,
     )
 
-    def runtime() -> Runtime:
-        return Runtime(
-            model=args.model,
-            workers=args.workers,
-            max_pending_events=args.max_pending_events,
-            max_sessions_per_worker=args.max_sessions,
-            tick_timeout=args.tick_timeout,
-        )
-
-    app = create_app(config, runtime)
+    runtime_config = RuntimeConfig.from_cli_arguments(args)
+    app = create_app(config, lambda: Runtime(config=runtime_config))
     uvicorn.run(
         app,
         host=args.host,

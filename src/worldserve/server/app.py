@@ -14,7 +14,7 @@ import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
@@ -24,25 +24,16 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
-from worldserve.server.connection import Connection, WorldBackend
+from worldserve.server.connection import Connection
 from worldserve.server.metrics import ServerMetrics
-from worldserve.session import SessionManager
 
 __all__ = ["PROTOCOL_NAME", "create_app"]
 
 #: The WebSocket subprotocol the server speaks (offered optionally by clients).
 PROTOCOL_NAME = "worldserve.v1"
 _BEARER_PREFIX = "bearer."
-
-
-class RuntimeBackend(WorldBackend, Protocol):
-    """A backend that also exposes what the HTTP routes and metrics read."""
-
-    @property
-    def manager(self) -> SessionManager[Any]: ...
-
-    def engine_stats(self) -> dict[str, float]: ...
 
 
 def _static_dir() -> str:
@@ -73,13 +64,13 @@ def _origin_ok(connection: HTTPConnection, allowed: tuple[str, ...]) -> bool:
 
 def create_app(
     config: ServerConfig,
-    backend_factory: Callable[[], AbstractAsyncContextManager[RuntimeBackend]],
+    runtime_factory: Callable[[], AbstractAsyncContextManager[Runtime]],
 ) -> Starlette:
-    """Build the app; ``backend_factory`` yields the started runtime for the app's lifetime."""
+    """Build the app; ``runtime_factory()`` is entered for the app's lifetime (it starts the workers)."""
     state: dict[str, Any] = {}
 
-    def backend() -> RuntimeBackend:
-        runtime: RuntimeBackend = state["backend"]
+    def backend() -> Runtime:
+        runtime: Runtime = state["runtime"]
         return runtime
 
     def metrics() -> ServerMetrics:
@@ -125,9 +116,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with backend_factory() as runtime:
-            state["backend"] = runtime
-            state["metrics"] = ServerMetrics(runtime.manager, runtime.engine_stats)
+        async with runtime_factory() as runtime:
+            state["runtime"] = runtime
+            state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
             yield
             state.clear()
 

@@ -12,7 +12,7 @@ Must not know: sockets, how counters are kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any
 
@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from worldserve.runtime.metrics import EngineStats
 from worldserve.session import SessionManager
+from worldserve.stats import HistogramSnapshot
 
 __all__ = ["ServerMetrics"]
 
@@ -29,8 +31,17 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid", "applied", "dropped")
 
 
-class _ControlPlaneCollector(Collector):
-    def __init__(self, manager: SessionManager[Any], engine_stats: Callable[[], Mapping[str, float]] | None) -> None:
+def _histogram(name: str, documentation: str, snapshot: HistogramSnapshot) -> HistogramMetricFamily:
+    cumulative = list(accumulate(snapshot.counts))
+    buckets = [(repr(float(bound)), count) for bound, count in zip(snapshot.bounds, cumulative, strict=False)]
+    buckets.append(("+Inf", cumulative[-1]))
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=snapshot.total)
+
+
+class _RuntimeCollector(Collector):
+    """Reads the control plane's and the engine's counters at scrape time."""
+
+    def __init__(self, manager: SessionManager[Any], engine_stats: Callable[[], EngineStats] | None) -> None:
         self._manager = manager
         self._engine_stats = engine_stats
 
@@ -45,15 +56,10 @@ class _ControlPlaneCollector(Collector):
         yield CounterMetricFamily("worldserve_chunks", "Chunks committed.", value=stats.chunks)
         yield CounterMetricFamily("worldserve_session_resets", "Successful session resets.", value=stats.resets)
         yield CounterMetricFamily("worldserve_tick_failures", "Ticks that failed a session.", value=stats.failures)
-        latency = stats.applied_latency
-        cumulative = list(accumulate(latency.counts))
-        buckets = [(_bound(bound), count) for bound, count in zip(latency.bounds, cumulative, strict=False)]
-        buckets.append(("+Inf", cumulative[-1]))
-        yield HistogramMetricFamily(
+        yield _histogram(
             "worldserve_event_applied_latency_seconds",
             "Time from an event's acceptance to the commit of the chunk that applied it.",
-            buckets=buckets,
-            sum_value=latency.total,
+            stats.applied_latency,
         )
         sessions = list(self._manager)
         yield GaugeMetricFamily("worldserve_sessions_registered", "Sessions the control plane holds.", len(sessions))
@@ -63,12 +69,47 @@ class _ControlPlaneCollector(Collector):
             sum(session.pending_event_count for session in sessions),
         )
         if self._engine_stats is not None:
-            for name, value in sorted(self._engine_stats().items()):
-                yield CounterMetricFamily(f"worldserve_engine_{name}", f"Engine counter {name}.", value=value)
+            yield from self._engine(self._engine_stats())
+
+    def _engine(self, engine: EngineStats) -> Iterator[Metric]:
+        for name, documentation in _ENGINE_COUNTERS:
+            yield CounterMetricFamily(f"worldserve_{name}", documentation, value=getattr(engine, name))
+        failures = CounterMetricFamily(
+            "worldserve_engine_tick_failures", "Ticks the engine failed, by error code.", labels=["code"]
+        )
+        for code, count in sorted(engine.tick_failures.items()):
+            failures.add_metric([code], count)
+        yield failures
+        yield _histogram("worldserve_batch_size", "Ticks per model step.", engine.batch_size)
+        yield _histogram(
+            "worldserve_engine_tick_latency_seconds",
+            "A tick's time in the engine (queued + round trip).",
+            engine.tick_latency,
+        )
+        yield _histogram(
+            "worldserve_engine_overhead_seconds",
+            "Per batch: round trip minus model compute (IPC, scheduling).",
+            engine.overhead,
+        )
+        yield GaugeMetricFamily("worldserve_engine_queued_ticks", "Ticks waiting in the engine.", engine.queued_ticks)
+        yield GaugeMetricFamily("worldserve_workers_alive", "Worker processes alive.", engine.workers_alive)
+        resident = GaugeMetricFamily("worldserve_resident_sessions", "Sessions resident per worker.", labels=["worker"])
+        for worker, count in enumerate(engine.resident):
+            resident.add_metric([str(worker)], count)
+        yield resident
 
 
-def _bound(value: float) -> str:
-    return repr(float(value))
+_ENGINE_COUNTERS = (
+    ("ticks", "Ticks the engine received."),
+    ("batches", "Model steps run."),
+    ("admissions", "Sessions admitted to a worker."),
+    ("admissions_refused", "Sessions refused for lack of room."),
+    ("evictions", "Idle sessions evicted to make room."),
+    ("deadline_exceeded", "Ticks failed past their deadline."),
+    ("worker_deaths", "Worker processes that died."),
+    ("worker_restarts", "Worker processes started to replace dead ones."),
+    ("workers_killed_hung", "Workers killed for hanging."),
+)
 
 
 class ServerMetrics:
@@ -77,7 +118,7 @@ class ServerMetrics:
     def __init__(
         self,
         manager: SessionManager[Any],
-        engine_stats: Callable[[], Mapping[str, float]] | None = None,
+        engine_stats: Callable[[], EngineStats] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.sessions_started = Counter(
@@ -108,7 +149,7 @@ class ServerMetrics:
             ["code"],
             registry=self.registry,
         )
-        self.registry.register(_ControlPlaneCollector(manager, engine_stats))
+        self.registry.register(_RuntimeCollector(manager, engine_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

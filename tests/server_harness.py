@@ -1,0 +1,70 @@
+"""Start a real ``worldserve serve`` process on a free port, for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    token: str | None = None
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/world"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_server(*args: str, token: str | None = None, timeout: float = 60.0) -> RunningServer:
+    """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers."""
+    port = free_port()
+    log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", delete=False)  # noqa: SIM115
+    command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning", *args]
+    if token is not None:
+        command += ["--token", token]
+    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+    server = RunningServer(process, port, Path(log_file.name), token)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"{server.http}/healthz", timeout=1) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{server.log()}")
