@@ -105,18 +105,37 @@ async def test_session_streams_chunks_and_applies_events_in_order(client: WorldC
     assert np.array_equal(applied_in.frames[-1], world.render(8, 0, 48, 48, "islands"))
 
 
-async def test_reset_restarts_the_world_and_reports_dropped_events(client: WorldClient) -> None:
-    await client.start(prompt="desert", seed=3)
-    await client.next_chunk(timeout=10)
-    epoch = await client.reset()
-    assert epoch == 1
-    chunk = await client.next_chunk(timeout=10)
-    assert chunk.epoch == 1
-    assert chunk.chunk_index == 0
-    assert np.array_equal(chunk.frames[0], World(3).render(0, 0, 48, 48, "desert"))
+async def test_reset_and_close_report_dropped_events(server: RunningServer) -> None:
+    ws = await raw_socket(server)
+    try:
+        await ws.send(json.dumps({"type": "session.start", "prompt": "desert", "seed": 3, "options": {"media": "raw"}}))
+        await reply(ws, "session.started")
+        # Without acks the server stops generating after max_lag_chunks: the event stays pending.
+        seqs = await chunk_seqs_until_quiet(ws, quiet=1.0)
+        await ws.send(json.dumps({"type": "input.event", "event_id": 1, "controls": [keys("S").to_dict()]}))
+        assert (await reply(ws, "input.accepted"))["pending"] == 1
+        await ws.send(json.dumps({"type": "session.reset", "id": "r"}))
+        dropped = await reply(ws, "input.dropped")
+        assert (dropped["event_ids"], dropped["reason"]) == ([1], "reset")
+        assert (await reply(ws, "session.reset"))["epoch"] == 1
+        chunk = await reply(ws, "chunk")
+        frames = [np.frombuffer(await ws.recv(), dtype=np.uint8).reshape(48, 48, 3) for _ in range(4)]
+        assert (chunk["epoch"], chunk["chunk_index"], chunk["applied_event_ids"]) == (1, 0, [])
+        assert chunk["seq"] > seqs[-1]  # seq numbers the connection's chunks, across resets
+        assert np.array_equal(frames[0], World(3).render(0, 0, 48, 48, "desert"))
+        # Paused again: an event accepted now is dropped by close, and said so.
+        await chunk_seqs_until_quiet(ws, quiet=1.0)
+        await ws.send(json.dumps({"type": "input.event", "event_id": 2, "prompt": "snow"}))
+        await reply(ws, "input.accepted")
+        await ws.send(json.dumps({"type": "session.close", "id": "c"}))
+        dropped = await reply(ws, "input.dropped")
+        assert (dropped["event_ids"], dropped["reason"]) == ([2], "closed")
+        assert (await reply(ws, "session.closed"))["id"] == "c"
+    finally:
+        await ws.close()
 
 
-async def test_close_reports_drops_and_disconnect_releases_the_session(server: RunningServer) -> None:
+async def test_close_and_disconnect_release_the_session(server: RunningServer) -> None:
     async with WorldClient(server.ws) as world:
         await world.start(seed=1)
         await world.next_chunk(timeout=10)

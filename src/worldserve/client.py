@@ -101,6 +101,7 @@ class ClientChunk:
     applied_event_ids: tuple[int, ...]
     frames: npt.NDArray[np.uint8] = field(repr=False)
     timings: dict[str, float]
+    batch_size: int
     received_at: float
 
 
@@ -352,6 +353,7 @@ class WorldClient:
             applied_event_ids=tuple(header["applied_event_ids"]),
             frames=frames,
             timings=header.get("timings", {}),
+            batch_size=header.get("batch_size", 1),
             received_at=time.monotonic(),
         )
 

@@ -78,7 +78,7 @@ async def _run_client(
                         report.ttfc = chunk.received_at - started
                     report.chunks += 1
                     report.frames += int(chunk.frames.shape[0])
-                    report.compute.append(chunk.timings.get("compute_ms", 0.0) / 1000.0)
+                    report.compute.append(chunk.timings.get("tick_ms", 0.0) / 1000.0)
                     for event_id in chunk.applied_event_ids:
                         applied[event_id] += 1
                         if event_id in sent_at:

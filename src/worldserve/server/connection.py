@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ControlInput
+from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image, encode_frames
 from worldserve.server.limits import TokenBucket
@@ -71,7 +72,7 @@ class WorldBackend(Protocol):
     @property
     def spec(self) -> ModelSpec: ...
 
-    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Any]: ...
+    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]: ...
 
     async def close_session(self, session_id: str) -> None: ...
 
@@ -102,7 +103,7 @@ class Connection:
         self._clock = clock
         self._send_lock = asyncio.Lock()
         self._events = TokenBucket(config.event_rate, config.event_burst, clock)
-        self._session: Session[Any] | None = None
+        self._session: Session[Chunk] | None = None
         self._media = "jpeg"
         self._quality = 90
         self._generator: asyncio.Task[None] | None = None
@@ -129,7 +130,7 @@ class Connection:
         self._metrics.client_errors.labels(code=code.value).inc()
         await self._send(ErrorMessage(id=message_id, code=code, message=message, event_id=event_id))
 
-    async def _forward_dropped(self, session: Session[Any]) -> None:
+    async def _forward_dropped(self, session: Session[Chunk]) -> None:
         for record in session.take_dropped():
             await self._send(
                 InputDropped(event_ids=list(record.event_ids), reason=record.reason.value, detail=record.detail)
@@ -305,7 +306,7 @@ class Connection:
         except Exception as error:
             await self._send(SessionFailed(id=message.id, code="reset_failed", message=str(error)))
             return
-        self._sent_seq = self._acked_seq  # nothing of the old epoch counts as lag any more
+        self._acked_seq = self._sent_seq  # nothing of the old epoch counts as lag any more
         self._wake.set()
         await self._forward_dropped(session)
         await self._send(SessionResetDone(id=message.id, epoch=session.epoch))
@@ -366,7 +367,7 @@ class Connection:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _generate(self, session: Session[Any]) -> None:
+    async def _generate(self, session: Session[Chunk]) -> None:
         """Produce chunks paced to playback, with client backpressure, until stopped."""
         period = self._backend.spec.chunk_seconds
         lead = self._config.lead_chunks
@@ -407,16 +408,14 @@ class Connection:
             if anchor is None or chunk_epoch != epoch:
                 epoch, anchor, produced = chunk_epoch, finished, 0
             produced += 1
-            await self._send_chunk(chunk, chunk_epoch, compute=finished - started)
+            await self._send_chunk(chunk, chunk_epoch, tick_seconds=finished - started)
 
-    async def _send_chunk(self, chunk: Any, epoch: int, *, compute: float) -> None:
+    async def _send_chunk(self, chunk: Chunk, epoch: int, *, tick_seconds: float) -> None:
         frames = chunk.frames
         metadata = chunk.metadata
         payloads = await asyncio.to_thread(encode_frames, frames, self._media, self._quality)
         self._sent_seq += 1
-        timings = {"compute_ms": compute * 1000.0}
-        timings.update({key: float(value) for key, value in getattr(chunk, "timings", {}).items()})
-        self._metrics.chunk_latency.observe(compute)
+        self._metrics.chunk_latency.observe(tick_seconds)
         self._metrics.frames_sent.inc(len(payloads))
         await self._send(
             ChunkMessage(
@@ -432,7 +431,13 @@ class Connection:
                     height=int(frames.shape[1]),
                     sizes=[len(payload) for payload in payloads],
                 ),
-                timings=timings,
+                timings={
+                    "tick_ms": tick_seconds * 1000.0,
+                    "queued_ms": chunk.queued_s * 1000.0,
+                    "model_ms": chunk.compute_s * 1000.0,
+                    "engine_ms": chunk.roundtrip_s * 1000.0,
+                },
+                batch_size=chunk.batch_size,
             ),
             *payloads,
         )

@@ -189,7 +189,11 @@ class ChunkMessage(_ServerMessage):
     request_id: str
     applied_event_ids: list[int]
     frames: ChunkFrames
-    timings: dict[str, float]
+    timings: dict[str, float] = Field(
+        description="tick_ms: next_chunk() on the server (snapshot to commit); queued_ms: waiting in the engine "
+        "for company or a worker; model_ms: the model's step for the whole batch; engine_ms: dispatch to result."
+    )
+    batch_size: int = Field(description="Sessions in the model step that produced this chunk.")
 
 
 class InputDropped(_ServerMessage):

@@ -197,7 +197,7 @@
         state.sentAt.delete(id);
       }
     }
-    state.lastChunkMs = header.timings.compute_ms;
+    state.lastChunkMs = header.timings.tick_ms;
     Promise.all(pending).then((images) => {
       images.forEach((image, index) => {
         state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index });
