@@ -296,3 +296,7 @@ def protocol_json_schema() -> dict[str, Any]:
         "client_to_server": _CLIENT_ADAPTER.json_schema(by_alias=True),
         "server_to_client": _SERVER_ADAPTER.json_schema(by_alias=True),
     }
+
+
+if __name__ == "__main__":  # python -m worldserve.server.messages > docs/protocol.schema.json
+    print(json.dumps(protocol_json_schema(), indent=2, sort_keys=True))
