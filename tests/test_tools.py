@@ -25,7 +25,7 @@ def server() -> Iterator[RunningServer]:
 async def test_bench_accounts_for_every_event(server: RunningServer) -> None:
     result = await run_bench(server.ws, clients=3, duration=1.5, event_interval=0.1, settle=3.0)
     table = format_table(result)
-    assert "event->applied ms" in table
+    assert "accepted->applied" in table
     for report in result.reports:
         assert not report.errors, report.errors
         assert report.accepted > 0

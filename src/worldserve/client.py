@@ -102,6 +102,7 @@ class ClientChunk:
     frames: npt.NDArray[np.uint8] = field(repr=False)
     timings: dict[str, float]
     batch_size: int
+    applied_latency_ms: tuple[float, ...]  # server-side, acceptance -> commit, per applied event
     received_at: float
 
 
@@ -354,6 +355,7 @@ class WorldClient:
             frames=frames,
             timings=header.get("timings", {}),
             batch_size=header.get("batch_size", 1),
+            applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
             received_at=time.monotonic(),
         )
 

@@ -51,6 +51,7 @@ from worldserve.server.messages import (
 )
 from worldserve.server.metrics import ServerMetrics
 from worldserve.session import (
+    EventAcceptanceStatus,
     EventQueueFullError,
     InvalidEventError,
     Session,
@@ -113,6 +114,7 @@ class Connection:
         self._acked_seq = -1
         self._started_at = 0.0
         self._first_chunk_sent = False
+        self._accepted_at: dict[int, float] = {}  # pending event id -> when it was accepted
 
     # -- sending -------------------------------------------------------------------
 
@@ -132,6 +134,8 @@ class Connection:
 
     async def _forward_dropped(self, session: Session[Chunk]) -> None:
         for record in session.take_dropped():
+            for event_id in record.event_ids:
+                self._accepted_at.pop(event_id, None)
             await self._send(
                 InputDropped(event_ids=list(record.event_ids), reason=record.reason.value, detail=record.detail)
             )
@@ -276,6 +280,8 @@ class Connection:
             return
         try:
             acceptance = await session.accept_event(event)
+            if acceptance.status is EventAcceptanceStatus.ACCEPTED:
+                self._accepted_at[acceptance.event_id] = self._clock()
         except SessionError as error:
             code = _SESSION_ERROR_CODES.get(type(error), ErrorCode.INVALID_STATE)
             if code is ErrorCode.INVALID_STATE and session.status is SessionStatus.FAILED:
@@ -408,13 +414,17 @@ class Connection:
             if anchor is None or chunk_epoch != epoch:
                 epoch, anchor, produced = chunk_epoch, finished, 0
             produced += 1
-            await self._send_chunk(chunk, chunk_epoch, tick_seconds=finished - started)
+            await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
 
-    async def _send_chunk(self, chunk: Chunk, epoch: int, *, tick_seconds: float) -> None:
+    async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:
+        tick_seconds = committed - started
         frames = chunk.frames
         metadata = chunk.metadata
         payloads = await asyncio.to_thread(encode_frames, frames, self._media, self._quality)
         self._sent_seq += 1
+        applied_latency = [
+            (committed - self._accepted_at.pop(event_id, committed)) * 1000.0 for event_id in metadata.applied_event_ids
+        ]
         self._metrics.chunk_latency.observe(tick_seconds)
         self._metrics.frames_sent.inc(len(payloads))
         await self._send(
@@ -438,6 +448,7 @@ class Connection:
                     "engine_ms": chunk.roundtrip_s * 1000.0,
                 },
                 batch_size=chunk.batch_size,
+                applied_latency_ms=applied_latency,
             ),
             *payloads,
         )

@@ -194,6 +194,9 @@ class ChunkMessage(_ServerMessage):
         "for company or a worker; model_ms: the model's step for the whole batch; engine_ms: dispatch to result."
     )
     batch_size: int = Field(description="Sessions in the model step that produced this chunk.")
+    applied_latency_ms: list[float] = Field(
+        description="Per applied event, in order: from its acceptance to this chunk's commit, on the server."
+    )
 
 
 class InputDropped(_ServerMessage):
