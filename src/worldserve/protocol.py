@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from math import isfinite
 from typing import Any, NoReturn
 
 __all__ = [
@@ -43,29 +42,41 @@ class FrozenMap(Mapping[str, Any]):
     :func:`freeze_transport_value`). A ``FrozenMap`` is never frozen twice: passing
     one where frozen data is expected shares it as it is. It compares equal to any
     mapping with the same items, so frozen control data can be checked against
-    plain dicts.
+    plain dicts (whose sequences are tuples: ``(1,) != [1]``). It has no mutating
+    method, refuses attribute assignment and deletion, pickles without being frozen
+    again, and copies as itself.
     """
 
     __slots__ = ("_hash", "_items")
 
     _items: dict[str, Any]
-    _hash: int | None
+    _hash: int
 
     def __new__(cls, value: Mapping[str, Any] | None = None, /) -> FrozenMap:
         if isinstance(value, FrozenMap):
             return value
-        return freeze_transport_value({} if value is None else value, path="value")  # type: ignore[no-any-return]
+        if value is None:
+            return _wrap({})
+        if not isinstance(value, Mapping):
+            raise ValueError(f"FrozenMap needs a mapping; got {type(value).__name__} (data must be transport-safe).")
+        return _freeze_mapping(value, "value")
 
     @classmethod
     def _trusted(cls, items: dict[str, Any]) -> FrozenMap:
         """Wrap ``items`` whose keys and values are already validated and frozen."""
-        self = object.__new__(cls)
-        object.__setattr__(self, "_items", items)
-        object.__setattr__(self, "_hash", None)
-        return self
+        return _wrap(items)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("FrozenMap is immutable")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError("FrozenMap is immutable")
+
+    def __copy__(self) -> FrozenMap:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenMap:
+        return self
 
     def __getitem__(self, key: str) -> Any:
         return self._items[key]
@@ -89,11 +100,12 @@ class FrozenMap(Mapping[str, Any]):
         return NotImplemented
 
     def __hash__(self) -> int:
-        cached = self._hash
-        if cached is None:
+        try:
+            return self._hash
+        except AttributeError:  # the slot stays unset until the first hash
             cached = hash(frozenset(self._items.items()))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+            _set_hash(self, cached)
+            return cached
 
     def __repr__(self) -> str:
         return f"FrozenMap({self._items!r})"
@@ -112,29 +124,39 @@ def _not_transport_safe(path: str, value: object, why: str | None = None) -> NoR
     )
 
 
+# FrozenMap's slots, set directly: a frozen map is built for every mapping in every control.
+_new_object = object.__new__
+_set_items = FrozenMap._items.__set__  # type: ignore[attr-defined]
+_set_hash = FrozenMap._hash.__set__  # type: ignore[attr-defined]
+
+
+def _wrap(items: dict[str, Any]) -> FrozenMap:
+    frozen: FrozenMap = _new_object(FrozenMap)
+    _set_items(frozen, items)
+    return frozen
+
+
+# ``path`` is a chain of (parent, step) pairs built on the way down, only where a container
+# is entered, and rendered only for an error, so the happy path formats no strings. The
+# loops inline the common scalars (``x - x != 0.0`` is true exactly for NaN and infinities)
+# instead of calling ``_freeze`` for each; control data is mostly small dicts of numbers.
+
+
 def _freeze(value: Any, path: Any) -> Any:
-    # ``path`` is a chain of (parent, step) pairs built on the way down and
-    # rendered only for an error, so the happy path formats no strings.
     kind = type(value)
+    if kind is dict:
+        return _freeze_mapping(value, path)
+    if kind is list or kind is tuple:
+        return _freeze_sequence(value, path, kind is tuple)
     if kind is float:
-        if not isfinite(value):
+        if value - value != 0.0:
             _not_transport_safe(_render(path), value, f"non-finite float {value!r}")
         return value
     if kind is str or kind is int or kind is bool or value is None or kind is FrozenMap:
         return value
-    if kind is dict or isinstance(value, Mapping):
-        items: dict[str, Any] = {}
-        for key, item in value.items():
-            if type(key) is not str:
-                _not_transport_safe(_render(path), value, f"mapping key {key!r} is not a string")
-            items[key] = _freeze(item, (path, key))
-        return FrozenMap._trusted(items)
-    if kind is list or kind is tuple:
-        frozen = [_freeze(item, (path, index)) for index, item in enumerate(value)]
-        if kind is tuple and all(a is b for a, b in zip(frozen, value, strict=True)):
-            return value  # already frozen: share it
-        return tuple(frozen)
-    # Subclasses (enums, numpy floats, ...) become their plain JSON values.
+    # Other mappings and sequences; subclasses (enums, numpy floats, ...) become plain JSON values.
+    if isinstance(value, Mapping):
+        return _freeze_mapping(value, path)
     if isinstance(value, float):
         return _freeze(float(value), path)
     if isinstance(value, int):
@@ -142,8 +164,47 @@ def _freeze(value: Any, path: Any) -> Any:
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
-        return tuple(_freeze(item, (path, index)) for index, item in enumerate(value))
+        return _freeze_sequence(value, path, False)
     _not_transport_safe(_render(path), value)
+
+
+def _freeze_mapping(value: Mapping[Any, Any], path: Any) -> FrozenMap:
+    items: dict[str, Any] = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            if not isinstance(key, str):
+                _not_transport_safe(_render(path), value, f"mapping key {key!r} is not a string")
+            key = str.__str__(key)
+        kind = type(item)
+        if kind is float:
+            if item - item != 0.0:
+                _not_transport_safe(_render((path, key)), item, f"non-finite float {item!r}")
+        elif kind is dict:
+            item = _freeze_mapping(item, (path, key))
+        elif not (kind is str or kind is int or kind is bool or item is None or kind is FrozenMap):
+            item = _freeze(item, (path, key))
+        items[key] = item
+    return _wrap(items)
+
+
+def _freeze_sequence(value: Sequence[Any], path: Any, share: bool) -> tuple[Any, ...]:
+    # ``share``: ``value`` is a tuple, returned as it is if all of its items are already frozen.
+    frozen: list[Any] = []
+    append = frozen.append
+    for index, item in enumerate(value):
+        kind = type(item)
+        if kind is float:
+            if item - item != 0.0:
+                _not_transport_safe(_render((path, index)), item, f"non-finite float {item!r}")
+        elif kind is dict:
+            item = _freeze_mapping(item, (path, index))
+            share = False
+        elif not (kind is str or kind is int or kind is bool or item is None or kind is FrozenMap):
+            new = _freeze(item, (path, index))
+            if new is not item:
+                item, share = new, False
+        append(item)
+    return value if share else tuple(frozen)  # type: ignore[return-value]
 
 
 def _render(path: Any) -> str:
