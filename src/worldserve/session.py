@@ -243,6 +243,22 @@ def _positive_int(value: object, field: str) -> int:
     return value
 
 
+def _failure_code(error: BaseException, fallback: str) -> str:
+    """The stable code a transport reports for the error that failed a session.
+
+    An exception's own string ``code`` wins (every :class:`SessionError` has one, so a
+    :class:`ChunkMetadataError` gives ``"metadata_mismatch"``); a cancellation gives
+    ``"cancelled"``; anything else ``fallback``. ``SystemExit.code`` is an exit status,
+    not a code, so only :class:`Exception` s are asked.
+    """
+    code = getattr(error, "code", None) if isinstance(error, Exception) else None
+    if isinstance(code, str) and code:
+        return code
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    return fallback
+
+
 def _echoes(metadata: object, tick: TickRequest) -> bool:
     """Whether ``metadata`` equals ``ChunkMetadata.from_tick(tick)``, without building it."""
     return (
@@ -293,6 +309,7 @@ class Session(Generic[TickOutputT]):
         self._controls: dict[str, ControlInput] = {}
         self._controls_snapshot: tuple[ControlInput, ...] = ()
         self._failure: str | None = None
+        self._failure_code: str | None = None
         self._dropped: deque[DroppedEvents] = deque(maxlen=_MAX_DROP_RECORDS)
         self._counters = SessionCounters()
         self._tick_lock = asyncio.Lock()
@@ -342,8 +359,24 @@ class Session(Generic[TickOutputT]):
 
     @property
     def failure(self) -> str | None:
-        """Why the session failed, while it is failed."""
+        """Why the session last failed (``"ExcType: message"``); ``None`` if it has not.
+
+        Set when a tick or a reset fails, kept through ``close()`` so a transport can
+        still report it, cleared by a successful ``reset()``.
+        """
         return self._failure
+
+    @property
+    def failure_code(self) -> str | None:
+        """The stable code of :attr:`failure`, for clients; ``None`` exactly when ``failure`` is.
+
+        The failing exception's string ``code`` if it has one (``"metadata_mismatch"``
+        for a :class:`ChunkMetadataError`, ``"invalid_state"``, ...), else
+        ``"cancelled"`` for a cancellation, else ``"tick_failed"`` for a failed tick
+        (the consumer raised, or the reducer's commit did) and ``"reset_failed"`` for
+        a failed reset.
+        """
+        return self._failure_code
 
     @property
     def dropped_events(self) -> tuple[DroppedEvents, ...]:
@@ -501,6 +534,7 @@ class Session(Generic[TickOutputT]):
     async def _fail_tick(self, tick_error: BaseException) -> None:
         self._inflight_event_floor = None
         self._failure = f"{type(tick_error).__name__}: {tick_error}"
+        self._failure_code = _failure_code(tick_error, "tick_failed")
         self._move(SessionStatus.FAILED)
         self._counters.failures += 1
         try:
@@ -550,7 +584,9 @@ class Session(Generic[TickOutputT]):
                     self._control_reducer.reset()
             except BaseException as error:
                 self._failure = f"reset failed: {type(error).__name__}: {error}"
+                self._failure_code = _failure_code(error, "reset_failed")
                 self._move(SessionStatus.FAILED)
+                self._counters.failures += 1
                 raise
             if failure is not None:
                 self._drop_pending(DropReason.FAILED, failure)
@@ -560,6 +596,7 @@ class Session(Generic[TickOutputT]):
             self._chunk_index = 0
             self._epoch += 1
             self._failure = None
+            self._failure_code = None
             self._counters.resets += 1
             self._move(SessionStatus.ACTIVE)
 

@@ -94,7 +94,15 @@ _NO_LATENCIES = HistogramSnapshot.empty()
 
 @dataclass(frozen=True, slots=True)
 class SessionStats:
-    """An immutable snapshot of one session's (or, summed, many sessions') counters."""
+    """An immutable snapshot of one session's (or, summed, many sessions') counters.
+
+    ``accepted``/``duplicate``/``stale``/``rejected_full``/``invalid``: answers of
+    ``accept_event`` (the last three raised); ``applied``: events committed in a chunk;
+    ``dropped``: accepted events discarded by a reset, a close or a failure (each is
+    applied or dropped exactly once); ``chunks``: committed chunks; ``failures``: times
+    the session became ``failed`` (a tick or a reset failed); ``resets``: successful
+    resets; ``applied_latency``: seconds from acceptance to the commit that applied it.
+    """
 
     accepted: int = 0
     duplicate: int = 0
