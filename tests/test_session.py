@@ -69,6 +69,8 @@ class Lifecycle:
         self.reset_error: BaseException | None = None
         self.close_error: BaseException | None = None
         self.gate: asyncio.Event | None = None
+        self.close_gate: asyncio.Event | None = None
+        self.closes_done = 0
 
     async def reset_session(self, session_id: str) -> None:
         self.calls.append(("reset", session_id, self._status()))
@@ -79,8 +81,11 @@ class Lifecycle:
 
     async def close_session(self, session_id: str) -> None:
         self.calls.append(("close", session_id, self._status()))
+        if self.close_gate is not None:
+            await self.close_gate.wait()
         if self.close_error is not None:
             raise self.close_error
+        self.closes_done += 1
 
     def _status(self) -> SessionStatus:
         assert self.session is not None
@@ -304,6 +309,27 @@ async def test_cancelling_a_tick_in_flight_fails_closed() -> None:
     assert session.take_dropped() == (DroppedEvents((1,), DropReason.FAILED, "CancelledError: "),)
     assert session.status is SessionStatus.ACTIVE
     assert session.failure_code is None
+
+
+async def test_a_second_cancellation_cannot_interrupt_the_worker_cleanup() -> None:
+    session, consumer, lifecycle = make()
+    consumer.gate = asyncio.Event()
+    lifecycle.close_gate = asyncio.Event()
+    tick = asyncio.create_task(session.next_chunk())
+    await consumer.started.wait()
+    tick.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert lifecycle.calls == [("close", "w", SessionStatus.FAILED)]  # cleanup under way
+    tick.cancel()  # the caller gives up again
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    assert lifecycle.closes_done == 0
+    lifecycle.close_gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert lifecycle.closes_done == 1  # the worker's state was still released
+    assert session.status is SessionStatus.FAILED
 
 
 @pytest.mark.parametrize("where", ["chunk_metadata", "reducer_commit"])
