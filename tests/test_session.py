@@ -236,6 +236,21 @@ async def test_chunk_snapshot_shares_the_accepted_controls_and_orders_them_by_tr
     assert consumer.ticks[2].controls[1] is cam_b
 
 
+async def test_control_subclasses_go_through_as_in_the_seed() -> None:
+    # SessionEvent accepts ControlInput subclasses; the tick built from them must too, or one such
+    # event would sit in the queue and make every later chunk fail.
+    class ModelControl(ControlInput):
+        __slots__ = ()
+
+    session, consumer, _ = make()
+    special = ModelControl("cam", "model.cam.v1", {"x": 1})
+    await session.accept_event(SessionEvent(1, controls=(special,)))
+    await session.next_chunk()
+    assert consumer.ticks[0].controls == (special,)
+    assert consumer.ticks[0].controls[0] is special
+    assert session.pending_event_count == 0
+
+
 async def test_concurrent_next_chunk_calls_run_one_after_the_other() -> None:
     session, consumer, _ = make()
     consumer.gate = asyncio.Event()

@@ -353,7 +353,7 @@ class TickRequest:
         controls = self.controls if type(self.controls) is tuple else tuple(self.controls)
         tracks = set()
         for control in controls:
-            if type(control) is not ControlInput:
+            if type(control) is not ControlInput and not isinstance(control, ControlInput):
                 raise ValueError(f"controls must contain ControlInput values; got {type(control).__name__}.")
             if control.track in tracks:
                 raise ValueError(f"controls must hold each track at most once; {control.track!r} repeats.")
