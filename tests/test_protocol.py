@@ -441,6 +441,13 @@ def test_tick_validation(changes: dict[str, Any], message: str) -> None:
         TickRequest(**{**fields, **changes})
 
 
+def test_valid_event_id_tuples_are_shared() -> None:
+    ids = (0, 3, 8)
+    tick = TickRequest("s", "r", 0, ids)
+    assert tick.applied_event_ids is ids
+    assert ChunkMetadata.from_tick(tick).applied_event_ids is ids
+
+
 def test_tick_normalizes_what_it_may() -> None:
     class Index(enum.IntEnum):
         TWO = 2

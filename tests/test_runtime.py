@@ -124,7 +124,7 @@ async def test_reset_and_close_reach_the_worker() -> None:
 
 
 async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once() -> None:
-    async with Runtime(FAULTY, model_options={"slow_s": 0.4}, workers=1, max_sessions_per_worker=2) as rt:
+    async with Runtime(FAULTY, model_options={"slow_s": 0.6}, workers=1, max_sessions_per_worker=2) as rt:
         a = await rt.create_session(seed=1)
         b = await rt.create_session(seed=2)
         await a.next_chunk()  # b is now the least recently used
@@ -144,7 +144,7 @@ async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once()
         began = time.perf_counter()
         with pytest.raises(AdmissionRefusedError, match="no worker can make room") as refused:
             await rt.create_session(seed=4)
-        assert time.perf_counter() - began < 0.1  # at once, not after the steps
+        assert time.perf_counter() - began < 0.25  # at once, not after the steps (>= 0.5 s away)
         assert refused.value.code == "admission_refused"
         await busy
         assert rt.stats().engine.admissions_refused == 1
@@ -270,7 +270,9 @@ async def test_a_slow_forward_does_not_stall_the_event_loop(executor: str) -> No
         assert len(gaps) > 100
         assert gaps[len(gaps) // 2] < 0.001
         assert gaps[int(len(gaps) * 0.99)] < 0.001, gaps[-5:]
-        assert gaps[-1] < 0.05, gaps[-5:]  # generous for a shared CI machine; the step takes 0.3 s
+        # The step takes 0.3 s: had it run on the loop, one gap would be that long. (The bound
+        # tolerates the OS descheduling this process on a shared machine, seen up to ~55 ms.)
+        assert gaps[-1] < 0.15, gaps[-5:]
 
         async def blocking() -> None:  # the same probe catches a forward run on the loop
             time.sleep(0.1)  # noqa: ASYNC251 -- deliberately blocking the loop

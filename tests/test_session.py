@@ -69,6 +69,8 @@ class Lifecycle:
         self.reset_error: BaseException | None = None
         self.close_error: BaseException | None = None
         self.gate: asyncio.Event | None = None
+        self.close_gate: asyncio.Event | None = None
+        self.closes_done = 0
 
     async def reset_session(self, session_id: str) -> None:
         self.calls.append(("reset", session_id, self._status()))
@@ -79,8 +81,11 @@ class Lifecycle:
 
     async def close_session(self, session_id: str) -> None:
         self.calls.append(("close", session_id, self._status()))
+        if self.close_gate is not None:
+            await self.close_gate.wait()
         if self.close_error is not None:
             raise self.close_error
+        self.closes_done += 1
 
     def _status(self) -> SessionStatus:
         assert self.session is not None
@@ -231,6 +236,21 @@ async def test_chunk_snapshot_shares_the_accepted_controls_and_orders_them_by_tr
     assert consumer.ticks[2].controls[1] is cam_b
 
 
+async def test_control_subclasses_go_through_as_in_the_seed() -> None:
+    # SessionEvent accepts ControlInput subclasses; the tick built from them must too, or one such
+    # event would sit in the queue and make every later chunk fail.
+    class ModelControl(ControlInput):
+        __slots__ = ()
+
+    session, consumer, _ = make()
+    special = ModelControl("cam", "model.cam.v1", {"x": 1})
+    await session.accept_event(SessionEvent(1, controls=(special,)))
+    await session.next_chunk()
+    assert consumer.ticks[0].controls == (special,)
+    assert consumer.ticks[0].controls[0] is special
+    assert session.pending_event_count == 0
+
+
 async def test_concurrent_next_chunk_calls_run_one_after_the_other() -> None:
     session, consumer, _ = make()
     consumer.gate = asyncio.Event()
@@ -304,6 +324,27 @@ async def test_cancelling_a_tick_in_flight_fails_closed() -> None:
     assert session.take_dropped() == (DroppedEvents((1,), DropReason.FAILED, "CancelledError: "),)
     assert session.status is SessionStatus.ACTIVE
     assert session.failure_code is None
+
+
+async def test_a_second_cancellation_cannot_interrupt_the_worker_cleanup() -> None:
+    session, consumer, lifecycle = make()
+    consumer.gate = asyncio.Event()
+    lifecycle.close_gate = asyncio.Event()
+    tick = asyncio.create_task(session.next_chunk())
+    await consumer.started.wait()
+    tick.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert lifecycle.calls == [("close", "w", SessionStatus.FAILED)]  # cleanup under way
+    tick.cancel()  # the caller gives up again
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    assert lifecycle.closes_done == 0
+    lifecycle.close_gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert lifecycle.closes_done == 1  # the worker's state was still released
+    assert session.status is SessionStatus.FAILED
 
 
 @pytest.mark.parametrize("where", ["chunk_metadata", "reducer_commit"])
