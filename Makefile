@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: venv lint test conformance bench
+.PHONY: venv lint test conformance bench serve browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,15 @@ lint: venv
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy --strict src
 
-test: lint
+serve: venv
+	$(BIN)/worldserve serve $(ARGS)
+
+# The browser test drives Debian's Chromium (a test tool's own browser download is never used).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+
+test: lint browser
 	$(BIN)/pytest
 
 conformance: venv
@@ -30,3 +38,4 @@ conformance: venv
 
 bench: venv
 	$(BIN)/python bench/control_plane.py
+	$(BIN)/python bench/runtime.py
