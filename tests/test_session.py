@@ -337,14 +337,20 @@ async def test_a_second_cancellation_cannot_interrupt_the_worker_cleanup() -> No
         await asyncio.sleep(0)
     assert lifecycle.calls == [("close", "w", SessionStatus.FAILED)]  # cleanup under way
     tick.cancel()  # the caller gives up again
+    reset = asyncio.create_task(session.reset())  # queued behind the tick lock
+    for _ in range(5):
+        await asyncio.sleep(0)
+    # The cleanup goes on, and the tick keeps the lock until it is done: the reset
+    # must not reach the worker before the close (its fresh state would be released).
+    assert not tick.done()
+    assert lifecycle.calls == [("close", "w", SessionStatus.FAILED)]
+    lifecycle.close_gate.set()
     with pytest.raises(asyncio.CancelledError):
         await tick
-    assert lifecycle.closes_done == 0
-    lifecycle.close_gate.set()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert lifecycle.closes_done == 1  # the worker's state was still released
-    assert session.status is SessionStatus.FAILED
+    assert lifecycle.closes_done == 1  # the worker's state was released
+    await reset
+    assert [call[0] for call in lifecycle.calls] == ["close", "reset"]
+    assert session.status is SessionStatus.ACTIVE
 
 
 @pytest.mark.parametrize("where", ["chunk_metadata", "reducer_commit"])

@@ -537,15 +537,27 @@ class Session(Generic[TickOutputT]):
         self._failure_code = _failure_code(tick_error, "tick_failed")
         self._move(SessionStatus.FAILED)
         self._counters.failures += 1
+        # The forward may already have released the state; close is idempotent and also
+        # covers successful forwards whose metadata or commit failed. A cancellation that
+        # lands during the cleanup does not stop it, nor does it let the tick lock go
+        # before the close is done: a queued reset must reach the worker after it.
+        cleanup = asyncio.ensure_future(self._lifecycle.close_session(self.session_id))
+        cancelled = False
+        while not cleanup.done():
+            try:
+                await asyncio.shield(cleanup)
+            except asyncio.CancelledError:
+                cancelled = True
+            except Exception:
+                break
         try:
-            # The forward may already have released the state; close is idempotent
-            # and also covers successful forwards whose metadata or commit failed.
-            # Shielded so a second cancellation cannot strand the worker's state.
-            await asyncio.shield(self._lifecycle.close_session(self.session_id))
+            cleanup.result()
         except Exception as cleanup_error:
             raise SessionError(
                 f"tick failed ({self._failure}) and worker session cleanup also failed: {cleanup_error}"
             ) from tick_error
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def next_chunk(self) -> TickOutputT:
         """Snapshot the pending events, run one tick, and commit it atomically."""
