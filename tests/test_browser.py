@@ -119,3 +119,20 @@ def test_player_moves_switches_style_and_resets(page: Page) -> None:
     time.sleep(0.3)
     # After a reset the world starts over: start view, start prompt's style.
     assert locate(canvas(page), "islands", range(0, 1), range(0, 1)) == (0, 0)
+
+    # Dragging grabs the world: pulling it to the right pans the camera left.
+    box = page.locator("#screen").bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for step in range(1, 13):
+        page.mouse.move(x + step * 12, y)
+        time.sleep(0.05)
+    page.mouse.up()
+    time.sleep(1.2)
+    dragged = locate(canvas(page), "islands", range(-300, 1), range(0, 1))
+    assert dragged is not None
+    assert dragged[0] < -4, dragged
+    time.sleep(0.6)
+    assert locate(canvas(page), "islands", range(dragged[0], dragged[0] + 1), range(0, 1)) == dragged  # stopped
