@@ -31,6 +31,7 @@ __all__ = [
     "KEY_SPEED",
     "MAX_SPEED",
     "STYLES",
+    "STYLE_WORDS",
     "Motion",
     "World",
     "style_for_prompt",
@@ -197,6 +198,8 @@ _STYLE_TABLE: tuple[_Style, ...] = (
 #: Style names, in a fixed order (class indices of style classifiers follow it).
 STYLES: tuple[str, ...] = tuple(style.name for style in _STYLE_TABLE)
 DEFAULT_STYLE = "islands"
+#: The words that name each style in a prompt (:func:`style_for_prompt` takes the first one found).
+STYLE_WORDS: dict[str, tuple[str, ...]] = {style.name: style.words for style in _STYLE_TABLE}
 _STYLE_BY_NAME = {style.name: style for style in _STYLE_TABLE}
 _STYLE_BY_WORD = {word: style.name for style in _STYLE_TABLE for word in style.words}
 _WORD = re.compile(r"[a-z]+")
