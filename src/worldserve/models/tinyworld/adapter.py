@@ -1,0 +1,170 @@
+"""The ``tinyworld`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
+
+Owns: :class:`TinyWorldModel` and :class:`TinyWorldState`. A session's state is its KV
+cache (sink + sliding window of keyframes, fixed size), its last keyframe (pixels, for the
+motion path), the view's :class:`~worldserve.models.world.Motion` (to turn each tick's
+controls into the exact per-frame whole-pixel displacements the network is conditioned on)
+and its own noise generator (seeded by ``SessionOptions.seed``, so a session's frames do
+not depend on which sessions share its batch). :meth:`TinyWorldModel.step` runs one
+batched few-step denoise over every session of the batch, then one batched cache pass.
+
+A session starts from the start image if one is given, else from the world's first frame
+for its seed and prompt (an image-to-world start). Must not know: sessions' control
+plane, engines, transports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor
+
+from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.tinyworld.cache import KVCache
+from worldserve.models.tinyworld.data import chunk_controls
+from worldserve.models.tinyworld.network import TinyWorldNet
+from worldserve.models.tinyworld.sampler import chunk_noise, encode_keyframes, sample_chunk, to_pixels, to_uint8
+from worldserve.models.tinyworld.text import tokenize_batch
+from worldserve.models.tinyworld.weights import load_net
+from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, Motion, World, style_for_prompt, velocity
+from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
+
+__all__ = ["TinyWorldModel", "TinyWorldState"]
+
+
+class TinyWorldState:
+    """One session: KV cache, last keyframe, view motion, noise generator."""
+
+    __slots__ = ("cache", "chunks", "generator", "keyframe", "motion", "options", "session_id")
+
+    def __init__(self, session_id: str, options: SessionOptions, cache: KVCache, keyframe: Tensor) -> None:
+        self.session_id = session_id
+        self.options = options
+        self.cache = cache
+        self.keyframe = keyframe
+        self.motion = Motion()
+        self.generator = torch.Generator().manual_seed(options.seed)
+        self.chunks = 0
+
+    def copy(self) -> TinyWorldState:
+        """An independent copy (cache, motion and noise generator included)."""
+        cache = KVCache.__new__(KVCache)
+        cache.keys = self.cache.keys.clone()
+        cache.values = self.cache.values.clone()
+        cache.valid = self.cache.valid.clone()
+        cache.tokens_per_frame = self.cache.tokens_per_frame
+        cache.window = self.cache.window
+        cache.written = self.cache.written
+        twin = TinyWorldState(self.session_id, self.options, cache, self.keyframe.clone())
+        twin.motion = Motion(self.motion.x, self.motion.y)
+        twin.generator.set_state(self.generator.get_state())
+        twin.chunks = self.chunks
+        return twin
+
+
+class TinyWorldModel:
+    """The trained tinyworld network as a :class:`~worldserve.models.base.WorldModel`."""
+
+    def __init__(
+        self,
+        *,
+        weights: str | Path | None = None,
+        max_batch_size: int = 16,
+        net: TinyWorldNet | None = None,
+    ) -> None:
+        self.net = net if net is not None else load_net(None if weights is None else Path(weights))
+        self.net.eval()
+        config = self.net.config
+        self.config = config
+        state_bytes = config.cache_bytes() + 3 * config.height * config.width * 4 + 1024
+        self._spec = ModelSpec(
+            name="tinyworld",
+            frames_per_chunk=config.frames_per_chunk,
+            fps=config.fps,
+            height=config.height,
+            width=config.width,
+            controls=CONTROL_SCHEMAS,
+            max_batch_size=max_batch_size,
+            state_bytes=state_bytes,
+            styles=STYLES,
+            default_prompt=DEFAULT_STYLE,
+            description=(
+                "Trained block-causal diffusion transformer with a KV cache (attention sink + sliding window), "
+                f"{len(config.steps)}-step sampler; learns the procedural world."
+            ),
+        )
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def _text(self, prompts: Sequence[str | None]) -> Tensor:
+        return tokenize_batch(prompts, self.config.text_buckets, self.config.max_words)
+
+    def start_frame(self, options: SessionOptions) -> npt.NDArray[np.uint8]:
+        """The frame a session starts from: the start image, else the world's first frame."""
+        h, w = self.config.height, self.config.width
+        if options.image is not None:
+            return np.frombuffer(options.image, dtype=np.uint8).reshape(h, w, 3).copy()
+        return World(options.seed).render(0, 0, h, w, style_for_prompt(options.prompt))
+
+    def new_state(self, session_id: str, options: SessionOptions) -> TinyWorldState:
+        options.check_image(self._spec)
+        frame = to_pixels(self.start_frame(options))
+        cache = KVCache(self.config)
+        encode_keyframes(self.net, [cache], frame[None], self._text([options.prompt]), torch.zeros(1, 4))
+        return TinyWorldState(session_id, options, cache, frame)
+
+    def _prepare(self, batch: Sequence[tuple[Any, TickRequest]]) -> tuple[list[TinyWorldState], Tensor, Tensor]:
+        states: list[TinyWorldState] = []
+        features: list[npt.NDArray[np.float32]] = []
+        prompts: list[str | None] = []
+        for state, tick in batch:
+            if not isinstance(state, TinyWorldState):
+                raise TypeError(f"tinyworld got a foreign state: {type(state).__name__}")
+            vx, vy = velocity(tick.controls)
+            feature, _ = chunk_controls(state.motion, vx, vy, self.config.frames_per_chunk)
+            states.append(state)
+            features.append(feature)
+            prompts.append(tick.prompt if tick.prompt is not None else state.options.prompt)
+        return states, torch.from_numpy(np.stack(features)), self._text(prompts)
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+        if not batch:
+            return []
+        if len(batch) > self._spec.max_batch_size:
+            raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
+        states, controls, text = self._prepare(batch)
+        config = self.config
+        shape = (config.frames_per_chunk, 3, config.height, config.width)
+        noise = torch.stack([chunk_noise(state.generator, len(config.steps), shape) for state in states], dim=1)
+        keyframes = torch.stack([state.keyframe for state in states])
+        x0 = sample_chunk(self.net, [state.cache for state in states], noise, text, controls, keyframes)
+        frames = to_uint8(x0)  # [B, F, H, W, 3]
+        last = to_pixels(frames[:, -1])
+        encode_keyframes(self.net, [state.cache for state in states], last, text, controls[:, -1])
+        outputs = []
+        for row, (state, (_, tick)) in enumerate(zip(states, batch, strict=True)):
+            state.keyframe = last[row]
+            state.chunks += 1
+            outputs.append(build_chunk_envelope(frames[row], ChunkMetadata.from_tick(tick)))
+        return outputs
+
+    @torch.no_grad()
+    def observe(self, state: TinyWorldState, tick: TickRequest, frames: npt.NDArray[np.uint8]) -> None:
+        """Teacher forcing: append a true chunk (``uint8 [F, H, W, 3]``, made under ``tick``) to the context."""
+        _, controls, text = self._prepare([(state, tick)])
+        last = to_pixels(frames[-1])
+        encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
+        state.keyframe = last
+        state.chunks += 1
+
+    def release(self, state: Any) -> None:
+        if isinstance(state, TinyWorldState):
+            state.cache.clear()

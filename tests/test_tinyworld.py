@@ -1,0 +1,183 @@
+"""tinyworld: the cache-vs-full-sequence oracle, the shipped weights behind the model interface."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from worldserve import ChunkMetadata, ControlInput, TickRequest, parse_chunk_envelope  # noqa: E402
+from worldserve.models import SessionOptions, load_model  # noqa: E402
+from worldserve.models.tinyworld.adapter import TinyWorldModel  # noqa: E402
+from worldserve.models.tinyworld.cache import KVCache  # noqa: E402
+from worldserve.models.tinyworld.config import TinyWorldConfig  # noqa: E402
+from worldserve.models.tinyworld.data import CanvasBank, make_batch  # noqa: E402
+from worldserve.models.tinyworld.eval import StyleClassifier, phase_shift, psnr  # noqa: E402
+from worldserve.models.tinyworld.network import (  # noqa: E402
+    ChunkInputs,
+    KeyframeInputs,
+    TinyWorldNet,
+    keyframe_window,
+)
+from worldserve.models.tinyworld.sampler import SampleTrace, encode_keyframes, sample_chunk, to_pixels, to_uint8  # noqa: E402
+from worldserve.models.tinyworld.text import tokenize  # noqa: E402
+from worldserve.models.tinyworld.weights import DEFAULT_WEIGHTS, load_net  # noqa: E402
+from worldserve.models.world import STYLES, World  # noqa: E402
+
+KEYS = "worldserve.keys.v1"
+CAMERA = "worldserve.camera.v1"
+
+
+def keys(*held: str) -> ControlInput:
+    return ControlInput("keys", KEYS, {"held": list(held)})
+
+
+def tick(session: str, chunk: int, *controls: ControlInput, prompt: str | None = None) -> TickRequest:
+    return TickRequest(session, f"{session}-{chunk}", chunk, (), prompt, tuple(sorted(controls, key=lambda c: c.track)))
+
+
+@pytest.fixture(scope="module")
+def shipped() -> TinyWorldModel:
+    return TinyWorldModel()
+
+
+def _random_net(config: TinyWorldConfig) -> TinyWorldNet:
+    torch.manual_seed(3)
+    net = TinyWorldNet(config)
+    with torch.no_grad():  # zero-initialised gates would hide most of the network from the check
+        for parameter in net.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return net.eval()
+
+
+def _cached_vs_full(net: TinyWorldNet, chunks: int) -> float:
+    """Largest |x0| difference between a cached chunk-by-chunk rollout and the no-cache full forward."""
+    config = net.config
+    batch = make_batch(np.random.default_rng(1), CanvasBank([11, 12], 160), 2, chunks, config)
+    caches = [KVCache(config) for _ in range(2)]
+    encode_keyframes(net, caches, batch.keyframes[:, 0], batch.keyframe_text[:, 0], batch.keyframe_controls[:, 0])
+    keyframes = [batch.keyframes[:, 0]]
+    traces = []
+    generator = torch.Generator().manual_seed(5)
+    shape = (len(config.steps), 2, config.frames_per_chunk, 3, config.height, config.width)
+    for n in range(chunks):
+        trace = SampleTrace()
+        noise = torch.randn(shape, generator=generator)
+        x0 = sample_chunk(net, caches, noise, batch.chunk_text[:, n], batch.chunk_controls[:, n], keyframes[-1], trace)
+        last = to_pixels(to_uint8(x0[:, -1]))
+        encode_keyframes(net, caches, last, batch.chunk_text[:, n], batch.chunk_controls[:, n, -1])
+        keyframes.append(last)
+        traces.append(trace)
+    assert caches[0].written == chunks + 1
+    kf = KeyframeInputs(
+        torch.stack(keyframes[:chunks], dim=1),
+        torch.cat([batch.keyframe_text[:, :1], batch.chunk_text[:, : chunks - 1]], dim=1),
+        torch.cat([batch.keyframe_controls[:, :1], batch.chunk_controls[:, : chunks - 1, -1]], dim=1),
+    )
+    worst = 0.0
+    with torch.no_grad():
+        for step, level in enumerate(config.steps):
+            noisy = torch.stack([trace.inputs[step] for trace in traces], dim=1)
+            full = net(kf, ChunkInputs(noisy, torch.full((2, chunks), level), batch.chunk_text, batch.chunk_controls))
+            cached = torch.stack([trace.outputs[step] for trace in traces], dim=1)
+            worst = max(worst, float((full - cached).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("chunks", [2, 7])
+def test_cached_rollout_equals_full_sequence_forward(chunks: int) -> None:
+    # window 2: from the 4th chunk on the window slides (keyframes drop out; the sink stays).
+    net = _random_net(TinyWorldConfig(window=2, dim=64, depth=2, heads=2, channels=(8, 16, 32)))
+    assert keyframe_window(6, 2) == [0, 4, 5]
+    assert _cached_vs_full(net, chunks) < 1e-4
+
+
+def test_shipped_weights_cached_rollout_equals_full_sequence_forward() -> None:
+    net = load_net()
+    assert _cached_vs_full(net, net.config.window + 3) < 1e-4
+
+
+def test_shipped_weights_run_through_the_model_interface(shipped: TinyWorldModel) -> None:
+    assert DEFAULT_WEIGHTS.stat().st_size <= 25 * 1024 * 1024
+    model = load_model("worldserve.models.tinyworld.adapter:TinyWorldModel")
+    spec = model.spec
+    assert (spec.name, spec.frames_per_chunk, spec.height, spec.width) == ("tinyworld", 4, 48, 48)
+    assert spec.styles == STYLES
+    assert spec.state_bytes >= shipped.config.cache_bytes()
+    state = model.new_state("s", SessionOptions(prompt="forest", seed=3))
+    for index, controls in enumerate(
+        [(keys("D"),), (keys(),), (ControlInput("camera", CAMERA, {"dx": -1.5, "dy": 3}),)]
+    ):
+        request = tick("s", index, *controls)
+        frames, metadata = parse_chunk_envelope(model.step([(state, request)])[0])
+        assert metadata == ChunkMetadata.from_tick(request)
+        assert frames.shape == (4, 48, 48, 3)
+        assert frames.dtype == np.uint8
+    model.release(state)
+
+
+def test_cache_memory_is_fixed(shipped: TinyWorldModel) -> None:
+    state = shipped.new_state("s", SessionOptions(seed=2))
+    size = state.cache.nbytes
+    for index in range(shipped.config.window + 4):
+        shipped.step([(state, tick("s", index, keys("W")))])
+    assert state.cache.nbytes == size
+    assert state.cache.written == shipped.config.window + 5
+    assert bool(state.cache.valid.all())
+
+
+def test_batched_step_equals_per_session_steps(shipped: TinyWorldModel) -> None:
+    sessions = [
+        ("a", SessionOptions(prompt="snow", seed=1), (keys("D"),)),
+        (
+            "b",
+            SessionOptions(prompt="a sandy desert", seed=2),
+            (ControlInput("camera", CAMERA, {"dx": 1.5, "dy": -2}),),
+        ),
+        ("c", SessionOptions(seed=3), ()),
+    ]
+    alone = []
+    for name, options, controls in sessions:
+        state = shipped.new_state(name, options)
+        alone.append([parse_chunk_envelope(shipped.step([(state, tick(name, i, *controls))])[0])[0] for i in range(3)])
+    states = [shipped.new_state(name, options) for name, options, _ in sessions]
+    together: list[list[np.ndarray]] = [[] for _ in sessions]
+    for i in range(3):
+        outs = shipped.step([(s, tick(n, i, *c)) for s, (n, _, c) in zip(states, sessions, strict=True)])
+        for k, envelope in enumerate(outs):
+            together[k].append(parse_chunk_envelope(envelope)[0])
+    for single, batched in zip(alone, together, strict=True):
+        for a, b in zip(single, batched, strict=True):
+            diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+            # Same session noise; only float summation order may differ with the batch size.
+            assert diff.max() <= 2
+            assert (diff > 0).mean() < 0.01
+
+
+@pytest.mark.parametrize("prompt", ["zxqv blorf 123", "", "ÜBER schnee ☃ snow!!", "word " * 200, None])
+def test_unknown_prompt_words_are_fine(shipped: TinyWorldModel, prompt: str | None) -> None:
+    assert len(tokenize(prompt, 4096, 16)) <= 32
+    state = shipped.new_state("s", SessionOptions(prompt=prompt, seed=4))
+    frames, _ = parse_chunk_envelope(shipped.step([(state, tick("s", 0, keys("A"), prompt=prompt))])[0])
+    assert frames.shape == (4, 48, 48, 3)
+
+
+def test_start_image_is_used(shipped: TinyWorldModel) -> None:
+    image = World(77).render(500, -300, 48, 48, "desert")
+    default = World(5).render(0, 0, 48, 48, "desert")
+    with_image = shipped.new_state("s", SessionOptions(prompt="desert", seed=5, image=image.tobytes()))
+    frames, _ = parse_chunk_envelope(shipped.step([(with_image, tick("s", 0, keys()))])[0])
+    assert psnr(frames[-1], image) > psnr(frames[-1], default) + 5.0
+    with pytest.raises(ValueError, match="48x48 RGB"):
+        shipped.new_state("t", SessionOptions(image=b"\x00" * 10))
+
+
+def test_evaluation_tools_work_on_true_frames() -> None:
+    world = World(1_000_001)
+    a = world.render(0, 0, 48, 48, "forest")
+    for step in [(2, 0), (-2, 2), (4, -3), (0, 0)]:
+        assert phase_shift(a, world.render(step[0], step[1], 48, 48, "forest")) == step
+    classifier = StyleClassifier.fit(range(1000, 1004), views=6)
+    hits = [classifier.predict(world.render(40 * i, 0, 48, 48, style)) == style for i in range(5) for style in STYLES]
+    assert np.mean(hits) >= 0.8
