@@ -28,6 +28,7 @@ __all__ = [
 BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
     {
         "procedural": "worldserve.models.procedural:ProceduralModel",
+        "tinyworld": "worldserve.models.tinyworld.adapter:TinyWorldModel",
     }
 )
 
