@@ -46,7 +46,7 @@ __all__ = ["TrainOptions", "main", "train"]
 @dataclass(slots=True)
 class TrainOptions:
     out: Path = Path("runs/tinyworld")
-    steps: int = 8000
+    steps: int = 5000
     batch: int = 16
     chunks: int = 4
     lr: float = 1.5e-3
@@ -59,13 +59,17 @@ class TrainOptions:
     refresh_count: int = 8
     context_noise: float = 0.15
     context_noise_probability: float = 0.5
-    context_blur_probability: float = 0.35
+    context_blur_probability: float = 0.5
     #: Weight of the motion path's own loss: its shifted keyframe vs the true frame where valid.
     motion_loss: float = 0.5
+    #: From this fraction of ``steps`` on, this share of batches trains on the model's own context
+    #: (each keyframe after the first replaced by the model's sample of the chunk that ends in it).
+    self_rollout_from: float = 0.4
+    self_rollout_probability: float = 0.4
     ema: float = 0.999
     bf16: bool = True
     checkpoint_minutes: float = 5.0
-    max_minutes: float = 0.0
+    max_minutes: float = 150.0
     log_every: int = 25
     export: Path | None = None
     export_only: bool = False
@@ -101,17 +105,46 @@ def corrupt_keyframes(frames: Tensor, generator: torch.Generator, options: Train
     return out.clamp(-1.0, 1.0)
 
 
-def training_loss(
+@torch.no_grad()
+def self_rollout_keyframes(
     net: TinyWorldNet, batch: Batch, generator: torch.Generator, options: TrainOptions
+) -> Tensor:
+    """Keyframes with ``1 .. N-1`` replaced by the model's own few-step samples (Self-Forcing, one step deep).
+
+    Every chunk is sampled from the true context with the serving sampler (all chunks at once
+    through the full-sequence forward, which equals the cached path); the last frame of each
+    sample, quantised to 8 bits like a served frame, becomes the next chunk's keyframe.
+    """
+    b, n = batch.chunks.shape[:2]
+    steps = net.config.steps
+    keyframes = KeyframeInputs(batch.keyframes, batch.keyframe_text, batch.keyframe_controls)
+    noise = torch.randn((len(steps), *batch.chunks.shape), generator=generator)
+    x = noise[0]
+    x0 = x
+    for index, level in enumerate(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+            x0 = net(keyframes, ChunkInputs(x, torch.full((b, n), level), batch.chunk_text, batch.chunk_controls))
+        x0 = x0.float()
+        if index + 1 < len(steps):
+            x = (1.0 - steps[index + 1]) * x0 + steps[index + 1] * noise[index + 1]
+    sampled = ((x0.clamp(-1.0, 1.0) + 1.0) * 127.5).round() / 127.5 - 1.0
+    out = batch.keyframes.clone()
+    out[:, 1:] = sampled[:, :-1, -1]
+    return out
+
+
+def training_loss(
+    net: TinyWorldNet, batch: Batch, generator: torch.Generator, options: TrainOptions, own_context: bool = False
 ) -> tuple[Tensor, dict[str, float]]:
     """Mean squared x0 error over every chunk of the batch, each chunk at one of the sampler's noise levels."""
     b, n = batch.chunks.shape[:2]
+    context = self_rollout_keyframes(net, batch, generator, options) if own_context else batch.keyframes
     levels = torch.tensor(net.config.steps)
     t = levels[torch.randint(0, len(levels), (b, n), generator=generator)]
     eps = torch.randn(batch.chunks.shape, generator=generator)
     tt = t[:, :, None, None, None, None]
     noisy = (1.0 - tt) * batch.chunks + tt * eps
-    keyframes = corrupt_keyframes(batch.keyframes, generator, options)
+    keyframes = corrupt_keyframes(context, generator, options)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
         x0, motion = net.forward_with_motion(
             KeyframeInputs(keyframes, batch.keyframe_text, batch.keyframe_controls),
@@ -267,7 +300,11 @@ def train(options: TrainOptions) -> Path:
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, options)
             batch = make_batch(rng, bank, options.batch, options.chunks, config)
-            loss, stats = training_loss(net, batch, generator, options)
+            own = step >= options.self_rollout_from * options.steps and bool(
+                rng.random() < options.self_rollout_probability
+            )
+            loss, stats = training_loss(net, batch, generator, options, own_context=own)
+            stats["own"] = float(own)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0))
