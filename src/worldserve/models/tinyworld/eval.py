@@ -87,10 +87,21 @@ def phase_shift(a: Frames, b: Frames, limit: int = 6) -> tuple[int, int]:
     return best
 
 
-def colour_histogram(frame: Frames, bins: int = 4) -> npt.NDArray[np.float64]:
-    q = (frame.reshape(-1, 3).astype(np.int64) * bins) // 256
-    index = (q[:, 0] * bins + q[:, 1]) * bins + q[:, 2]
-    hist: npt.NDArray[np.float64] = np.bincount(index, minlength=bins**3).astype(np.float64)
+#: Soft colour histograms: 8 bins per channel, each pixel spread over bins by a Gaussian of this
+#: width (levels), so a colour a few levels off does not jump to another bin (a hard bin edge
+#: can sit 2 levels from a palette colour).
+HISTOGRAM_BINS = 8
+HISTOGRAM_SIGMA = 16.0
+_CENTRES = (np.arange(HISTOGRAM_BINS) + 0.5) * (256.0 / HISTOGRAM_BINS)
+
+
+def colour_histogram(frame: Frames) -> npt.NDArray[np.float64]:
+    """Normalised soft joint RGB histogram, ``[bins ** 3]``."""
+    values = frame.reshape(-1, 3).astype(np.float64)
+    weights = np.exp(-0.5 * ((values[:, :, None] - _CENTRES[None, None, :]) / HISTOGRAM_SIGMA) ** 2)
+    weights /= weights.sum(axis=2, keepdims=True)
+    joint = np.einsum("pi,pj,pk->ijk", weights[:, 0], weights[:, 1], weights[:, 2], optimize=True)
+    hist: npt.NDArray[np.float64] = joint.reshape(-1)
     return hist / float(hist.sum())
 
 
