@@ -73,6 +73,8 @@ class TrainOptions:
     log_every: int = 25
     export: Path | None = None
     export_only: bool = False
+    #: Stop (resumably) after this many steps even if the schedule runs longer (0: never).
+    stop_after: int = 0
     config: TinyWorldConfig = field(default_factory=TinyWorldConfig)
 
 
@@ -336,7 +338,11 @@ def train(options: TrainOptions) -> Path:
                 record.update({key: round(value, 5) for key, value in running.items()})
                 log.write(json.dumps(record) + "\n")
                 log.flush()
-            out_of_time = (options.max_minutes > 0 and elapsed >= options.max_minutes * 60.0) or stop["signal"]
+            out_of_time = (
+                (options.max_minutes > 0 and elapsed >= options.max_minutes * 60.0)
+                or (options.stop_after > 0 and step >= options.stop_after)
+                or stop["signal"]
+            )
             if now - last_checkpoint >= options.checkpoint_minutes * 60.0 or step == options.steps or out_of_time:
                 checkpoint()
                 last_checkpoint = now
@@ -370,6 +376,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, default=config.depth)
     parser.add_argument("--window", type=int, default=config.window)
     parser.add_argument("--no-motion-path", action="store_true", help="ablation: no learned motion path")
+    parser.add_argument("--stop-after", type=int, default=0, help="stop (resumably) after this many steps")
     parser.add_argument("--export-only", action="store_true", help="write the checkpoint's EMA weights and stop")
     parser.add_argument(
         "--export",
@@ -397,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bf16=not args.no_bf16,
         export=args.export,
         export_only=args.export_only,
+        stop_after=args.stop_after,
         config=config,
     )
     path = train(options)
