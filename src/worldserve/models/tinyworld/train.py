@@ -66,6 +66,11 @@ class TrainOptions:
     #: (each keyframe after the first replaced by the model's sample of the chunk that ends in it).
     self_rollout_from: float = 0.4
     self_rollout_probability: float = 0.4
+    #: From this fraction of ``steps`` on, this share of batches trains the first (pure-noise) step
+    #: winner-takes-all over ``best_of`` noise draws (see :func:`training_loss`).
+    best_of_from: float = 0.5
+    best_of_probability: float = 0.3
+    best_of: int = 4
     ema: float = 0.999
     bf16: bool = True
     checkpoint_minutes: float = 5.0
@@ -136,22 +141,49 @@ def self_rollout_keyframes(
 
 
 def training_loss(
-    net: TinyWorldNet, batch: Batch, generator: torch.Generator, options: TrainOptions, own_context: bool = False
+    net: TinyWorldNet,
+    batch: Batch,
+    generator: torch.Generator,
+    options: TrainOptions,
+    own_context: bool = False,
+    best_of: int = 1,
+    skip_first_level: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Mean squared x0 error over every chunk of the batch, each chunk at one of the sampler's noise levels."""
+    """Mean squared x0 error over every chunk of the batch, each chunk at one of the sampler's noise levels.
+
+    With ``best_of = K > 1`` every chunk is at the first level (pure noise) and only the best of
+    ``K`` noise draws per chunk is trained on (winner-takes-all, as in IMLE): the first step then
+    learns to turn its noise into one plausible chunk instead of the blurry mean of all of them.
+    ``skip_first_level`` leaves that level out of an ordinary batch (it is then trained by the
+    winner-takes-all batches alone).
+    """
     b, n = batch.chunks.shape[:2]
     context = self_rollout_keyframes(net, batch, generator, options) if own_context else batch.keyframes
     levels = torch.tensor(net.config.steps)
-    t = levels[torch.randint(0, len(levels), (b, n), generator=generator)]
+    first = 1 if skip_first_level and len(levels) > 1 else 0
+    t = levels[torch.randint(first, len(levels), (b, n), generator=generator)]
     eps = torch.randn(batch.chunks.shape, generator=generator)
+    keyframes = corrupt_keyframes(context, generator, options)
+    key_inputs = KeyframeInputs(keyframes, batch.keyframe_text, batch.keyframe_controls)
+    if best_of > 1:
+        t = torch.full((b, n), levels[0].item())
+        best = eps
+        with torch.no_grad():
+            best_error = torch.full((b, n), float("inf"))
+            for index in range(best_of):
+                candidate = eps if index == 0 else torch.randn(batch.chunks.shape, generator=generator)
+                noisy = (1.0 - t[0, 0]) * batch.chunks + t[0, 0] * candidate
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+                    guess = net(key_inputs, ChunkInputs(noisy, t, batch.chunk_text, batch.chunk_controls))
+                candidate_error = ((guess.float() - batch.chunks) ** 2).mean(dim=(2, 3, 4, 5))
+                better = candidate_error < best_error
+                best = torch.where(better[:, :, None, None, None, None], candidate, best)
+                best_error = torch.minimum(best_error, candidate_error)
+        eps = best
     tt = t[:, :, None, None, None, None]
     noisy = (1.0 - tt) * batch.chunks + tt * eps
-    keyframes = corrupt_keyframes(context, generator, options)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
-        x0, motion = net.forward_with_motion(
-            KeyframeInputs(keyframes, batch.keyframe_text, batch.keyframe_controls),
-            ChunkInputs(noisy, t, batch.chunk_text, batch.chunk_controls),
-        )
+        x0, motion = net.forward_with_motion(key_inputs, ChunkInputs(noisy, t, batch.chunk_text, batch.chunk_controls))
     error = (x0.float() - batch.chunks) ** 2
     loss = error.mean()
     if motion is not None and options.motion_loss > 0:
@@ -305,8 +337,19 @@ def train(options: TrainOptions) -> Path:
             own = step >= options.self_rollout_from * options.steps and bool(
                 rng.random() < options.self_rollout_probability
             )
-            loss, stats = training_loss(net, batch, generator, options, own_context=own)
+            wta_phase = options.best_of > 1 and step >= options.best_of_from * options.steps
+            wta = wta_phase and bool(rng.random() < options.best_of_probability)
+            loss, stats = training_loss(
+                net,
+                batch,
+                generator,
+                options,
+                own_context=own,
+                best_of=options.best_of if wta else 1,
+                skip_first_level=wta_phase,
+            )
             stats["own"] = float(own)
+            stats["wta"] = float(wta)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0))
