@@ -75,8 +75,11 @@ class TinyWorldModel:
         *,
         weights: str | Path | None = None,
         max_batch_size: int = 16,
+        threads: int | None = None,
         net: TinyWorldNet | None = None,
     ) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.net = net if net is not None else load_net(None if weights is None else Path(weights))
         self.net.eval()
         config = self.net.config
