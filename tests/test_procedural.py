@@ -109,3 +109,15 @@ def test_a_step_that_raises_moves_no_state() -> None:
         model.step([(state, tick(0, keys("D"))), (object(), tick(0))])
     again = parse_chunk_envelope(model.step([(state, tick(0))])[0])[0]
     assert np.array_equal(again[0], World(3).render(0, 0, 48, 48, "islands"))  # still at the start view
+
+
+def test_a_builtin_model_without_its_extra_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("worldserve.models.tinyworld")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ModuleNotFoundError, match=r"'tinyworld' extra.*--model procedural"):
+        load_model("tinyworld")
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        load_model("nope")

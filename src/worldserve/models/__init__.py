@@ -16,6 +16,7 @@ from worldserve.models.base import ControlSchema, ModelSpec, SessionOptions, Spe
 
 __all__ = [
     "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
     "ControlSchema",
     "ModelSpec",
     "SessionOptions",
@@ -23,6 +24,9 @@ __all__ = [
     "WorldModel",
     "load_model",
 ]
+
+#: The model the runtime and the server use unless told otherwise.
+DEFAULT_MODEL = "tinyworld"
 
 #: Built-in model names and the ``module:factory`` that builds each.
 BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
@@ -32,6 +36,9 @@ BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: The extra each built-in model needs beyond ``models``.
+_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld"})
+
 
 def load_model(name: str, **options: Any) -> WorldModel:
     """Build a model by built-in name, or by ``"package.module:factory"`` for your own."""
@@ -39,7 +46,17 @@ def load_model(name: str, **options: Any) -> WorldModel:
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"unknown model {name!r}; built-in models: {sorted(BUILTIN_MODELS)}.")
-    factory = getattr(importlib.import_module(module_name), attribute)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if name in _EXTRAS and error.name is not None and not error.name.startswith("worldserve"):
+            raise ModuleNotFoundError(
+                f"model {name!r} needs the {_EXTRAS[name]!r} extra ({error.name} is missing): "
+                f"pip install 'worldserve[{_EXTRAS[name]}]', or choose --model procedural.",
+                name=error.name,
+            ) from error
+        raise
+    factory = getattr(module, attribute)
     model = factory(**options)
     if not isinstance(model, WorldModel):
         raise TypeError(f"{target} did not build a WorldModel (got {type(model).__name__}).")

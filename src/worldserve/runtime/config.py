@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from worldserve.models import DEFAULT_MODEL
 from worldserve.runtime.engine import EngineConfig
 from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
@@ -43,7 +44,7 @@ def parse_bytes(text: str) -> int:
 class RuntimeConfig:
     """Everything :class:`~worldserve.runtime.Runtime` needs to start."""
 
-    model: str = "procedural"
+    model: str = DEFAULT_MODEL
     model_options: Mapping[str, Any] = field(default_factory=dict)
     workers: int = 1
     executor: str = "multiprocess"
@@ -91,7 +92,11 @@ class RuntimeConfig:
     def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         """Add the runtime's flags (``--model``, ``--model-option``, ``--workers``, ...)."""
         group = parser.add_argument_group("runtime")
-        group.add_argument("--model", default="procedural", help="built-in model name or package.module:factory")
+        group.add_argument(
+            "--model",
+            default=DEFAULT_MODEL,
+            help="tinyworld (trained, the default), procedural (the exact world) or package.module:factory",
+        )
         group.add_argument(
             "--model-option",
             action="append",
