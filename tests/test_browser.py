@@ -8,6 +8,7 @@ reset must bring back the start view.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -35,8 +36,9 @@ def server() -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture
-def page(server: RunningServer) -> Iterator[Page]:
+@contextlib.contextmanager
+def open_page(server: RunningServer) -> Iterator[Page]:
+    """The player page of ``server`` in Debian's headless Chromium."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}; `make test` installs Debian's chromium package.")
     with sync_playwright() as playwright:
@@ -57,6 +59,12 @@ def page(server: RunningServer) -> Iterator[Page]:
         page.goto(server.http + "/")
         yield page
         browser.close()
+
+
+@pytest.fixture
+def page(server: RunningServer) -> Iterator[Page]:
+    with open_page(server) as opened:
+        yield opened
 
 
 def canvas(page: Page) -> npt.NDArray[np.uint8]:
