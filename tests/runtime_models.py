@@ -11,6 +11,7 @@ that cannot promise an untouched batch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -78,3 +79,12 @@ class Truth:
         style = style_for_prompt(prompt if prompt is not None else self.start_prompt)
         positions = self.motion.advance(*velocity(controls), self.frames)
         return np.stack([self.world.render(x, y, self.size, self.size, style) for x, y in positions])
+
+
+class ThreadsModel(ProceduralModel):
+    """The procedural world; its spec's description tells the thread limit its worker process got."""
+
+    @property
+    def spec(self) -> ModelSpec:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        return dataclasses.replace(super().spec, name="threads", description=f"OMP_NUM_THREADS={threads}")

@@ -184,6 +184,8 @@ def test_runtime_config_from_the_command_line() -> None:
             "0",
             "--batch-wait-ms",
             "5",
+            "--threads-per-worker",
+            "2",
         ]
     )
     config = RuntimeConfig.from_cli_arguments(args)
@@ -191,6 +193,7 @@ def test_runtime_config_from_the_command_line() -> None:
     assert (config.workers, config.memory_budget_bytes, config.tick_deadline_s) == (3, 2 * 2**20, None)
     assert config.batch_wait_s == 0.005
     assert config.worker_config().limits.capacity(1024) == 2048
+    assert config.worker_config().cpu_threads == 2
     with pytest.raises(ValueError, match="executor must be one of"):
         RuntimeConfig(executor="ray")
     with pytest.raises(ValueError, match="not a byte size"):

@@ -19,6 +19,7 @@ from worldserve.runtime import (
     Chunk,
     DeadlineExceededError,
     Runtime,
+    RuntimeConfig,
     SessionEvictedError,
     TickFailedError,
     WorkerDiedError,
@@ -278,3 +279,13 @@ async def test_a_slow_forward_does_not_stall_the_event_loop(executor: str) -> No
             time.sleep(0.1)  # noqa: ASYNC251 -- deliberately blocking the loop
 
         assert max(await loop_stalls(blocking, accept)) >= 0.1
+
+
+async def test_worker_processes_share_the_cpu_threads() -> None:
+    async with Runtime("runtime_models:ThreadsModel", workers=2, threads_per_worker=3) as rt:
+        assert rt.spec.description == "OMP_NUM_THREADS=3"
+    auto = RuntimeConfig(workers=2).worker_config().cpu_threads
+    assert auto == max(1, (os.cpu_count() or 1) // 2)
+    assert RuntimeConfig(executor="inprocess").worker_config().cpu_threads is None  # shares this process
+    with pytest.raises(ValueError, match="threads_per_worker"):
+        RuntimeConfig(threads_per_worker=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class RuntimeConfig:
     hang_timeout_s: float | None = None
     rpc_timeout_s: float | None = 60.0
     frame_buffer_bytes: int = DEFAULT_FRAME_BUFFER_BYTES  # shared memory per worker process; 0: frames via the pipe
+    #: CPU threads per worker process for its compute libraries; None: the machine's cores shared
+    #: evenly among the workers (workers that each take every core slow each other down).
+    threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -70,12 +74,21 @@ class RuntimeConfig:
             raise ValueError(f"max_pending_events must be a positive integer; got {self.max_pending_events!r}.")
         if isinstance(self.frame_buffer_bytes, bool) or not isinstance(self.frame_buffer_bytes, int):
             raise ValueError(f"frame_buffer_bytes must be a non-negative integer; got {self.frame_buffer_bytes!r}.")
+        if self.threads_per_worker is not None and (
+            isinstance(self.threads_per_worker, bool)
+            or not isinstance(self.threads_per_worker, int)
+            or self.threads_per_worker < 1
+        ):
+            raise ValueError(f"threads_per_worker must be a positive integer or None; got {self.threads_per_worker!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
 
     def worker_config(self) -> WorkerConfig:
         limits = ResidencyLimits(self.max_sessions_per_worker, self.memory_budget_bytes)
-        return WorkerConfig(self.model, dict(self.model_options), limits)
+        threads = self.threads_per_worker
+        if threads is None and self.executor == "multiprocess":
+            threads = max(1, (os.cpu_count() or 1) // self.workers)
+        return WorkerConfig(self.model, dict(self.model_options), limits, threads)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -117,6 +130,12 @@ class RuntimeConfig:
         group.add_argument(
             "--frame-buffer", type=parse_bytes, default=DEFAULT_FRAME_BUFFER_BYTES, help="shared memory per worker"
         )
+        group.add_argument(
+            "--threads-per-worker",
+            type=int,
+            default=None,
+            help="CPU threads per worker process (default: the cores shared evenly among the workers)",
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -134,6 +153,7 @@ class RuntimeConfig:
             hang_timeout_s=namespace.hang_timeout_s or None,
             rpc_timeout_s=namespace.rpc_timeout_s or None,
             frame_buffer_bytes=namespace.frame_buffer,
+            threads_per_worker=namespace.threads_per_worker,
         )
 
 

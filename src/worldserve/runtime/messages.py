@@ -54,6 +54,8 @@ class WorkerConfig:
     model: str
     model_options: Mapping[str, Any] = field(default_factory=dict)
     limits: ResidencyLimits = ResidencyLimits()
+    #: CPU threads for the worker's compute libraries (torch, OpenMP, BLAS); None leaves them be.
+    cpu_threads: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

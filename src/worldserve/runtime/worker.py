@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,7 +28,7 @@ from worldserve.runtime.messages import StepReport, WorkerConfig
 from worldserve.runtime.runner import ModelRunner
 from worldserve.runtime.wire import decode_ticks
 
-__all__ = ["ATTACH_FRAMES", "SHUTDOWN", "build_runner", "run_worker", "serve"]
+__all__ = ["ATTACH_FRAMES", "SHUTDOWN", "build_runner", "limit_threads", "run_worker", "serve"]
 
 _log = logging.getLogger(__name__)
 
@@ -42,10 +43,25 @@ def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
     return ModelRunner(load_model(config.model, **dict(config.model_options)), config.limits, worker=worker)
 
 
+def limit_threads(threads: int) -> None:
+    """Cap this process's compute threads; call before the model's libraries load.
+
+    OpenMP, MKL and OpenBLAS read their environment when they load (torch reads
+    ``OMP_NUM_THREADS``); torch, if already imported, is told directly.
+    """
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
 def run_worker(conn: Connection, config: WorkerConfig, worker: int) -> None:
     """The process entry point (``multiprocessing`` spawn target)."""
     # The parent owns shutdown: a Ctrl-C in its terminal must not kill workers mid-step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.cpu_threads is not None:
+        limit_threads(config.cpu_threads)
     try:
         runner = build_runner(config, worker)
     except BaseException as error:
