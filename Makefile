@@ -39,3 +39,4 @@ conformance: venv
 bench: venv
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/tinyworld.py

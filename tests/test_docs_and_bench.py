@@ -1,4 +1,4 @@
-"""The README's Python example and the runtime benchmark still run (small, in subprocesses)."""
+"""The README's Python example and the benchmarks still run (small, in subprocesses)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,12 @@ def test_runtime_benchmark_smoke() -> None:
     assert done.returncode == 0, done.stderr
     assert "chunks/s" in done.stdout
     assert re.search(r"batching at 8 sessions: [\d.]+x", done.stdout), done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_tinyworld_benchmark_smoke() -> None:
+    command = [sys.executable, "bench/tinyworld.py", "--chunks", "4", "--repeats", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=140, check=False)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\| 1 session, frames/s +\| [\d.]+ ", done.stdout), done.stdout
+    assert re.search(r"8 sessions batched, aggregate frames/s \| [\d.]+ \([\d.]+x one session\)", done.stdout)
