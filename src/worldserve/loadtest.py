@@ -169,6 +169,7 @@ def format_table(result: BenchResult) -> str:
     period = max((r.chunk_period for r in reports), default=0.0)
     bound = period + (statistics.median(compute) if compute else 0.0)
     p99 = _percentile(server_side, 0.99)
+    wait_p99 = _percentile(waits, 0.99)
     errors: Counter[str] = Counter()
     for report in reports:
         errors.update(report.errors)
@@ -186,10 +187,17 @@ def format_table(result: BenchResult) -> str:
             "event accepted->applied ms, server (p50 / p99 / max)",
             f"{_percentile(server_side, 0.5) * 1000:.0f} / {p99 * 1000:.0f} / {max(server_side, default=0) * 1000:.0f}",
         ),
-        ("bound: chunk period + chunk compute p50 (ms)", f"{bound * 1000:.0f} ({'met' if p99 <= bound else 'MISSED'})"),
         (
-            "wait for the chunk boundary ms (p99 vs period)",
-            f"{_percentile(waits, 0.99) * 1000:.0f} vs {period * 1000:.0f}",
+            "bound, overall: p99 vs chunk period + compute p50 (ms)",
+            f"{p99 * 1000:.1f} vs {bound * 1000:.1f} ({'met' if p99 <= bound else 'MISSED'})"
+            if server_side
+            else "- (no events applied)",
+        ),
+        (
+            "bound, per event: p99 of (applied - its chunk's compute) vs period (ms)",
+            f"{wait_p99 * 1000:.1f} vs {period * 1000:.1f} ({'met' if wait_p99 <= period else 'MISSED'})"
+            if waits
+            else "- (no events applied)",
         ),
         (
             "event sent->chunk received ms, client (p50 / p99)",
