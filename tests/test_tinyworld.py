@@ -181,3 +181,30 @@ def test_evaluation_tools_work_on_true_frames() -> None:
     classifier = StyleClassifier.fit(range(1000, 1004), views=6)
     hits = [classifier.predict(world.render(40 * i, 0, 48, 48, style)) == style for i in range(5) for style in STYLES]
     assert np.mean(hits) >= 0.8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
+def test_tinyworld_on_cuda_matches_cpu(shipped: TinyWorldModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    gpu = TinyWorldModel(device="cuda")
+    options = SessionOptions(prompt="forest", seed=1_000_077)
+    on_cpu, on_gpu = shipped.new_state("c", options), gpu.new_state("g", options)
+    for index in range(3):
+        a, _ = parse_chunk_envelope(shipped.step([(on_cpu, tick("c", index, keys("D")))])[0])
+        b, _ = parse_chunk_envelope(gpu.step([(on_gpu, tick("g", index, keys("D")))])[0])
+        assert psnr(a, b) > 35.0, index
+    assert on_gpu.cache.keys.device.type == "cuda"
+
+
+def test_bfloat16_serving_stays_close_to_float32() -> None:
+    exact, fast = TinyWorldModel(precision="float32"), TinyWorldModel(precision="bfloat16")
+    assert (exact.precision, fast.precision) == ("float32", "bfloat16")
+    options = SessionOptions(prompt="islands", seed=1_000_055)
+    a_state, b_state = exact.new_state("a", options), fast.new_state("b", options)
+    for index in range(3):
+        a, _ = parse_chunk_envelope(exact.step([(a_state, tick("a", index, keys("S")))])[0])
+        b, _ = parse_chunk_envelope(fast.step([(b_state, tick("b", index, keys("S")))])[0])
+        assert psnr(a, b) > 30.0, index
+    with pytest.raises(ValueError, match="precision must be"):
+        TinyWorldModel(precision="fp8")

@@ -76,12 +76,27 @@ class TinyWorldModel:
         weights: str | Path | None = None,
         max_batch_size: int = 16,
         threads: int | None = None,
+        device: str = "cpu",
+        precision: str = "auto",
         net: TinyWorldNet | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
+        #: Where the network and every session's cache live ("cpu", "cuda", "cuda:1", ...).
+        #: Noise is drawn on the CPU from each session's own generator, so a session's frames
+        #: do not depend on the device beyond float rounding.
+        self.device = torch.device(device)
         self.net = net if net is not None else load_net(None if weights is None else Path(weights))
+        self.net.to(self.device)
         self.net.eval()
+        #: bfloat16 autocast (weights and cache stay float32): on a GPU, or a CPU with native
+        #: bf16 (AVX512-BF16 / AMX), it is much faster at batch > 1; elsewhere float32.
+        if precision not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"precision must be auto, bfloat16 or float32; got {precision!r}.")
+        if precision == "auto":
+            native = self.device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            precision = "bfloat16" if native else "float32"
+        self.precision = precision
         config = self.net.config
         self.config = config
         state_bytes = config.cache_bytes() + 3 * config.height * config.width * 4 + 1024
@@ -107,7 +122,7 @@ class TinyWorldModel:
         return self._spec
 
     def _text(self, prompts: Sequence[str | None]) -> Tensor:
-        return tokenize_batch(prompts, self.config.text_buckets, self.config.max_words)
+        return tokenize_batch(prompts, self.config.text_buckets, self.config.max_words).to(self.device)
 
     def start_frame(self, options: SessionOptions) -> npt.NDArray[np.uint8]:
         """The frame a session starts from: the start image, else the world's first frame."""
@@ -116,11 +131,16 @@ class TinyWorldModel:
             return np.frombuffer(options.image, dtype=np.uint8).reshape(h, w, 3).copy()
         return World(options.seed).render(0, 0, h, w, style_for_prompt(options.prompt))
 
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
+
     def new_state(self, session_id: str, options: SessionOptions) -> TinyWorldState:
         options.check_image(self._spec)
-        frame = to_pixels(self.start_frame(options))
-        cache = KVCache(self.config)
-        encode_keyframes(self.net, [cache], frame[None], self._text([options.prompt]), torch.zeros(1, 4))
+        frame = to_pixels(self.start_frame(options)).to(self.device)
+        cache = KVCache(self.config, self.device)
+        zeros = torch.zeros(1, 4, device=self.device)
+        with self._autocast():
+            encode_keyframes(self.net, [cache], frame[None], self._text([options.prompt]), zeros)
         return TinyWorldState(session_id, options, cache, frame)
 
     def _prepare(self, batch: Sequence[tuple[Any, TickRequest]]) -> tuple[list[TinyWorldState], Tensor, Tensor]:
@@ -135,7 +155,7 @@ class TinyWorldModel:
             states.append(state)
             features.append(feature)
             prompts.append(tick.prompt if tick.prompt is not None else state.options.prompt)
-        return states, torch.from_numpy(np.stack(features)), self._text(prompts)
+        return states, torch.from_numpy(np.stack(features)).to(self.device), self._text(prompts)
 
     @torch.no_grad()
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
@@ -147,11 +167,14 @@ class TinyWorldModel:
         config = self.config
         shape = (config.frames_per_chunk, 3, config.height, config.width)
         noise = torch.stack([chunk_noise(state.generator, len(config.steps), shape) for state in states], dim=1)
+        noise = noise.to(self.device)
         keyframes = torch.stack([state.keyframe for state in states])
-        x0 = sample_chunk(self.net, [state.cache for state in states], noise, text, controls, keyframes)
+        with self._autocast():
+            x0 = sample_chunk(self.net, [state.cache for state in states], noise, text, controls, keyframes)
         frames = to_uint8(x0)  # [B, F, H, W, 3]
-        last = to_pixels(frames[:, -1])
-        encode_keyframes(self.net, [state.cache for state in states], last, text, controls[:, -1])
+        last = to_pixels(frames[:, -1]).to(self.device)
+        with self._autocast():
+            encode_keyframes(self.net, [state.cache for state in states], last, text, controls[:, -1])
         outputs = []
         for row, (state, (_, tick)) in enumerate(zip(states, batch, strict=True)):
             state.keyframe = last[row]
@@ -163,8 +186,9 @@ class TinyWorldModel:
     def observe(self, state: TinyWorldState, tick: TickRequest, frames: npt.NDArray[np.uint8]) -> None:
         """Teacher forcing: append a true chunk (``uint8 [F, H, W, 3]``, made under ``tick``) to the context."""
         _, controls, text = self._prepare([(state, tick)])
-        last = to_pixels(frames[-1])
-        encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
+        last = to_pixels(frames[-1]).to(self.device)
+        with self._autocast():
+            encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
         state.keyframe = last
         state.chunks += 1
 

@@ -25,11 +25,11 @@ class KVCache:
 
     __slots__ = ("keys", "tokens_per_frame", "valid", "values", "window", "written")
 
-    def __init__(self, config: TinyWorldConfig) -> None:
+    def __init__(self, config: TinyWorldConfig, device: torch.device | str = "cpu") -> None:
         size = config.cache_slots * config.tokens_per_frame
-        self.keys = torch.zeros(config.depth, size, config.dim)
-        self.values = torch.zeros(config.depth, size, config.dim)
-        self.valid = torch.zeros(size, dtype=torch.bool)
+        self.keys = torch.zeros(config.depth, size, config.dim, device=device)
+        self.values = torch.zeros(config.depth, size, config.dim, device=device)
+        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
         self.tokens_per_frame = config.tokens_per_frame
         self.window = config.window
         #: Keyframes written so far (the sink is keyframe 0).

@@ -528,16 +528,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--strips", type=Path, default=None, help="write PNG strips of rollouts here")
+    parser.add_argument(
+        "--precision", choices=["auto", "bfloat16", "float32"], default="auto", help="as served (default: auto)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     path = args.weights or DEFAULT_WEIGHTS
-    model = TinyWorldModel(net=load_net(path), max_batch_size=max(16, args.batch))
+    model = TinyWorldModel(net=load_net(path), max_batch_size=max(16, args.batch), precision=args.precision)
     meta = read_metadata(path)
     report = evaluate(model, quick=args.quick, seed=args.seed, batch=args.batch, strips=args.strips)
     print()
     print(
         f"tinyworld eval: {path.name} (step {meta.get('step', '?')}, {meta.get('train_minutes', '?')} train min), "
-        f"held-out seeds >= {HELD_OUT_SEED}, {'quick' if args.quick else 'full'}, {report.seconds:.0f} s"
+        f"held-out seeds >= {HELD_OUT_SEED}, {model.precision}, {'quick' if args.quick else 'full'}, "
+        f"{report.seconds:.0f} s"
     )
     print(report.table())
     return 0

@@ -35,7 +35,7 @@ def to_pixels(frames: npt.NDArray[np.uint8]) -> Tensor:
 def to_uint8(x: Tensor) -> npt.NDArray[np.uint8]:
     """float ``[..., 3, H, W]`` in ``[-1, 1]`` -> ``uint8 [..., H, W, 3]``."""
     scaled = ((x.detach().float().clamp(-1.0, 1.0) + 1.0) * 127.5).round()
-    out: npt.NDArray[np.uint8] = scaled.movedim(-3, -1).to(torch.uint8).numpy()
+    out: npt.NDArray[np.uint8] = scaled.movedim(-3, -1).to(torch.uint8).cpu().numpy()
     return out
 
 
@@ -73,7 +73,7 @@ def sample_chunk(
     x = noise[0]
     x0 = x
     for index, level in enumerate(steps):
-        t = torch.full((b,), level)
+        t = torch.full((b,), level, device=noise.device)
         if index == 0 and level < 1.0:
             raise ValueError("the sampler starts from pure noise: steps[0] must be 1.0")
         x0 = net.denoise_chunk(x, t, text, controls, keyframe, context, valid)
@@ -96,7 +96,7 @@ def encode_keyframes(
 ) -> None:
     """The cache pass: each session's new keyframe ``frames`` [B, 3, H, W] attends to its cache, then joins it."""
     context, valid = gather(caches)
-    sink = torch.tensor([cache.written == 0 for cache in caches])
+    sink = torch.tensor([cache.written == 0 for cache in caches], device=frames.device)
     layers = net.encode_keyframe(frames, text, controls, sink, context, valid)
     for row, cache in enumerate(caches):
         cache.write([(k[row], v[row]) for k, v in layers])
