@@ -127,7 +127,11 @@ def test_cache_memory_is_fixed(shipped: TinyWorldModel) -> None:
     assert bool(state.cache.valid.all())
 
 
-def test_batched_step_equals_per_session_steps(shipped: TinyWorldModel) -> None:
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_batched_step_equals_per_session_steps(precision: str) -> None:
+    # bfloat16 kernels may pick other blockings by batch size on some CPUs: a few more levels of slack.
+    shipped = TinyWorldModel(precision=precision)
+    worst, share = (2, 0.01) if precision == "float32" else (24, 0.2)
     sessions = [
         ("a", SessionOptions(prompt="snow", seed=1), (keys("D"),)),
         (
@@ -151,8 +155,9 @@ def test_batched_step_equals_per_session_steps(shipped: TinyWorldModel) -> None:
         for a, b in zip(single, batched, strict=True):
             diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
             # Same session noise; only float summation order may differ with the batch size.
-            assert diff.max() <= 2
-            assert (diff > 0).mean() < 0.01
+            assert diff.max() <= worst, (precision, int(diff.max()))
+            assert (diff > 0).mean() < share, (precision, float((diff > 0).mean()))
+            assert psnr(a, b) > 35.0
 
 
 @pytest.mark.parametrize("prompt", ["zxqv blorf 123", "", "ÜBER schnee ☃ snow!!", "word " * 200, None])
