@@ -553,3 +553,21 @@ def test_envelope_metadata_missing_a_key_is_refused(missing: str) -> None:
     metadata = {key: value for key, value in _GOOD_METADATA.items() if key != missing}
     with pytest.raises(ValueError, match=f"^metadata.ar_diffusion is missing '{missing}'"):
         parse_chunk_envelope({"payload": None, "metadata": {CHUNK_METADATA_KEY: metadata}})
+
+
+def test_data_that_contains_itself_is_refused_like_any_bad_value() -> None:
+    cyclic: dict[str, Any] = {"a": 1}
+    cyclic["self"] = cyclic
+    looped: list[Any] = [1]
+    looped.append({"again": looped})
+    for bad in (cyclic, {"list": looped}):
+        with pytest.raises(ValueError, match=r"control\[keys\]\.data is not transport-safe: it contains itself"):
+            ControlInput("keys", "k.v1", bad)
+        with pytest.raises(ValueError, match="transport-safe"):
+            FrozenMap(bad)
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(50):  # deep, but finite and reasonable: fine
+        node["n"] = {}
+        node = node["n"]
+    assert ControlInput("keys", "k.v1", deep).to_dict()["data"] == deep

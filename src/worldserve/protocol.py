@@ -59,7 +59,8 @@ class FrozenMap(Mapping[str, Any]):
             return _wrap({})
         if not isinstance(value, Mapping):
             raise ValueError(f"FrozenMap needs a mapping; got {type(value).__name__} (data must be transport-safe).")
-        return _freeze_mapping(value, "value")
+        frozen: FrozenMap = _freeze_root(value, "value")
+        return frozen
 
     @classmethod
     def _trusted(cls, items: dict[str, Any]) -> FrozenMap:
@@ -142,6 +143,17 @@ def _wrap(items: dict[str, Any]) -> FrozenMap:
 # instead of calling ``_freeze`` for each; control data is mostly small dicts of numbers.
 
 
+def _freeze_root(value: Any, path: str) -> Any:
+    """:func:`_freeze` from the top, with a cycle (or absurd depth) reported like any other bad value."""
+    try:
+        return _freeze(value, path)
+    except RecursionError:
+        raise ValueError(
+            f"{path} is not transport-safe: it contains itself or is nested too deeply; "
+            "control data must be a finite JSON tree."
+        ) from None
+
+
 def _freeze(value: Any, path: Any) -> Any:
     kind = type(value)
     if kind is dict:
@@ -220,9 +232,10 @@ def freeze_transport_value(value: Any, *, path: str = "value") -> Any:
 
     Mappings become :class:`FrozenMap`, lists and tuples become tuples; already
     frozen parts are shared, not copied. Anything that is not JSON (other types,
-    non-string keys, NaN or infinite floats) raises ``ValueError`` naming its path.
+    non-string keys, NaN or infinite floats, a value that contains itself) raises
+    ``ValueError`` naming its path.
     """
-    return _freeze(value, path)
+    return _freeze_root(value, path)
 
 
 def thaw_transport_value(value: Any) -> Any:
@@ -301,7 +314,7 @@ class ControlInput:
                     f"control[{self.track}].data must be a mapping; got {type(data).__name__} "
                     "(control data must be transport-safe)."
                 )
-            object.__setattr__(self, "data", _freeze(data, f"control[{self.track}].data"))
+            object.__setattr__(self, "data", _freeze_root(data, f"control[{self.track}].data"))
 
     def to_dict(self) -> dict[str, Any]:
         """A detached JSON-ready copy: ``{"track", "schema", "data"}``."""
