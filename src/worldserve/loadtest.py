@@ -47,6 +47,9 @@ class ClientReport:
     applied: list[float] = field(default_factory=list)  # event accepted -> its chunk committed (server), seconds
     boundary_wait: list[float] = field(default_factory=list)  # the same minus that chunk's own tick time
     compute: list[float] = field(default_factory=list)  # server compute per chunk, seconds
+    queued: list[float] = field(default_factory=list)  # of that: waiting for a batch to start, seconds
+    model: list[float] = field(default_factory=list)  # of that: inside the model's step, seconds
+    batch_sizes: list[int] = field(default_factory=list)  # sessions in the step that made each chunk
     chunk_period: float = 0.0
 
 
@@ -81,6 +84,9 @@ async def _run_client(
                     report.chunks += 1
                     report.frames += int(chunk.frames.shape[0])
                     report.compute.append(chunk.timings.get("tick_ms", 0.0) / 1000.0)
+                    report.queued.append(chunk.timings.get("queued_ms", 0.0) / 1000.0)
+                    report.model.append(chunk.timings.get("model_ms", 0.0) / 1000.0)
+                    report.batch_sizes.append(chunk.batch_size)
                     tick = chunk.timings.get("tick_ms", 0.0) / 1000.0
                     for ms in chunk.applied_latency_ms:
                         report.applied.append(ms / 1000.0)
@@ -166,6 +172,9 @@ def format_table(result: BenchResult) -> str:
     server_side = [value for r in reports for value in r.applied]
     waits = [value for r in reports for value in r.boundary_wait]
     compute = [value for r in reports for value in r.compute]
+    queued = [value for r in reports for value in r.queued]
+    model = [value for r in reports for value in r.model]
+    batch_sizes = [value for r in reports for value in r.batch_sizes]
     period = max((r.chunk_period for r in reports), default=0.0)
     bound = period + (statistics.median(compute) if compute else 0.0)
     p99 = _percentile(server_side, 0.99)
@@ -183,6 +192,13 @@ def format_table(result: BenchResult) -> str:
             f"{_percentile(ttfc, 0.5) * 1000:.0f} / {_percentile(ttfc, 0.99) * 1000:.0f}" if ttfc else "-",
         ),
         ("chunk compute ms (p50)", f"{statistics.median(compute) * 1000:.1f}" if compute else "-"),
+        (
+            "  of it: queued for a batch / in the model (p50 ms); batch size (mean)",
+            f"{_percentile(queued, 0.5) * 1000:.1f} / {_percentile(model, 0.5) * 1000:.1f}; "
+            f"{statistics.mean(batch_sizes):.1f}"
+            if batch_sizes
+            else "-",
+        ),
         (
             "event accepted->applied ms, server (p50 / p99 / max)",
             f"{_percentile(server_side, 0.5) * 1000:.0f} / {p99 * 1000:.0f} / {max(server_side, default=0) * 1000:.0f}",
