@@ -34,6 +34,8 @@ __all__ = [
     "STYLE_WORDS",
     "Motion",
     "World",
+    "camera_control",
+    "keys_control",
     "style_for_prompt",
     "velocity",
 ]
@@ -90,6 +92,17 @@ CAMERA_SCHEMA = ControlSchema(
 )
 
 CONTROL_SCHEMAS: tuple[ControlSchema, ...] = (KEYS_SCHEMA, CAMERA_SCHEMA)
+
+
+def keys_control(*held: str) -> ControlInput:
+    """A ``keys`` control: the movement keys held now (none: stand still)."""
+    return ControlInput(KEYS_SCHEMA.track, KEYS_SCHEMA.schema, {"held": list(held)})
+
+
+def camera_control(dx: float, dy: float) -> ControlInput:
+    """A ``camera`` control: the pan velocity, px per frame."""
+    return ControlInput(CAMERA_SCHEMA.track, CAMERA_SCHEMA.schema, {"dx": dx, "dy": dy})
+
 
 _KEY_VECTORS = {"W": (0.0, -1.0), "S": (0.0, 1.0), "A": (-1.0, 0.0), "D": (1.0, 0.0)}
 

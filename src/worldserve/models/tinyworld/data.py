@@ -25,13 +25,13 @@ from torch import Tensor
 from worldserve.models.tinyworld.config import TinyWorldConfig
 from worldserve.models.tinyworld.text import tokenize_batch
 from worldserve.models.world import (
-    CAMERA_SCHEMA,
     DEFAULT_STYLE,
-    KEYS_SCHEMA,
     STYLE_WORDS,
     STYLES,
     Motion,
     World,
+    camera_control,
+    keys_control,
     style_for_prompt,
     velocity,
 )
@@ -207,11 +207,11 @@ def random_controls(rng: np.random.Generator) -> tuple[ControlInput, ...]:
     controls: list[ControlInput] = []
     if roll < 0.2:
         if rng.random() < 0.5:
-            controls.append(ControlInput(KEYS_SCHEMA.track, KEYS_SCHEMA.schema, {"held": []}))
+            controls.append(keys_control())
         return tuple(controls)
     if roll < 0.65 or roll >= 0.9:
         held = KEY_CHOICES[int(rng.integers(len(KEY_CHOICES)))]
-        controls.append(ControlInput(KEYS_SCHEMA.track, KEYS_SCHEMA.schema, {"held": list(held)}))
+        controls.append(keys_control(*held))
     if roll >= 0.65:
         dx, dy = (float(v) for v in np.round(rng.uniform(-4.0, 4.0, size=2) * 2.0) / 2.0)
         if rng.random() < 0.3:
@@ -219,7 +219,7 @@ def random_controls(rng: np.random.Generator) -> tuple[ControlInput, ...]:
                 dx = 0.0
             else:
                 dy = 0.0
-        controls.append(ControlInput(CAMERA_SCHEMA.track, CAMERA_SCHEMA.schema, {"dx": dx, "dy": dy}))
+        controls.append(camera_control(dx, dy))
     return tuple(sorted(controls, key=lambda control: control.track))
 
 
