@@ -39,7 +39,7 @@ from worldserve.models.procedural import ProceduralModel
 from worldserve.models.tinyworld.adapter import TinyWorldModel
 from worldserve.models.tinyworld.data import EVAL_FILLER, HELD_OUT_SEED, KEY_CHOICES, random_prompt
 from worldserve.models.tinyworld.weights import DEFAULT_WEIGHTS, load_net, read_metadata
-from worldserve.models.world import CAMERA_SCHEMA, KEYS_SCHEMA, STYLES, Motion, World, velocity
+from worldserve.models.world import STYLES, Motion, World, camera_control, keys_control, velocity
 from worldserve.protocol import ControlInput, TickRequest, parse_chunk_envelope
 
 __all__ = ["EvalReport", "StyleClassifier", "evaluate", "main", "phase_shift"]
@@ -143,25 +143,17 @@ class StyleClassifier:
         return bool(self.distances(frame)[index] <= self.ranges[index])
 
 
-def keys(*held: str) -> ControlInput:
-    return ControlInput(KEYS_SCHEMA.track, KEYS_SCHEMA.schema, {"held": list(held)})
-
-
-def camera(dx: float, dy: float) -> ControlInput:
-    return ControlInput(CAMERA_SCHEMA.track, CAMERA_SCHEMA.schema, {"dx": dx, "dy": dy})
-
-
 def eval_controls(rng: np.random.Generator, moving_only: bool = False) -> tuple[ControlInput, ...]:
     """A control snapshot: one of the 8 key directions, a camera pan, or (unless ``moving_only``) none."""
     roll = rng.random()
     if not moving_only and roll < 0.25:
-        return (keys(),)
+        return (keys_control(),)
     if roll < 0.7:
-        return (keys(*KEY_CHOICES[int(rng.integers(len(KEY_CHOICES)))]),)
+        return (keys_control(*KEY_CHOICES[int(rng.integers(len(KEY_CHOICES)))]),)
     while True:
         dx, dy = (float(v) for v in np.round(rng.uniform(-4.0, 4.0, size=2) * 2.0) / 2.0)
         if abs(dx) >= 1.0 or abs(dy) >= 1.0:
-            return (camera(dx, dy),)
+            return (camera_control(dx, dy),)
 
 
 @dataclass(slots=True)
@@ -283,6 +275,34 @@ def _session_options(rng: np.random.Generator, seed: int, style: str) -> Session
     return SessionOptions(prompt=random_prompt(rng, style, EVAL_FILLER), seed=seed)
 
 
+def _free_running_scripts(
+    rng: np.random.Generator,
+    sessions: int,
+    chunks: int,
+    first_seed: int,
+    name: str,
+    every: int,
+    start_moving: bool = False,
+) -> list[Script]:
+    """Sessions cycling through the styles, new controls every ``every`` chunks, no prompt changes.
+
+    The first chunk's controls are drawn (moving only if ``start_moving``) and then redrawn at
+    chunk 0, as the evaluation always did, so its random stream and results stay the same.
+    """
+    scripts = []
+    for session in range(sessions):
+        style = STYLES[session % len(STYLES)]
+        options = _session_options(rng, first_seed + session, style)
+        ticks = []
+        controls = eval_controls(rng, moving_only=start_moving)
+        for index in range(chunks):
+            if index % every == 0:
+                controls = eval_controls(rng)
+            ticks.append(_tick(f"{name}{session}", index, None, controls))
+        scripts.append(Script(options, ticks, [style]))
+    return scripts
+
+
 def fidelity(
     model: TinyWorldModel, truth: ProceduralModel, sessions: int, chunks: int, seed: int, report: EvalReport
 ) -> None:
@@ -353,17 +373,7 @@ def action_following(
 ) -> list[list[Frames]]:
     """Bar 2: free-running; direction of motion between consecutive generated frames."""
     rng = np.random.default_rng(seed)
-    scripts = []
-    for session in range(sessions):
-        style = STYLES[session % len(STYLES)]
-        options = _session_options(rng, HELD_OUT_SEED + 10_000 + seed + session, style)
-        ticks = []
-        controls = eval_controls(rng)
-        for index in range(chunks):
-            if index % 4 == 0:
-                controls = eval_controls(rng)
-            ticks.append(_tick(f"act{session}", index, None, controls))
-        scripts.append(Script(options, ticks))
+    scripts = _free_running_scripts(rng, sessions, chunks, HELD_OUT_SEED + 10_000 + seed, "act", every=4)
     runs = _run(model, scripts, batch)
     starts = [model.start_frame(s.options) for s in scripts]
     report.action_moving, report.action_exact, report.action_still, report.action_frames = _action_scores(
@@ -428,17 +438,9 @@ def drift(
 ) -> list[list[Frames]]:
     """Bar 4: long free-running rollouts keep their style and a plausible colour histogram."""
     rng = np.random.default_rng(seed)
-    scripts = []
-    for session in range(sessions):
-        style = STYLES[session % len(STYLES)]
-        options = _session_options(rng, HELD_OUT_SEED + 30_000 + seed + session, style)
-        ticks = []
-        controls = eval_controls(rng, moving_only=True)
-        for index in range(chunks):
-            if index % 6 == 0:
-                controls = eval_controls(rng)
-            ticks.append(_tick(f"dr{session}", index, None, controls))
-        scripts.append(Script(options, ticks, [style]))
+    scripts = _free_running_scripts(
+        rng, sessions, chunks, HELD_OUT_SEED + 30_000 + seed, "dr", every=6, start_moving=True
+    )
 
     def score(runs: list[list[Frames]], last: int | None = None) -> tuple[float, float, int]:
         style_hits = range_hits = total = 0
