@@ -40,7 +40,7 @@ __all__ = ["TinyWorldModel", "TinyWorldState"]
 class TinyWorldState:
     """One session: KV cache, last keyframe, view motion, noise generator."""
 
-    __slots__ = ("cache", "chunks", "generator", "keyframe", "motion", "options", "session_id")
+    __slots__ = ("cache", "generator", "keyframe", "motion", "options", "session_id")
 
     def __init__(self, session_id: str, options: SessionOptions, cache: KVCache, keyframe: Tensor) -> None:
         self.session_id = session_id
@@ -49,21 +49,12 @@ class TinyWorldState:
         self.keyframe = keyframe
         self.motion = Motion()
         self.generator = torch.Generator().manual_seed(options.seed)
-        self.chunks = 0
 
     def copy(self) -> TinyWorldState:
         """An independent copy (cache, motion and noise generator included)."""
-        cache = KVCache.__new__(KVCache)
-        cache.keys = self.cache.keys.clone()
-        cache.values = self.cache.values.clone()
-        cache.valid = self.cache.valid.clone()
-        cache.tokens_per_frame = self.cache.tokens_per_frame
-        cache.window = self.cache.window
-        cache.written = self.cache.written
-        twin = TinyWorldState(self.session_id, self.options, cache, self.keyframe.clone())
+        twin = TinyWorldState(self.session_id, self.options, self.cache.clone(), self.keyframe.clone())
         twin.motion = Motion(self.motion.x, self.motion.y)
         twin.generator.set_state(self.generator.get_state())
-        twin.chunks = self.chunks
         return twin
 
 
@@ -178,7 +169,6 @@ class TinyWorldModel:
         outputs = []
         for row, (state, (_, tick)) in enumerate(zip(states, batch, strict=True)):
             state.keyframe = last[row]
-            state.chunks += 1
             outputs.append(build_chunk_envelope(frames[row], ChunkMetadata.from_tick(tick)))
         return outputs
 
@@ -190,7 +180,6 @@ class TinyWorldModel:
         with self._autocast():
             encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
         state.keyframe = last
-        state.chunks += 1
 
     def release(self, state: Any) -> None:
         if isinstance(state, TinyWorldState):

@@ -53,6 +53,17 @@ class KVCache:
         self.valid[rows] = True
         self.written += 1
 
+    def clone(self) -> KVCache:
+        """An independent copy (same device, same ring position)."""
+        twin = KVCache.__new__(KVCache)
+        twin.keys = self.keys.clone()
+        twin.values = self.values.clone()
+        twin.valid = self.valid.clone()
+        twin.tokens_per_frame = self.tokens_per_frame
+        twin.window = self.window
+        twin.written = self.written
+        return twin
+
     def clear(self) -> None:
         self.keys.zero_()
         self.values.zero_()
