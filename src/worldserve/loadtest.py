@@ -83,11 +83,11 @@ async def _run_client(
                         report.ttfc = chunk.received_at - started
                     report.chunks += 1
                     report.frames += int(chunk.frames.shape[0])
-                    report.compute.append(chunk.timings.get("tick_ms", 0.0) / 1000.0)
+                    tick = chunk.timings.get("tick_ms", 0.0) / 1000.0
+                    report.compute.append(tick)
                     report.queued.append(chunk.timings.get("queued_ms", 0.0) / 1000.0)
                     report.model.append(chunk.timings.get("model_ms", 0.0) / 1000.0)
                     report.batch_sizes.append(chunk.batch_size)
-                    tick = chunk.timings.get("tick_ms", 0.0) / 1000.0
                     for ms in chunk.applied_latency_ms:
                         report.applied.append(ms / 1000.0)
                         report.boundary_wait.append(ms / 1000.0 - tick)
