@@ -88,3 +88,11 @@ class ThreadsModel(ProceduralModel):
     def spec(self) -> ModelSpec:
         threads = os.environ.get("OMP_NUM_THREADS")
         return dataclasses.replace(super().spec, name="threads", description=f"OMP_NUM_THREADS={threads}")
+
+
+class SlowStartModel(ProceduralModel):
+    """The procedural world, whose construction (a worker's start) takes ``load_s`` seconds."""
+
+    def __init__(self, *, load_s: float = 0.0, **options: Any) -> None:
+        time.sleep(load_s)
+        super().__init__(**options)

@@ -14,6 +14,7 @@ from worldserve import SessionError, SessionEvent, SessionStatus, WorkerLifecycl
 from worldserve.models import SessionOptions
 from worldserve.protocol import TickRequest
 from worldserve.runtime import (
+    AdmissionRefusedError,
     DeadlineExceededError,
     Engine,
     EngineConfig,
@@ -96,7 +97,16 @@ async def test_deadline_fails_the_session_closed_without_waiting_for_the_step() 
         assert caught.value.code == "deadline_exceeded"
         assert session.status is SessionStatus.FAILED
         assert rt.engine.worker_of(session.session_id) is None  # released on failure
-        await session.reset()  # behind the slow step, then a fresh state
+        # Its only worker is stalled in the late step: a reset is refused at once, not queued behind it.
+        with pytest.raises(AdmissionRefusedError, match="stalled in a step"):
+            await session.reset()
+        assert session.failure_code == "admission_refused"
+        while rt.engine.executor.is_alive(0):  # the step ends (the worker is no longer stalled) ...
+            try:
+                await session.reset()  # ... and then a fresh state
+                break
+            except AdmissionRefusedError:
+                await asyncio.sleep(0.05)
         chunk = await session.next_chunk()
         assert chunk.metadata.chunk_index == 0
         assert np.array_equal(chunk.frames, Truth(5).next(None, ()))

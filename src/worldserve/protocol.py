@@ -477,13 +477,26 @@ def build_chunk_envelope(payload: Any, metadata: ChunkMetadata) -> dict[str, Any
 
 
 def parse_chunk_envelope(envelope: object) -> tuple[Any, ChunkMetadata]:
-    """Split an envelope into ``(payload, ChunkMetadata)``; a malformed one raises ``ValueError``."""
+    """Split a chunk output into ``(payload, ChunkMetadata)``; a malformed one raises ``ValueError``.
+
+    Two shapes are taken, as vllm-omni 0.30.0 has both:
+
+    - the worker-side envelope a pipeline returns, ``{"payload": ..., "metadata":
+      {"ar_diffusion": {...}}}`` (exactly those two keys; :func:`build_chunk_envelope`);
+    - what ``AsyncOmni`` hands a consumer as ``multimodal_output``: the payload's keys
+      flattened beside ``metadata``, ``{"latents": ..., "metadata": {"ar_diffusion": {...}}}``;
+      the payload is then the mapping of every key but ``metadata``.
+    """
     outer = _require_mapping(envelope, "chunk envelope")
-    if "payload" not in outer:
-        raise ValueError("chunk envelope is missing 'payload'.")
     if "metadata" not in outer:
         raise ValueError("chunk envelope is missing 'metadata'.")
     metadata = _require_mapping(outer["metadata"], "chunk envelope metadata")
     if CHUNK_METADATA_KEY not in metadata:
         raise ValueError(f"chunk envelope metadata is missing {CHUNK_METADATA_KEY!r}.")
-    return outer["payload"], ChunkMetadata.from_dict(metadata[CHUNK_METADATA_KEY])
+    chunk = ChunkMetadata.from_dict(metadata[CHUNK_METADATA_KEY])
+    if "payload" in outer and len(outer) == 2:
+        return outer["payload"], chunk
+    payload = {key: value for key, value in outer.items() if key != "metadata"}
+    if not payload:
+        raise ValueError("chunk envelope is missing 'payload' (or payload keys beside 'metadata').")
+    return payload, chunk

@@ -12,7 +12,8 @@ Any failure fails closed: the worker's state is released and only ``reset()`` or
 All state changes happen in synchronous code between ``await`` points, so on one
 event loop they are atomic without a lock; the one lock serializes the operations
 that await a worker (a tick, a reset, a close). Model-defined control payloads stay
-opaque here. Standard library only.
+opaque here. Its errors are :mod:`worldserve.errors`' control-plane branch, re-exported
+here under the seed's names. Standard library only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
+from worldserve.errors import (
+    ChunkMetadataError,
+    ErrorCode,
+    EventQueueFullError,
+    InvalidEventError,
+    SessionError,
+    SessionExistsError,
+    SessionStateError,
+    StaleEventError,
+)
 from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
 from worldserve.stats import SessionCounters, SessionStats
 
@@ -45,6 +56,7 @@ __all__ = [
     "Session",
     "SessionError",
     "SessionEvent",
+    "SessionExistsError",
     "SessionLifecycle",
     "SessionManager",
     "SessionStateError",
@@ -52,42 +64,6 @@ __all__ = [
     "StaleEventError",
     "TickConsumer",
 ]
-
-
-class SessionError(RuntimeError):
-    """Base error of session operations; ``code`` is stable for transports."""
-
-    code = "session_error"
-
-
-class SessionStateError(SessionError):
-    """The operation is invalid in the session's current status."""
-
-    code = "invalid_state"
-
-
-class EventQueueFullError(SessionError):
-    """Accepting the event would exceed the bounded queue; retry after a chunk."""
-
-    code = "queue_full"
-
-
-class StaleEventError(SessionError):
-    """The event id is at or below the session's event floor."""
-
-    code = "stale_event"
-
-
-class ChunkMetadataError(SessionError):
-    """The tick consumer returned metadata for a different chunk."""
-
-    code = "metadata_mismatch"
-
-
-class InvalidEventError(SessionError, ValueError):
-    """The model cannot take an event's controls; raised at acceptance, not at its chunk."""
-
-    code = "invalid_control"
 
 
 class EventAcceptanceStatus(StrEnum):
@@ -255,7 +231,7 @@ def _failure_code(error: BaseException, fallback: str) -> str:
     if isinstance(code, str) and code:
         return code
     if isinstance(error, asyncio.CancelledError):
-        return "cancelled"
+        return ErrorCode.CANCELLED
     return fallback
 
 
@@ -334,6 +310,11 @@ class Session(Generic[TickOutputT]):
     def pending_event_count(self) -> int:
         """Accepted events not yet committed, including those of the tick in flight."""
         return len(self._pending)
+
+    @property
+    def pending_event_ids(self) -> tuple[int, ...]:
+        """Ids of the accepted events not yet committed, in order (the tick in flight's included)."""
+        return tuple(sorted(self._pending))
 
     @property
     def max_pending_events(self) -> int:
@@ -534,7 +515,7 @@ class Session(Generic[TickOutputT]):
     async def _fail_tick(self, tick_error: BaseException) -> None:
         self._inflight_event_floor = None
         self._failure = f"{type(tick_error).__name__}: {tick_error}"
-        self._failure_code = _failure_code(tick_error, "tick_failed")
+        self._failure_code = _failure_code(tick_error, ErrorCode.TICK_FAILED)
         self._move(SessionStatus.FAILED)
         self._counters.failures += 1
         # The forward may already have released the state; close is idempotent and also
@@ -596,7 +577,7 @@ class Session(Generic[TickOutputT]):
                     self._control_reducer.reset()
             except BaseException as error:
                 self._failure = f"reset failed: {type(error).__name__}: {error}"
-                self._failure_code = _failure_code(error, "reset_failed")
+                self._failure_code = _failure_code(error, ErrorCode.RESET_FAILED)
                 self._move(SessionStatus.FAILED)
                 self._counters.failures += 1
                 raise
@@ -672,7 +653,7 @@ class SessionManager(Generic[TickOutputT]):
     async def create_session(self, session_id: str | None = None) -> Session[TickOutputT]:
         resolved = session_id or self._session_id_factory()
         if resolved in self._sessions:
-            raise SessionStateError(f"session {resolved!r} already exists.")
+            raise SessionExistsError(f"session {resolved!r} already exists.")
         session: Session[TickOutputT] = Session(
             resolved,
             tick_consumer=self._tick_consumer,

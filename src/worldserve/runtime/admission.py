@@ -1,7 +1,7 @@
 """Admission: placing sessions on workers and (re)creating, evicting and releasing their states.
 
 Owns: the choice of worker for a new session (least loaded first, skipping at once the
-workers that are full of sessions with ticks in flight), the ``admit`` call with the
+workers that are down, stalled in a step, or full of sessions with ticks in flight), the ``admit`` call with the
 sessions the worker must not evict, recording evictions, resets (a fresh state on the
 session's own worker, or anywhere when it lost its state), releases that never wait
 behind a step, and fail-closed clean-up when an admission times out or is cancelled.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from worldserve.lifecycle import CLOSE_SESSION_RPC
@@ -53,27 +53,43 @@ class Admission:
         workers: Sequence[WorkerView],
         *,
         rpc_timeout_s: float | None,
+        stalled: Callable[[int], bool] = lambda index: False,
+        retry_after_s: float | None = None,
     ) -> None:
         self._executor = executor
         self._router = router
         self._counters = counters
         self._workers = workers
         self._rpc_timeout_s = rpc_timeout_s
+        self._stalled = stalled
+        self._retry_after_s = retry_after_s
         self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
 
     async def place(self, session_id: str, options: SessionOptions, timeout: float | None) -> int:
-        """Create the session's state on the least loaded worker that takes it; return that worker."""
-        ready = [worker.index for worker in self._workers if worker.ready]
-        if not ready:
-            raise WorkerDiedError("no worker is running; the runtime cannot admit sessions now.")
+        """Create the session's state on the least loaded worker that takes it; return that worker.
+
+        Admitted now or refused now: a worker that is down or restarting, stalled in a
+        step, or surely full is skipped without a call; one that refuses, dies or times
+        out while admitting is skipped for the next. When none takes the session,
+        :class:`AdmissionRefusedError` (with a retry hint) says why for each worker.
+        """
         refusals: list[str] = []
+        ready = []
+        for worker in self._workers:
+            if worker.ready:
+                ready.append(worker.index)
+            else:
+                refusals.append(f"worker {worker.index}: down, restarting")
         for index in self._router.placement_order(ready):
+            if self._stalled(index):
+                refusals.append(f"worker {index}: stalled in a step")
+                continue
             if not self._may_take(index):
                 refusals.append(f"worker {index}: full, every session has a tick in flight")
                 continue
             try:
                 await self.admit_on(index, session_id, options, timeout)
-            except AdmissionRefusedError as error:
+            except (AdmissionRefusedError, WorkerDiedError, RPCTimeoutError) as error:
                 refusals.append(str(error))
                 continue
             self._counters.admissions += 1
@@ -81,7 +97,8 @@ class Admission:
         self._counters.admissions_refused += 1
         raise AdmissionRefusedError(
             f"session {session_id!r} refused: no worker can make room ({'; '.join(refusals)}). "
-            "Close a session or try again later."
+            "Close a session or try again later.",
+            retry_after_s=self._retry_after_s,
         )
 
     def _may_take(self, index: int) -> bool:

@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from worldserve.errors import SessionExistsError
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
@@ -62,7 +63,10 @@ class EngineConfig:
     ``tick_deadline_s``: a tick not done by then fails its session (None: never);
     ``hang_timeout_s``: a step running this long gets its worker killed and replaced
     (None: never); ``rpc_timeout_s``: the default timeout of admissions, resets and
-    broadcasts; ``restart_workers``: replace a worker that died.
+    broadcasts; ``restart_workers``: replace a worker that died, retrying a failed start
+    after ``restart_backoff_s``, doubling up to ``restart_backoff_max_s``, until it
+    starts; ``stall_after_s``: a worker whose step has run longer than this (or past a
+    tick's deadline) is *stalled*: placement skips it.
     """
 
     batch_wait_s: float = 0.002
@@ -71,6 +75,9 @@ class EngineConfig:
     hang_timeout_s: float | None = None
     rpc_timeout_s: float | None = 60.0
     restart_workers: bool = True
+    restart_backoff_s: float = 0.5
+    restart_backoff_max_s: float = 10.0
+    stall_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_wait_s, bool) or not self.batch_wait_s >= 0:
@@ -82,6 +89,8 @@ class EngineConfig:
         _optional_positive(self.tick_deadline_s, "tick_deadline_s")
         _optional_positive(self.hang_timeout_s, "hang_timeout_s")
         _optional_positive(self.rpc_timeout_s, "rpc_timeout_s")
+        for name in ("restart_backoff_s", "restart_backoff_max_s", "stall_after_s"):
+            _optional_positive(getattr(self, name), name)
 
 
 class _Tick:
@@ -99,7 +108,7 @@ class _Tick:
 class _Worker:
     """One worker as the engine sees it."""
 
-    __slots__ = ("hang_timer", "index", "queue", "ready", "running", "timer")
+    __slots__ = ("hang_timer", "index", "overdue", "queue", "ready", "running", "timer")
 
     def __init__(self, index: int, queue: BatchQueue[_Tick]) -> None:
         self.index = index
@@ -108,6 +117,13 @@ class _Worker:
         self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
         self.hang_timer: asyncio.TimerHandle | None = None
         self.ready = False
+        self.overdue = False  # a tick of the step in flight missed its deadline
+
+    def stalled(self, now: float, stall_after_s: float) -> bool:
+        """Whether the step in flight is overdue (an admission would wait behind it): one of its
+        ticks missed its deadline, or it has run past ``stall_after_s``."""
+        running = self.running
+        return running is not None and (self.overdue or now - running[0].item.dispatched > stall_after_s)
 
     def pinned(self) -> frozenset[str]:
         """Sessions with a tick queued for, or running on, this worker (never evicted)."""
@@ -160,7 +176,13 @@ class Engine:
         for worker in self._workers:
             worker.ready = True
         self._admission = Admission(
-            self._executor, self._router, self._counters, self._workers, rpc_timeout_s=self.config.rpc_timeout_s
+            self._executor,
+            self._router,
+            self._counters,
+            self._workers,
+            rpc_timeout_s=self.config.rpc_timeout_s,
+            stalled=self._stalled,
+            retry_after_s=max(self.config.restart_backoff_s, self.spec.chunk_seconds),
         )
         self._state = "running"
 
@@ -251,6 +273,7 @@ class Engine:
     def _on_step_done(self, worker: _Worker, batch: list[Queued[_Tick]], done: asyncio.Future[Any]) -> None:
         if worker.running is batch:
             worker.running = None
+            worker.overdue = False
             if worker.hang_timer is not None:
                 worker.hang_timer.cancel()
                 worker.hang_timer = None
@@ -308,6 +331,8 @@ class Engine:
         if pending.future.done() or loop is None or self._state != "running":
             return
         waiting = worker.queue.discard(entry)
+        if not waiting:
+            worker.overdue = True  # its step runs on past a deadline: place new sessions elsewhere
         where = (
             f"still queued for worker {worker.index}"
             if waiting
@@ -330,6 +355,10 @@ class Engine:
             self._counters.workers_killed_hung += 1
             self._executor.kill(worker.index)
 
+    def _stalled(self, index: int) -> bool:
+        loop = self._loop
+        return loop is not None and self._workers[index].stalled(loop.time(), self.config.stall_after_s)
+
     def _cancel_timers(self, worker: _Worker) -> None:
         for timer in (worker.timer, worker.hang_timer):
             if timer is not None:
@@ -344,6 +373,7 @@ class Engine:
         worker = self._workers[index]
         worker.ready = False
         worker.running = None  # its step future fails with the same error
+        worker.overdue = False
         self._cancel_timers(worker)
         self._counters.worker_deaths += 1
         lost = self._router.worker_died(index, error)
@@ -354,17 +384,33 @@ class Engine:
             self._restarts[index] = asyncio.ensure_future(self._restart(worker))
 
     async def _restart(self, worker: _Worker) -> None:
+        """Replace a dead worker, retrying with backoff until it starts or the engine closes."""
+        delay = self.config.restart_backoff_s
         try:
-            await self._executor.restart(worker.index)
-        except Exception:
-            _log.exception("worker %d could not be restarted", worker.index)
-            return
+            while self._state == "running":
+                try:
+                    await self._executor.restart(worker.index)
+                except Exception as error:
+                    if self._state != "running":
+                        return
+                    self._counters.worker_restart_failures += 1
+                    _log.error(
+                        "worker %d could not be restarted (%s: %s); trying again in %.1f s",
+                        worker.index,
+                        type(error).__name__,
+                        error,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.config.restart_backoff_max_s)
+                    continue
+                if self._state == "running":
+                    self._counters.worker_restarts += 1
+                    worker.ready = True
+                    self._schedule(worker)
+                return
         finally:
             self._restarts.pop(worker.index, None)
-        if self._state == "running":
-            self._counters.worker_restarts += 1
-            worker.ready = True
-            self._schedule(worker)
 
     async def wait_workers_ready(self, timeout: float | None = None) -> None:
         """Wait until every worker restart in progress has finished."""
@@ -377,17 +423,18 @@ class Engine:
     async def add_session(self, session_id: str, options: SessionOptions, *, timeout: float | None = None) -> int:
         """Admit a new session: create its state on the least loaded worker that can take it.
 
-        Returns the worker. Raises :class:`AdmissionRefusedError` at once when no worker
-        can make room (each keeps sessions with a tick in flight), ``ValueError`` for
-        options the model cannot take.
+        Returns the worker. Admitted now or refused now: raises
+        :class:`AdmissionRefusedError` at once when no worker can make room (each keeps
+        sessions with a tick in flight), when every worker is down or restarting, or
+        stalled in a step; a worker that dies or times out while admitting is skipped
+        for the next. ``ValueError`` for options the model cannot take.
         """
         admission = self._require_admission()
         if session_id in self._router:
-            raise SessionStateError(f"session {session_id!r} is already admitted.")
+            raise SessionExistsError(f"session {session_id!r} is already admitted.")
         options.check_image(self.spec)
         self._router.add(session_id, options)
         try:
-            await self._await_a_worker(timeout)
             return await admission.place(session_id, options, timeout)
         except BaseException:
             self._router.remove(session_id)
@@ -396,9 +443,7 @@ class Engine:
     async def reset_session(self, session_id: str, *, timeout: float | None = None) -> None:
         """A fresh state from the session's options, at chunk 0: on its worker if it still
         has one, else wherever there is room. An unknown session is fine."""
-        admission = self._require_admission()
-        await self._await_a_worker(timeout)
-        await admission.reset(session_id, timeout)
+        await self._require_admission().reset(session_id, timeout)
 
     def release_session(self, session_id: str) -> None:
         """Release the session's state (a close); its worker applies it before any later call.
@@ -423,10 +468,6 @@ class Engine:
         self._require_running()
         assert self._admission is not None
         return self._admission
-
-    async def _await_a_worker(self, timeout: float | None) -> None:
-        if not any(worker.ready for worker in self._workers) and self._restarts:
-            await self.wait_workers_ready(timeout if timeout is not None else self.config.rpc_timeout_s)
 
     # -- collective RPC ------------------------------------------------------------------
 

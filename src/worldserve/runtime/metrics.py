@@ -40,6 +40,7 @@ class EngineStats:
     deadline_exceeded: int
     worker_deaths: int
     worker_restarts: int
+    worker_restart_failures: int
     workers_killed_hung: int
     # gauges
     sessions: int
@@ -68,6 +69,7 @@ class EngineCounters:
         "tick_latency",
         "ticks",
         "worker_deaths",
+        "worker_restart_failures",
         "worker_restarts",
         "workers_killed_hung",
     )
@@ -86,6 +88,7 @@ class EngineCounters:
         self.deadline_exceeded = 0
         self.worker_deaths = 0
         self.worker_restarts = 0
+        self.worker_restart_failures = 0
         self.workers_killed_hung = 0
 
     def snapshot(
@@ -105,6 +108,7 @@ class EngineCounters:
             deadline_exceeded=self.deadline_exceeded,
             worker_deaths=self.worker_deaths,
             worker_restarts=self.worker_restarts,
+            worker_restart_failures=self.worker_restart_failures,
             workers_killed_hung=self.workers_killed_hung,
             sessions=sessions,
             resident=resident,

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from worldserve.errors import ErrorCode
 from worldserve.models.base import ModelSpec, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -198,7 +199,8 @@ class ModelRunner:
             sid = tick.session_id
             if sid in seen:
                 results[index] = TickFailure(
-                    "out_of_sync", f"session {sid!r} has two ticks in one step; a session runs one tick at a time."
+                    ErrorCode.OUT_OF_SYNC,
+                    f"session {sid!r} has two ticks in one step; a session runs one tick at a time.",
                 )
                 continue
             seen.add(sid)
@@ -221,24 +223,24 @@ class ModelRunner:
         if resident is None:
             if sid in self._tombstones:
                 return TickFailure(
-                    "evicted",
+                    ErrorCode.EVICTED,
                     f"session {sid!r} was evicted from worker {self._worker} (idle, least recently used) "
                     "to admit another session; reset it to start over.",
                 )
             return TickFailure(
-                "not_resident",
+                ErrorCode.NOT_RESIDENT,
                 f"session {sid!r} holds no state on worker {self._worker}; reset it to start over.",
             )
         if tick.reset:
             if tick.chunk_index != 0:
                 self._drop(sid)
-                return TickFailure("out_of_sync", f"a reset tick must be chunk 0; got {tick.chunk_index}.")
+                return TickFailure(ErrorCode.OUT_OF_SYNC, f"a reset tick must be chunk 0; got {tick.chunk_index}.")
             self.reset_ar_diffusion_session(sid)
             resident = self._resident[sid]
         if tick.chunk_index != resident.next_chunk:
             self._drop(sid)
             return TickFailure(
-                "out_of_sync",
+                ErrorCode.OUT_OF_SYNC,
                 f"tick for chunk {tick.chunk_index} of session {sid!r} does not continue its state "
                 f"(next chunk is {resident.next_chunk}); the state was released, reset the session.",
             )
@@ -266,12 +268,14 @@ class ModelRunner:
                     f" (in a batch of {len(group)} sessions; the model cannot isolate the failing one, "
                     "so every state of the batch was released)"
                 )
-            return [TickFailure("model_error", f"{detail}; reset the session to go on.")] * len(group)
+            return [TickFailure(ErrorCode.MODEL_ERROR, f"{detail}; reset the session to go on.")] * len(group)
         self._compute_s += time.perf_counter() - began
         if not isinstance(envelopes, list) or len(envelopes) != len(group):
             for _, sid, _, _ in group:
                 self._drop(sid)
-            failure = TickFailure("bad_output", f"model step returned {_describe(envelopes)} for {len(group)} ticks.")
+            failure = TickFailure(
+                ErrorCode.BAD_OUTPUT, f"model step returned {_describe(envelopes)} for {len(group)} ticks."
+            )
             return [failure] * len(group)
         return [self._finish(item, envelope) for item, envelope in zip(group, envelopes, strict=True)]
 
@@ -285,7 +289,7 @@ class ModelRunner:
                 raise ValueError(f"payload must be uint8 {list(expected)}; got {_describe(payload)}")
         except ValueError as error:
             self._drop(sid)
-            return TickFailure("bad_output", f"model output for session {sid!r} is not a chunk: {error}.")
+            return TickFailure(ErrorCode.BAD_OUTPUT, f"model output for session {sid!r} is not a chunk: {error}.")
         resident.next_chunk += 1
         if tick.close_session:
             self._drop(sid)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from worldserve.errors import SessionExistsError
 from worldserve.lifecycle import WorkerLifecycle
 from worldserve.models.base import ModelSpec, SessionOptions, SpecControlValidator
 from worldserve.runtime.chunk import Chunk
@@ -122,16 +123,19 @@ class Runtime:
     ) -> Session[Chunk]:
         """Admit a new world and return its session.
 
-        Raises ``AdmissionRefusedError`` (code ``admission_refused``) at once when no
-        worker can make room, ``ValueError`` for options the model cannot take, and
-        ``SessionStateError`` for an id already in use.
+        Admitted now or refused now: raises ``AdmissionRefusedError`` (code
+        ``admission_refused``, with a ``retry_after_s`` hint) at once when no worker can
+        take it (full, stalled in a step, down or restarting; a worker that dies while
+        admitting is skipped, so this never raises ``worker_died``), ``ValueError`` for
+        options the model cannot take, and ``SessionExistsError`` (a
+        ``SessionStateError``, code ``session_exists``) for an id already in use.
         """
         manager = self.manager
         await self._sweep_closed()
         options = SessionOptions(prompt=prompt, seed=seed, image=image)
         resolved = session_id or uuid.uuid4().hex
         if resolved in {session.session_id for session in manager}:
-            raise SessionStateError(f"session {resolved!r} already exists.")
+            raise SessionExistsError(f"session {resolved!r} already exists.")
         await self.engine.add_session(resolved, options)
         try:
             return await manager.create_session(resolved)

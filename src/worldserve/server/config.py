@@ -26,7 +26,7 @@ class ServerConfig:
     event_burst: int = 120
     #: A connection that sends nothing for this long is closed (seconds).
     idle_timeout: float = 300.0
-    #: Generation pauses while the client lags by more than this many un-acked chunks.
+    #: Generation pauses while this many chunks are un-acked (at most this many are in flight).
     max_lag_chunks: int = 3
     #: How many chunks generation may run ahead of playback time.
     lead_chunks: int = 1

@@ -3,7 +3,7 @@
 Owns, per connection: parsing and answering client messages (typed errors, never an
 exception out of the loop), the one session it started, a generation task that calls
 ``next_chunk()`` paced to playback (at most ``lead_chunks`` ahead of real time, and
-paused while the client lags by more than ``max_lag_chunks`` un-acked chunks), frame
+paused whenever ``max_lag_chunks`` chunks are un-acked), frame
 encoding off the event loop, forwarding of dropped-event records, and the release of
 the session on ``session.close``, on idle timeout and on disconnect.
 
@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from worldserve.errors import AdmissionRefusedError, ErrorCode
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ControlInput
 from worldserve.runtime.chunk import Chunk
@@ -33,7 +34,6 @@ from worldserve.server.messages import (
     ChunkFrames,
     ChunkMessage,
     ClientMessageError,
-    ErrorCode,
     ErrorMessage,
     InputAccepted,
     InputDropped,
@@ -52,14 +52,11 @@ from worldserve.server.messages import (
 from worldserve.server.metrics import ServerMetrics
 from worldserve.session import (
     EventAcceptanceStatus,
-    EventQueueFullError,
-    InvalidEventError,
     Session,
     SessionError,
     SessionEvent,
     SessionStateError,
     SessionStatus,
-    StaleEventError,
 )
 
 __all__ = ["Connection", "WorldBackend"]
@@ -78,12 +75,12 @@ class WorldBackend(Protocol):
     async def close_session(self, session_id: str) -> None: ...
 
 
-_SESSION_ERROR_CODES: dict[type[SessionError], ErrorCode] = {
-    InvalidEventError: ErrorCode.INVALID_CONTROL,
-    StaleEventError: ErrorCode.STALE_EVENT,
-    EventQueueFullError: ErrorCode.QUEUE_FULL,
-    SessionStateError: ErrorCode.INVALID_STATE,
-}
+def _wire_code(error: SessionError, fallback: ErrorCode) -> ErrorCode:
+    """The error's own code where it is one of the vocabulary's, else ``fallback``."""
+    try:
+        return ErrorCode(error.code)
+    except ValueError:
+        return fallback
 
 
 class Connection:
@@ -115,30 +112,72 @@ class Connection:
         self._started_at = 0.0
         self._first_chunk_sent = False
         self._accepted_at: dict[int, float] = {}  # pending event id -> when it was accepted
+        self._failure_reported: tuple[int, str | None, str | None] | None = None  # the last failure sent
+        self._reported_dropped: set[int] = set()  # pending ids already reported dropped with it
 
     # -- sending -------------------------------------------------------------------
 
     async def _send(self, message: BaseModel, *binary: bytes) -> None:
         """Send one JSON message and, contiguously, its binary frames."""
-        text = message.model_dump_json(by_alias=True, exclude_none=True)
+        await self._send_all((message,), binary)
+
+    async def _send_all(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
+        """Send JSON messages and binary frames contiguously: nothing else gets between them."""
+        texts = [message.model_dump_json(by_alias=True, exclude_none=True) for message in messages]
         async with self._send_lock:
-            await self._ws.send_text(text)
+            for text in texts:
+                await self._ws.send_text(text)
             for payload in binary:
                 await self._ws.send_bytes(payload)
 
     async def _error(
-        self, code: ErrorCode, message: str, *, message_id: str | None, event_id: int | None = None
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        message_id: str | None,
+        event_id: int | None = None,
+        retry_after_ms: int | None = None,
     ) -> None:
         self._metrics.client_errors.labels(code=code.value).inc()
-        await self._send(ErrorMessage(id=message_id, code=code, message=message, event_id=event_id))
+        await self._send(
+            ErrorMessage(id=message_id, code=code, message=message, event_id=event_id, retry_after_ms=retry_after_ms)
+        )
 
     async def _forward_dropped(self, session: Session[Chunk]) -> None:
+        """Tell the client of discarded events, except those already reported with ``session.failed``."""
         for record in session.take_dropped():
-            for event_id in record.event_ids:
+            event_ids = [event_id for event_id in record.event_ids if event_id not in self._reported_dropped]
+            self._reported_dropped.difference_update(record.event_ids)
+            for event_id in event_ids:
                 self._accepted_at.pop(event_id, None)
-            await self._send(
-                InputDropped(event_ids=list(record.event_ids), reason=record.reason.value, detail=record.detail)
-            )
+            if event_ids:
+                await self._send(InputDropped(event_ids=event_ids, reason=record.reason.value, detail=record.detail))
+
+    async def _report_failure(self, session: Session[Chunk], *, message_id: str | None = None) -> None:
+        """Send ``session.failed`` once per failure, with the events it can no longer apply.
+
+        The failed session keeps its pending events until a reset or close discards them
+        (the seed's behaviour), but it can never apply them: they are reported dropped
+        (``failed``) right behind ``session.failed``, in one contiguous send, and not again
+        when the reset or close discards them. Called by the generator when a tick fails,
+        and by any reply that refers to the failure, so that reply never overtakes it.
+        """
+        failure = session.failure
+        key = (session.epoch, session.failure_code, failure)
+        if session.status is not SessionStatus.FAILED or failure is None or key == self._failure_reported:
+            return
+        self._failure_reported = key
+        code = session.failure_code or ErrorCode.TICK_FAILED
+        self._metrics.session_failures.labels(code=code).inc()
+        messages: list[BaseModel] = [SessionFailed(id=message_id, code=code, message=failure)]
+        pending = session.pending_event_ids
+        if pending:
+            self._reported_dropped.update(pending)
+            for event_id in pending:
+                self._accepted_at.pop(event_id, None)
+            messages.append(InputDropped(event_ids=list(pending), reason="failed", detail=failure))
+        await self._send_all(tuple(messages))
 
     # -- the connection's life -----------------------------------------------------
 
@@ -231,10 +270,21 @@ class Connection:
         try:
             session = await self._backend.create_session(prompt=message.prompt, seed=message.seed, image=image)
         except SessionError as error:
-            code = ErrorCode.ADMISSION_REFUSED if error.code == "admission_refused" else ErrorCode.INTERNAL_ERROR
-            await self._error(code, str(error), message_id=message.id)
+            retry = error.retry_after_s if isinstance(error, AdmissionRefusedError) else None
+            await self._error(
+                _wire_code(error, ErrorCode.INTERNAL_ERROR),
+                str(error),
+                message_id=message.id,
+                retry_after_ms=None if retry is None else round(retry * 1000),
+            )
+            return
+        except ValueError as error:  # options the model cannot take
+            await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id)
             return
         self._session = session
+        self._failure_reported = None
+        self._reported_dropped.clear()
+        self._accepted_at.clear()  # event ids are the session's own
         self._media = message.options.media
         self._quality = message.options.quality
         self._stopping = False
@@ -283,8 +333,9 @@ class Connection:
             if acceptance.status is EventAcceptanceStatus.ACCEPTED:
                 self._accepted_at[acceptance.event_id] = self._clock()
         except SessionError as error:
-            code = _SESSION_ERROR_CODES.get(type(error), ErrorCode.INVALID_STATE)
+            code = _wire_code(error, ErrorCode.INVALID_STATE)
             if code is ErrorCode.INVALID_STATE and session.status is SessionStatus.FAILED:
+                await self._report_failure(session)  # the failure goes out before the reply that names it
                 detail = f"session failed ({session.failure}); send session.reset."
             else:
                 detail = str(error)
@@ -309,8 +360,8 @@ class Connection:
         except SessionStateError as error:
             await self._error(ErrorCode.INVALID_STATE, str(error), message_id=message.id)
             return
-        except Exception as error:
-            await self._send(SessionFailed(id=message.id, code="reset_failed", message=str(error)))
+        except Exception:
+            await self._report_failure(session, message_id=message.id)  # failed: reset_failed or its own code
             return
         self._acked_seq = self._sent_seq  # nothing of the old epoch counts as lag any more
         self._wake.set()
@@ -334,7 +385,7 @@ class Connection:
             # Waits for the tick in flight; the generator then sends that last chunk and stops.
             await self._backend.close_session(session.session_id)
         except Exception as error:
-            await self._send(SessionFailed(id=message_id, code="cleanup_failed", message=str(error)))
+            await self._send(SessionFailed(id=message_id, code=ErrorCode.CLEANUP_FAILED, message=str(error)))
             return
         await self._stop_generator(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
         self._session = None
@@ -404,10 +455,8 @@ class Connection:
                 chunk = await session.next_chunk()
             except SessionStateError:
                 continue  # a reset or close got in first
-            except Exception as error:
-                code = session.failure_code or "tick_failed"
-                self._metrics.session_failures.labels(code=code).inc()
-                await self._send(SessionFailed(code=code, message=session.failure or str(error)))
+            except Exception:
+                await self._report_failure(session)
                 continue
             chunk_epoch = session.epoch
             finished = self._clock()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
 
 import numpy as np
 import numpy.typing as npt
@@ -48,13 +49,20 @@ def decode_start_image(data: str, height: int, width: int) -> bytes:
     if len(blob) == height * width * 3:
         return blob
     try:
-        with Image.open(io.BytesIO(blob)) as image:
-            if image.format not in {"PNG", "JPEG"}:
-                raise ValueError(f"image must be PNG or JPEG (or raw RGB); got {image.format}.")
+        # Opening reads only the header; its size is checked before a single pixel is decoded.
+        # A header claiming a huge image (a decompression bomb) is refused by Pillow right there.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(blob), formats=("PNG", "JPEG"))
+        with image:
             if image.size != (width, height):
                 raise ValueError(f"image must be {width}x{height}; got {image.size[0]}x{image.size[1]}.")
             return np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes()
-    except (UnidentifiedImageError, OSError):
+    except Image.DecompressionBombError:
+        raise ValueError(
+            f"image must be {width}x{height}; its header claims an image too large to decode (a decompression bomb)."
+        ) from None
+    except (UnidentifiedImageError, OSError, SyntaxError):
         raise ValueError(
             f"image is neither PNG, JPEG nor raw RGB of {width}x{height} ({height * width * 3} bytes)."
         ) from None

@@ -2,7 +2,7 @@
 
 Owns: every JSON text message of ``WS /v1/world`` in both directions, their parsing
 (:func:`parse_client_message`, strict: no type coercion, no unknown fields), the
-stable error codes (:class:`ErrorCode`) and the JSON Schema the docs publish
+error codes (:class:`~worldserve.errors.ErrorCode`, re-exported) and the JSON Schema the docs publish
 (:func:`protocol_json_schema`). Frames travel as binary messages right after their
 ``chunk`` message; they are not modelled here.
 
@@ -12,10 +12,11 @@ Must not know: sockets, sessions, models.
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from worldserve.errors import ErrorCode
 
 __all__ = [
     "MAX_CONTROLS",
@@ -49,28 +50,6 @@ __all__ = [
 MAX_PROMPT_CHARS = 500
 MAX_CONTROLS = 16
 MAX_ID_CHARS = 64
-
-
-class ErrorCode(StrEnum):
-    """Stable codes of ``error`` and ``session.failed`` messages."""
-
-    # The client's fault: fix the message and go on.
-    INVALID_JSON = "invalid_json"
-    INVALID_MESSAGE = "invalid_message"
-    UNKNOWN_TYPE = "unknown_type"
-    MESSAGE_TOO_LARGE = "message_too_large"
-    RATE_LIMITED = "rate_limited"
-    NO_SESSION = "no_session"
-    SESSION_EXISTS = "session_exists"
-    UNKNOWN_MODEL = "unknown_model"
-    INVALID_IMAGE = "invalid_image"
-    INVALID_CONTROL = "invalid_control"
-    STALE_EVENT = "stale_event"
-    QUEUE_FULL = "queue_full"
-    INVALID_STATE = "invalid_state"
-    # The server's side: retry later, or reset.
-    ADMISSION_REFUSED = "admission_refused"
-    INTERNAL_ERROR = "internal_error"
 
 
 class _Message(BaseModel):
@@ -227,6 +206,9 @@ class ErrorMessage(_ServerMessage):
     code: ErrorCode
     message: str
     event_id: int | None = None
+    retry_after_ms: int | None = Field(
+        default=None, description="With admission_refused: when trying again may succeed (a hint)."
+    )
 
 
 class Pong(_ServerMessage):
@@ -277,6 +259,12 @@ def parse_client_message(text: str) -> SessionStart | InputEvent | SessionReset 
     if not isinstance(raw, dict):
         raise ClientMessageError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object with a 'type'.")
     message_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+    if "\\u" in text and (where := _unpaired_surrogate(raw, "message")) is not None:
+        # JSON may escape half of a UTF-16 pair ("\ud800"); no reply could carry it back.
+        echo = None if message_id is None or _unpaired_surrogate(message_id, "") is not None else message_id
+        raise ClientMessageError(
+            ErrorCode.INVALID_MESSAGE, f"{where} holds an unpaired UTF-16 surrogate (not valid Unicode text).", echo
+        )
     kind = raw.get("type")
     if kind not in _CLIENT_TYPES:
         raise ClientMessageError(
@@ -286,6 +274,27 @@ def parse_client_message(text: str) -> SessionStart | InputEvent | SessionReset 
         return _CLIENT_ADAPTER.validate_python(raw)
     except ValidationError as error:
         raise ClientMessageError(ErrorCode.INVALID_MESSAGE, f"invalid {kind}: {_describe(error)}", message_id) from None
+
+
+def _unpaired_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` that is not valid Unicode, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "value"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unpaired_surrogate(key, f"{path} key") or _unpaired_surrogate(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unpaired_surrogate(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def parse_server_message(text: str) -> Any:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from worldserve.errors import Surface, codes_at
 from worldserve.runtime.metrics import EngineStats
 from worldserve.session import SessionManager
 from worldserve.stats import HistogramSnapshot
@@ -108,6 +109,7 @@ _ENGINE_COUNTERS = (
     ("deadline_exceeded", "Ticks failed past their deadline."),
     ("worker_deaths", "Worker processes that died."),
     ("worker_restarts", "Worker processes started to replace dead ones."),
+    ("worker_restart_failures", "Replacement workers that failed to start (retried with backoff)."),
     ("workers_killed_hung", "Workers killed for hanging."),
 )
 
@@ -149,6 +151,12 @@ class ServerMetrics:
             ["code"],
             registry=self.registry,
         )
+        # Every code a client can meet is a label from the start (0 until it happens): the
+        # vocabulary (worldserve.errors), not this module, decides the label values.
+        for code in codes_at(Surface.MESSAGE) + codes_at(Surface.EVENT) + codes_at(Surface.START):
+            self.client_errors.labels(code=code.value)
+        for code in codes_at(Surface.TICK) + codes_at(Surface.LIFECYCLE):
+            self.session_failures.labels(code=code.value)
         self.registry.register(_RuntimeCollector(manager, engine_stats))
 
     def render(self) -> bytes:
