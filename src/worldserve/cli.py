@@ -1,4 +1,4 @@
-"""The ``worldserve`` command: ``serve``, ``bench`` and ``record``.
+"""The ``worldserve`` command: ``serve``, ``bench``, ``record`` and ``replay``.
 
 Owns: argument parsing, turning arguments into a :class:`ServerConfig` and a runtime,
 and running uvicorn. Must not know: what happens inside a connection or a session.
@@ -86,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", type=Path, default=Path("world.gif"), help=".gif or .mp4 (%(default)s)")
     record.add_argument("--scale", type=_positive_int, default=4, help="pixel upscaling (%(default)s)")
     record.add_argument("--token", default=None)
+
+    replay = commands.add_parser(
+        "replay",
+        help="regenerate a journaled session (serve --record-dir) through the runtime; write MP4/GIF",
+        description="Replay a session journal: the same model, options and per-chunk snapshots, frame for frame.",
+    )
+    replay.add_argument("journal", type=Path, help="a session journal (<record-dir>/<session_id>.jsonl)")
+    replay.add_argument("--out", type=Path, default=Path("replay.mp4"), help=".gif or .mp4 (%(default)s)")
+    replay.add_argument("--frames", type=Path, default=None, help="also save the raw frames (.npy)")
+    replay.add_argument("--scale", type=_positive_int, default=4, help="pixel upscaling (%(default)s)")
+    replay.add_argument(
+        "--executor", choices=("multiprocess", "inprocess"), default="multiprocess", help="(%(default)s)"
+    )
     return parser
 
 
@@ -145,10 +158,35 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from worldserve.record import write_video
+    from worldserve.replay import replay
+
+    result = asyncio.run(replay(args.journal, executor=args.executor))
+    write_video(result.frames, args.out, fps=result.start.fps, scale=args.scale)
+    if args.frames is not None:
+        import numpy as np
+
+        np.save(args.frames, result.frames)
+    note = (
+        ""
+        if result.same_model
+        else (
+            f" (journal: {result.start.model_version} {result.start.precision}; replayed with "
+            f"{result.model_version} {result.precision}: frames match only within the model's tolerance)"
+        )
+    )
+    print(
+        f"replayed {result.chunks} chunks ({len(result.frames)} frames) of {result.start.session_id} "
+        f"to {args.out}{note}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": _serve, "bench": _bench, "record": _record}
+    handlers = {"serve": _serve, "bench": _bench, "record": _record, "replay": _replay}
     return handlers[args.command](args)
 
 

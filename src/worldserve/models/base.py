@@ -71,6 +71,11 @@ class ModelSpec:
     #: True when a ``step`` that raises leaves every state of its batch unchanged, so the
     #: runtime may retry the batch's other sessions alone to isolate the failing one.
     atomic_step: bool = False
+    #: What exactly computes the frames (weights hash, generator version): replays compare it.
+    version: str = ""
+    #: The arithmetic the model runs in ("float32", "bfloat16", ...); frames are exactly
+    #: reproducible only at the same precision on the same machine.
+    precision: str = ""
 
     def __post_init__(self) -> None:
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
@@ -111,6 +116,8 @@ class ModelSpec:
             "styles": list(self.styles),
             "default_prompt": self.default_prompt,
             "description": self.description,
+            "version": self.version,
+            "precision": self.precision,
         }
 
 

@@ -18,7 +18,16 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.models.base import ModelSpec, SessionOptions
-from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, Motion, World, style_for_prompt, velocity
+from worldserve.models.world import (
+    CONTROL_SCHEMAS,
+    DEFAULT_STYLE,
+    STYLES,
+    WORLD_VERSION,
+    Motion,
+    World,
+    style_for_prompt,
+    velocity,
+)
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["ProceduralModel", "ProceduralState"]
@@ -64,6 +73,8 @@ class ProceduralModel:
             default_prompt=DEFAULT_STYLE,
             description="Exact procedural terrain renderer (ground truth for tinyworld; cheap load-test model).",
             atomic_step=True,
+            version=WORLD_VERSION,
+            precision="exact",
         )
 
     @property

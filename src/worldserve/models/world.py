@@ -31,6 +31,7 @@ __all__ = [
     "KEY_SPEED",
     "MAX_SPEED",
     "STYLES",
+    "WORLD_VERSION",
     "STYLE_WORDS",
     "Motion",
     "World",
@@ -210,6 +211,9 @@ _STYLE_TABLE: tuple[_Style, ...] = (
 
 #: Style names, in a fixed order (class indices of style classifiers follow it).
 STYLES: tuple[str, ...] = tuple(style.name for style in _STYLE_TABLE)
+
+#: Version of the world's generator (terrain, styles, motion): bump it when rendering changes.
+WORLD_VERSION = "world-1"
 DEFAULT_STYLE = "islands"
 #: The words that name each style in a prompt (:func:`style_for_prompt` takes the first one found).
 STYLE_WORDS: dict[str, tuple[str, ...]] = {style.name: style.words for style in _STYLE_TABLE}

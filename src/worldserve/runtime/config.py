@@ -61,6 +61,8 @@ class RuntimeConfig:
     #: CPU threads per worker process for its compute libraries; None: the machine's cores shared
     #: evenly among the workers (workers that each take every core slow each other down).
     threads_per_worker: int | None = None
+    #: Keep a journal (JSON Lines, no frames) of every session here, for exact replay (None: off).
+    record_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -136,6 +138,12 @@ class RuntimeConfig:
             default=None,
             help="CPU threads per worker process (default: the cores shared evenly among the workers)",
         )
+        group.add_argument(
+            "--record-dir",
+            default=None,
+            metavar="DIR",
+            help="keep a journal of every session in DIR (JSON Lines, no frames) for `worldserve replay`",
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -154,6 +162,7 @@ class RuntimeConfig:
             rpc_timeout_s=namespace.rpc_timeout_s or None,
             frame_buffer_bytes=namespace.frame_buffer,
             threads_per_worker=namespace.threads_per_worker,
+            record_dir=namespace.record_dir,
         )
 
 

@@ -27,8 +27,9 @@ from worldserve.runtime.config import RuntimeConfig
 from worldserve.runtime.engine import Engine
 from worldserve.runtime.errors import RuntimeClosedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
+from worldserve.runtime.journal import Journals
 from worldserve.runtime.metrics import EngineStats
-from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus
+from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus, TickConsumer
 from worldserve.stats import SessionStats
 
 __all__ = ["Runtime", "RuntimeStats"]
@@ -64,6 +65,8 @@ class Runtime:
             executor = InprocExecutor(self.config.worker_config(), self.config.workers)
         self.engine = Engine(executor, self.config.engine_config())
         self._manager: SessionManager[Chunk] | None = None
+        #: The session journals, when ``record_dir`` is set (``worldserve replay`` reads them).
+        self.journals: Journals | None = None
         self._started = False
 
     # -- starting and stopping ---------------------------------------------------------
@@ -74,8 +77,12 @@ class Runtime:
             raise SessionStateError("the runtime is already started.")
         self._started = True
         await self.engine.start()
+        consumer: TickConsumer[Chunk] = self.engine
+        if self.config.record_dir is not None:
+            self.journals = Journals(self.config.record_dir, self.engine, self.spec, dict(self.config.model_options))
+            consumer = self.journals
         self._manager = SessionManager(
-            tick_consumer=self.engine,
+            tick_consumer=consumer,
             lifecycle=WorkerLifecycle(self.engine, stage_ids=[0], timeout=self.config.rpc_timeout_s),
             max_pending_events=self.config.max_pending_events,
             control_validator=SpecControlValidator(self.engine.spec),
@@ -91,6 +98,8 @@ class Runtime:
                 except Exception:  # shutting down regardless
                     self.engine.forget_session(session.session_id)
         await self.engine.shutdown()
+        if self.journals is not None:
+            self.journals.close_all()
 
     async def __aenter__(self) -> Runtime:
         return await self.start()
@@ -136,17 +145,24 @@ class Runtime:
         resolved = session_id or uuid.uuid4().hex
         if resolved in {session.session_id for session in manager}:
             raise SessionExistsError(f"session {resolved!r} already exists.")
+        if self.journals is not None:
+            self.journals.path(resolved)  # a session id that cannot name a journal is refused first
         await self.engine.add_session(resolved, options)
         try:
-            return await manager.create_session(resolved)
+            session = await manager.create_session(resolved)
         except BaseException:
             self.engine.forget_session(resolved)
             raise
+        if self.journals is not None:
+            self.journals.open(resolved, options)
+        return session
 
     async def close_session(self, session_id: str) -> None:
         """Close the session (its worker releases the state) and drop its routing."""
         await self.manager.close_session(session_id)
         self.engine.forget_session(session_id)
+        if self.journals is not None:
+            self.journals.close(session_id)
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())

@@ -30,7 +30,7 @@ from worldserve.models.tinyworld.data import chunk_controls
 from worldserve.models.tinyworld.network import TinyWorldNet
 from worldserve.models.tinyworld.sampler import chunk_noise, encode_keyframes, sample_chunk, to_pixels, to_uint8
 from worldserve.models.tinyworld.text import tokenize_batch
-from worldserve.models.tinyworld.weights import load_net
+from worldserve.models.tinyworld.weights import load_net, weights_version
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, Motion, World, style_for_prompt, velocity
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
@@ -78,6 +78,7 @@ class TinyWorldModel:
         #: do not depend on the device beyond float rounding.
         self.device = torch.device(device)
         self.net = net if net is not None else load_net(None if weights is None else Path(weights))
+        version = "custom" if net is not None else weights_version(None if weights is None else Path(weights))
         self.net.to(self.device)
         self.net.eval()
         #: bfloat16 autocast (weights and cache stay float32): on a GPU, or a CPU with native
@@ -106,6 +107,8 @@ class TinyWorldModel:
                 "Trained block-causal diffusion transformer with a KV cache (attention sink + sliding window), "
                 f"{len(config.steps)}-step sampler; learns the procedural world."
             ),
+            version=version,
+            precision=precision,
         )
 
     @property

@@ -6,6 +6,7 @@ Owns: :data:`DEFAULT_WEIGHTS` (the trained weights shipped in the package),
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from worldserve.models.tinyworld.config import TinyWorldConfig
 from worldserve.models.tinyworld.network import TinyWorldNet
 
-__all__ = ["DEFAULT_WEIGHTS", "load_net", "read_metadata", "save_weights"]
+__all__ = ["DEFAULT_WEIGHTS", "load_net", "read_metadata", "save_weights", "weights_version"]
 
 #: The trained weights that ship with the package.
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld.safetensors"
@@ -50,6 +51,12 @@ def load_net(path: Path | None = None) -> TinyWorldNet:
     for parameter in net.parameters():
         parameter.requires_grad_(False)
     return net
+
+
+def weights_version(path: Path | None = None) -> str:
+    """``"sha256:<12 hex>"`` of the weights file (default: the shipped weights): what replays compare."""
+    target = DEFAULT_WEIGHTS if path is None else Path(path)
+    return "sha256:" + hashlib.sha256(target.read_bytes()).hexdigest()[:12]
 
 
 def count_parameters(net: torch.nn.Module) -> int:
