@@ -22,6 +22,7 @@ from worldserve.runtime.errors import AdmissionRefusedError, RPCTimeoutError, Ru
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.metrics import EngineCounters
 from worldserve.runtime.router import Router
+from worldserve.runtime.runner import ADMIT
 
 __all__ = ["Admission", "WorkerView"]
 
@@ -99,7 +100,7 @@ class Admission:
         pinned = self._workers[index].pinned()
         self._router.begin_admission(index)
         try:
-            evicted = await self.call(index, "admit", (session_id, options, pinned), timeout)
+            evicted = await self.call(index, ADMIT, (session_id, options, pinned), timeout)
         except AdmissionRefusedError:
             raise  # the runner refused before touching any state
         except BaseException:

@@ -37,6 +37,7 @@ from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.messages import StepReport, TickOutput
 from worldserve.runtime.metrics import EngineCounters, EngineStats
 from worldserve.runtime.router import Router
+from worldserve.runtime.runner import ADMIT, STEP
 from worldserve.runtime.scheduler import BatchQueue, Queued
 from worldserve.session import SessionStateError
 
@@ -45,7 +46,7 @@ __all__ = ["Engine", "EngineConfig"]
 _log = logging.getLogger(__name__)
 
 #: Runner methods only the engine may call (they would bypass batching, affinity and admission).
-_ENGINE_ONLY = frozenset({"step", "admit"})
+_ENGINE_ONLY = frozenset({STEP, ADMIT})
 
 
 def _optional_positive(value: float | None, name: str) -> None:
@@ -243,7 +244,7 @@ class Engine:
         worker.running = batch
         self._counters.batches += 1
         self._counters.batch_size.observe(len(batch))
-        future = self._executor.call(worker.index, "step", ([entry.item.tick for entry in batch],))
+        future = self._executor.step(worker.index, [entry.item.tick for entry in batch])
         future.add_done_callback(lambda done: self._on_step_done(worker, batch, done))
         if self.config.hang_timeout_s is not None:
             worker.hang_timer = loop.call_later(self.config.hang_timeout_s, self._on_hang, worker, batch)
