@@ -54,14 +54,7 @@ class Runtime:
         if model is not None:
             overrides["model"] = model
         self.config = dataclasses.replace(base, **overrides) if overrides else base
-        executor: Executor
-        if self.config.executor == "multiprocess":
-            executor = MultiprocExecutor(
-                self.config.worker_config(), self.config.workers, frame_buffer_bytes=self.config.frame_buffer_bytes
-            )
-        else:
-            executor = InprocExecutor(self.config.worker_config(), self.config.workers)
-        self.engine = Engine(executor, self.config.engine_config())
+        self.engine = Engine(_build_executor(self.config), self.config.engine_config())
         self._manager: SessionManager[Chunk] | None = None
         self._started = False
 
@@ -152,3 +145,21 @@ class Runtime:
         for session in list(self.manager):
             if session.status is SessionStatus.CLOSED:
                 await self.close_session(session.session_id)
+
+
+def _build_executor(config: RuntimeConfig) -> Executor:
+    """The executor the configuration names (Ray's is imported only when named)."""
+    if config.executor == "multiprocess":
+        return MultiprocExecutor(config.worker_config(), config.workers, frame_buffer_bytes=config.frame_buffer_bytes)
+    if config.executor == "ray":
+        from worldserve.runtime.executor.ray_actor import RayExecutor
+
+        return RayExecutor(
+            config.worker_config(),
+            config.workers,
+            address=config.ray_address,
+            num_cpus=config.ray_num_cpus,
+            num_gpus=config.ray_num_gpus,
+            resources=config.ray_resources,
+        )
+    return InprocExecutor(config.worker_config(), config.workers)
