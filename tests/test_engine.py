@@ -195,7 +195,7 @@ def test_runtime_config_from_the_command_line() -> None:
     assert config.worker_config().limits.capacity(1024) == 2048
     assert config.worker_config().cpu_threads == 2
     with pytest.raises(ValueError, match="executor must be one of"):
-        RuntimeConfig(executor="ray")
+        RuntimeConfig(executor="threads")
     with pytest.raises(ValueError, match="not a byte size"):
         parse_bytes("lots")
     with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):

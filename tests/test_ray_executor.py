@@ -8,9 +8,12 @@ killed, as when a machine vanishes) and added back.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -242,3 +245,21 @@ async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nod
     finally:
         server.stop()
     assert "Traceback" not in server.log()
+
+
+def test_ray_flags_and_no_ray_import_unless_named() -> None:
+    parser = argparse.ArgumentParser()
+    RuntimeConfig.add_cli_arguments(parser)
+    flags = ["--executor", "ray", "--ray-address", "head:6379", "--ray-num-gpus", "1", "--ray-resource", "worldserve=2"]
+    config = RuntimeConfig.from_cli_arguments(parser.parse_args(flags))
+    assert (config.executor, config.ray_address, config.ray_num_cpus, config.ray_num_gpus) == ("ray", "head:6379", 1, 1)
+    assert dict(config.ray_resources) == {"worldserve": 2.0}
+    with pytest.raises(ValueError, match="NAME=AMOUNT"):
+        RuntimeConfig.from_cli_arguments(parser.parse_args(["--ray-resource", "worldserve"]))
+    code = (
+        "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.cli;"
+        "from worldserve.runtime import Runtime; Runtime('procedural', executor='multiprocess');"
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
