@@ -21,6 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from server_harness import RunningServer, start_server
 from worldserve.client import SessionFailedError, WorldClient, WorldError, keys
 from worldserve.models.world import World
+from worldserve.server.messages import ADMISSION_RETRY_AFTER_MS
 
 TOKEN = "s3cret-token"
 
@@ -391,5 +392,19 @@ async def test_idle_connections_are_closed() -> None:
         await reply(ws, "session.started")
         closed = await reply(ws, "session.closed", timeout=10)
         assert closed["reason"] == "idle_timeout"
+    finally:
+        running.stop()
+
+
+async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint() -> None:
+    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "0")
+    try:
+        _, body = http_get(running.http + "/healthz")
+        assert json.loads(body)["capacity"] == {"free": 0, "workers_alive": 1}
+        async with WorldClient(running.ws) as world:
+            with pytest.raises(WorldError) as refused:
+                await world.start(seed=1)
+            assert refused.value.code == "admission_refused"
+            assert refused.value.retry_after_ms == ADMISSION_RETRY_AFTER_MS
     finally:
         running.stop()

@@ -62,6 +62,13 @@ class Admission:
         self._rpc_timeout_s = rpc_timeout_s
         self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
 
+    def free_slots(self) -> int | None:
+        """Session slots no session holds on ready workers (None: no residency limit)."""
+        ready = [worker.index for worker in self._workers if worker.ready]
+        if self._capacity is None:
+            return None if ready else 0
+        return sum(max(0, self._capacity - self._router.load(index)) for index in ready)
+
     async def place(self, session_id: str, options: SessionOptions, timeout: float | None) -> int:
         """Create the session's state on the least loaded worker that takes it; return that worker."""
         ready = [worker.index for worker in self._workers if worker.ready]

@@ -35,7 +35,7 @@ from worldserve.runtime.errors import (
 )
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.messages import StepReport, TickOutput
-from worldserve.runtime.metrics import EngineCounters, EngineStats
+from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
 from worldserve.runtime.runner import ADMIT, STEP
 from worldserve.runtime.scheduler import BatchQueue, Queued
@@ -474,6 +474,13 @@ class Engine:
         return list(await asyncio.gather(*(admission.call(index, method, args, timeout) for index in live)))
 
     # -- stats ---------------------------------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        """Room for new sessions now (what ``/healthz`` reports to a balancer)."""
+        if self._admission is None or self._state != "running":
+            return Capacity(free=0, workers_alive=0)
+        alive = sum(worker.ready for worker in self._workers)
+        return Capacity(free=self._admission.free_slots(), workers_alive=alive)
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot(

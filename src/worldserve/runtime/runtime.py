@@ -26,7 +26,7 @@ from worldserve.runtime.config import RuntimeConfig
 from worldserve.runtime.engine import Engine
 from worldserve.runtime.errors import RuntimeClosedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
-from worldserve.runtime.metrics import EngineStats
+from worldserve.runtime.metrics import Capacity, EngineStats
 from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus
 from worldserve.stats import SessionStats
 
@@ -136,6 +136,10 @@ class Runtime:
         """Close the session (its worker releases the state) and drop its routing."""
         await self.manager.close_session(session_id)
         self.engine.forget_session(session_id)
+
+    def capacity(self) -> Capacity:
+        """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
+        return self.engine.capacity()
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())

@@ -15,9 +15,10 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 __all__ = [
+    "ADMISSION_RETRY_AFTER_MS",
     "MAX_CONTROLS",
     "MAX_PROMPT_CHARS",
     "ChunkAck",
@@ -49,6 +50,12 @@ __all__ = [
 MAX_PROMPT_CHARS = 500
 MAX_CONTROLS = 16
 MAX_ID_CHARS = 64
+
+
+#: The retry hint an ``admission_refused`` error carries: room comes back when a session
+#: ends, an idle one can be evicted, or a worker (re)starts -- seconds, not minutes. A
+#: balancer or client waits this long, or tries another front-end at once.
+ADMISSION_RETRY_AFTER_MS = 1000
 
 
 class ErrorCode(StrEnum):
@@ -227,6 +234,20 @@ class ErrorMessage(_ServerMessage):
     code: ErrorCode
     message: str
     event_id: int | None = None
+    retry_after_ms: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="A hint: try again after this many milliseconds (always set on admission_refused).",
+        ),
+    ] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hint_admission(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("code") == ErrorCode.ADMISSION_REFUSED:
+            data.setdefault("retry_after_ms", ADMISSION_RETRY_AFTER_MS)
+        return data
 
 
 class Pong(_ServerMessage):
