@@ -37,7 +37,7 @@ from worldserve.runtime import (  # noqa: E402
     TickFailedError,
     WorkerDiedError,
 )
-from worldserve.runtime.executor.ray_actor import LOCAL_HEALTH_CHECK, RayExecutor  # noqa: E402
+from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG, RayExecutor  # noqa: E402
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,7 +73,7 @@ def nodes() -> Iterator[Nodes]:
     # Ray's worker processes import worldserve and the tests' models by name.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
     cluster = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_HEALTH_CHECK)}
+        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
     )
     result = Nodes(cluster)
     try:

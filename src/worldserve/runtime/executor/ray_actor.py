@@ -43,14 +43,21 @@ from worldserve.runtime.runner import STEP
 from worldserve.runtime.wire import decode_ticks, encode_ticks
 from worldserve.runtime.worker import Reply, answer, build_runner, limit_threads
 
-__all__ = ["LOCAL_HEALTH_CHECK", "RayExecutor", "RayWorker"]
+__all__ = ["LOCAL_SYSTEM_CONFIG", "RayExecutor", "RayWorker"]
 
 _log = logging.getLogger(__name__)
 
-#: Ray's node health checks when this executor starts a local Ray (Ray's defaults declare
-#: a silent node dead after ~15 s). For a cluster, pass the same to ``ray start --head
-#: --system-config`` (see docs/deploy.md); the executor's own pings bound detection anyway.
-LOCAL_HEALTH_CHECK: Mapping[str, int] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+#: Ray's system configuration when this executor starts a local Ray (for a cluster, pass the
+#: same to ``ray start --head --system-config``, see docs/deploy.md):
+#: node health checks every second, a node silent for 3 declared dead (Ray's defaults: ~15 s;
+#: the executor's pings bound detection anyway, but until Ray declares the node dead it may
+#: place a replacement there); and a step's reply (its frames) up to 4 MiB goes straight
+#: back to the caller instead of through Ray's object store (Ray's default: 100 KiB).
+LOCAL_SYSTEM_CONFIG: Mapping[str, int] = {
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+    "max_direct_call_object_size": 4 * 2**20,
+}
 
 _HEALTH_GROUP = "health"
 
@@ -100,6 +107,10 @@ class RayWorker:
         return True
 
 
+class _PlacementLost(Exception):
+    """A replacement actor died before it was ready, not because its model failed to load."""
+
+
 class _Actor:
     """One life of one worker as Ray sees it."""
 
@@ -127,6 +138,7 @@ class RayExecutor(Executor):
         ping_interval_s: float = 1.0,
         ping_timeout_s: float = 3.0,
         start_timeout: float = 300.0,
+        retry_s: float = 1.0,
     ) -> None:
         super().__init__(config, num_workers)
         self._address = address
@@ -136,6 +148,7 @@ class RayExecutor(Executor):
         self._ping_interval_s = ping_interval_s
         self._ping_timeout_s = ping_timeout_s
         self._start_timeout = start_timeout
+        self._retry_s = retry_s
         self._actors: list[_Actor | None] = [None] * num_workers
         self._remote: Any = None  # the actor class made remote, with its options
         self._started_ray = False
@@ -149,7 +162,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"address": self._address, "log_to_driver": True}
             if self._address is None:  # a local Ray of our own
-                kwargs.update(include_dashboard=False, _system_config=dict(LOCAL_HEALTH_CHECK))
+                kwargs.update(include_dashboard=False, _system_config=dict(LOCAL_SYSTEM_CONFIG))
                 self._started_ray = True
             _init_keeping_signals(ray, kwargs)
         gpus = self._num_gpus
@@ -174,11 +187,24 @@ class RayExecutor(Executor):
         self._pinger = asyncio.ensure_future(self._ping_forever())
 
     async def restart(self, worker: int) -> None:
-        """Start a replacement wherever Ray finds room; with none, wait until a node joins."""
+        """Start a replacement wherever Ray finds room; with none, wait until a node joins.
+
+        A replacement lost before it was ready (Ray placed it on a node that was dying and
+        not yet declared dead) is started again after ``retry_s``; only a model that cannot
+        load raises (``WorkerStartError``).
+        """
         if self._closed:
             raise RuntimeClosedError("the executor is shut down.")
         self.kill(worker)
-        await self._launch(worker, None)
+        while True:
+            try:
+                await self._launch(worker, None)
+                return
+            except _PlacementLost as lost:
+                _log.warning("worker %d: %s; starting another in %g s", worker, lost, self._retry_s)
+                await asyncio.sleep(self._retry_s)
+            if self._closed:
+                raise RuntimeClosedError("the executor is shut down.")
 
     async def _launch(self, index: int, timeout: float | None) -> None:
         ray = _ray()
@@ -195,6 +221,11 @@ class RayExecutor(Executor):
         except asyncio.CancelledError:
             ray.kill(actor.handle, no_restart=True)
             raise
+        except ray.exceptions.RayActorError as error:
+            ray.kill(actor.handle, no_restart=True)
+            if not error.actor_init_failed and timeout is None:
+                raise _PlacementLost(f"its replacement was lost before it was ready ({type(error).__name__})") from None
+            raise WorkerStartError(f"worker {index} could not start: {type(error).__name__}: {error}") from error
         except Exception as error:
             ray.kill(actor.handle, no_restart=True)
             raise WorkerStartError(f"worker {index} could not start: {type(error).__name__}: {error}") from error
@@ -223,6 +254,9 @@ class RayExecutor(Executor):
         ref.future().add_done_callback(lambda done: post(loop, self._settle, actor, request_id, done))
 
     def _settle(self, actor: _Actor, request_id: int, done: concurrent.futures.Future[Reply]) -> None:
+        if done.cancelled():
+            self._lost(actor, "a call to its Ray actor was cancelled")
+            return
         error = done.exception()
         if error is None:
             self._deliver(actor.life, request_id, done.result())
