@@ -1,7 +1,8 @@
 """The engine's counters, read-only from outside (a Prometheus exporter reads snapshots).
 
-Owns: :class:`EngineCounters` (mutable, written only by the engine on its event loop)
-and :class:`EngineStats`, its immutable snapshot with the engine's gauges.
+Owns: :class:`EngineCounters` (mutable, written only by the engine on its event loop),
+:class:`EngineStats`, its immutable snapshot with the engine's gauges, and
+:class:`Capacity` (room for new sessions, what ``/healthz`` reports).
 
 Must not know: the engine's logic, metrics libraries.
 """
