@@ -225,6 +225,16 @@ async def test_node_loss_fails_only_its_sessions_then_capacity_moves_and_returns
         assert np.array_equal(chunk.frames, Truth(21).next(None, ()))
         assert rt.stats().engine.tick_failures["worker_died"] == 2
 
+        # An idle worker's node vanishes: the executor's pings notice it without any tick.
+        deaths = rt.stats().engine.worker_deaths
+        nodes.remove(added)
+        await until(lambda: rt.stats().engine.worker_deaths == deaths + 1)
+        assert rt.engine.worker_of(fresh.session_id) is None  # its state is gone with the node
+        with pytest.raises(WorkerDiedError):
+            await fresh.next_chunk()
+        nodes.add()  # room again for the next test
+        await rt.engine.wait_workers_ready(timeout=60)
+
 
 async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nodes) -> None:
     address = nodes.cluster.address
