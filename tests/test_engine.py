@@ -25,6 +25,7 @@ from worldserve.runtime import (
     WorkerConfig,
 )
 from worldserve.runtime.config import parse_bytes
+from worldserve.runtime.metrics import Capacity
 from worldserve.runtime.scheduler import BatchQueue
 
 pytestmark = pytest.mark.timeout(30)
@@ -205,7 +206,7 @@ def test_runtime_config_from_the_command_line() -> None:
     assert config.worker_config().limits.capacity(1024) == 2048
     assert config.worker_config().cpu_threads == 2
     with pytest.raises(ValueError, match="executor must be one of"):
-        RuntimeConfig(executor="ray")
+        RuntimeConfig(executor="threads")
     with pytest.raises(ValueError, match="not a byte size"):
         parse_bytes("lots")
     with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):
@@ -219,3 +220,17 @@ async def test_a_model_that_cannot_load_fails_start_with_its_reason(executor: st
         await runtime.start()
     assert caught.value.code == "worker_start_failed"
     await runtime.aclose()
+
+
+async def test_capacity_counts_free_slots_on_ready_workers() -> None:
+    async with Runtime("procedural", executor="inprocess", workers=2, max_sessions_per_worker=2) as rt:
+        assert rt.capacity() == Capacity(free=4, workers_alive=2)
+        await rt.create_session(seed=1)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+        rt.engine.executor.kill(1)  # worker 1 is down until its replacement is ready
+        assert rt.capacity() == Capacity(free=1, workers_alive=1)
+        await rt.engine.wait_workers_ready(timeout=30)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+    async with Runtime("procedural", executor="inprocess") as unlimited:
+        assert unlimited.capacity() == Capacity(free=None, workers_alive=1)
+    assert unlimited.capacity() == Capacity(free=0, workers_alive=0)  # shut down

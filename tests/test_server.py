@@ -393,3 +393,18 @@ async def test_idle_connections_are_closed() -> None:
         assert closed["reason"] == "idle_timeout"
     finally:
         running.stop()
+
+
+async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint() -> None:
+    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "0")
+    try:
+        _, body = http_get(running.http + "/healthz")
+        assert json.loads(body)["capacity"] == {"free": 0, "workers_alive": 1}
+        async with WorldClient(running.ws) as world:
+            with pytest.raises(WorldError) as refused:
+                await world.start(seed=1)
+            assert refused.value.code == "admission_refused"
+            # The runtime's hint: the longer of a worker restart's first backoff and a chunk period.
+            assert refused.value.retry_after_ms == 500
+    finally:
+        running.stop()

@@ -58,11 +58,13 @@ class WorldClientError(Exception):
 class WorldError(Exception):
     """An ``error`` message from the server: ``code`` is stable (see docs/protocol.md)."""
 
-    def __init__(self, code: str, message: str, event_id: int | None = None) -> None:
+    def __init__(self, code: str, message: str, event_id: int | None = None, retry_after_ms: int | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.event_id = event_id
+        #: The server's hint (set on ``admission_refused``): try again after this many milliseconds.
+        self.retry_after_ms = retry_after_ms
 
 
 class SessionFailedError(WorldError):
@@ -192,7 +194,7 @@ class WorldClient:
         finally:
             self._replies.pop(message_id, None)
         if reply["type"] == "error":
-            raise WorldError(reply["code"], reply["message"], reply.get("event_id"))
+            raise WorldError(reply["code"], reply["message"], reply.get("event_id"), reply.get("retry_after_ms"))
         if reply["type"] == "session.failed":
             raise SessionFailedError(reply["code"], reply["message"])
         return reply

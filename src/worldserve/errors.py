@@ -210,7 +210,7 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             _S,
             "start lifecycle api",
             "no worker can make room for a new session now (all full, busy past their step, or restarting)",
-            "retry later",
+            "retry after `retry_after_ms`, here or on another front-end",
         ),
         ErrorCode.EVICTED: _info(
             _S, "tick", "the session's state was evicted (idle, least recently used) for another session", "reset"

@@ -22,6 +22,7 @@ from worldserve.runtime.errors import AdmissionRefusedError, RPCTimeoutError, Ru
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.metrics import EngineCounters
 from worldserve.runtime.router import Router
+from worldserve.runtime.runner import ADMIT
 
 __all__ = ["Admission", "WorkerView"]
 
@@ -64,6 +65,13 @@ class Admission:
         self._stalled = stalled
         self._retry_after_s = retry_after_s
         self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
+
+    def free_slots(self) -> int | None:
+        """Session slots no session holds on ready workers (None: no residency limit)."""
+        ready = [worker.index for worker in self._workers if worker.ready]
+        if self._capacity is None:
+            return None if ready else 0
+        return sum(max(0, self._capacity - self._router.load(index)) for index in ready)
 
     async def place(self, session_id: str, options: SessionOptions, timeout: float | None) -> int:
         """Create the session's state on the least loaded worker that takes it; return that worker.
@@ -116,7 +124,7 @@ class Admission:
         pinned = self._workers[index].pinned()
         self._router.begin_admission(index)
         try:
-            evicted = await self.call(index, "admit", (session_id, options, pinned), timeout)
+            evicted = await self.call(index, ADMIT, (session_id, options, pinned), timeout)
         except AdmissionRefusedError:
             raise  # the runner refused before touching any state
         except BaseException:

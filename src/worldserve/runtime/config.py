@@ -27,7 +27,7 @@ from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
 __all__ = ["EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
 
 #: The executors a configuration may name.
-EXECUTOR_NAMES = ("multiprocess", "inprocess")
+EXECUTOR_NAMES = ("multiprocess", "inprocess", "ray")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12})
@@ -63,11 +63,25 @@ class RuntimeConfig:
     threads_per_worker: int | None = None
     #: Keep a journal (JSON Lines, no frames) of every session here, for exact replay (None: off).
     record_dir: str | None = None
+    #: executor="ray": the cluster to join (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``);
+    #: None starts a local Ray (or uses the one this process already connected to).
+    ray_address: str | None = None
+    #: executor="ray": what each worker's actor reserves: CPUs, GPUs (None: 1 when the cluster
+    #: has GPUs, else 0) and custom resources (e.g. ``{"worldserve": 1}`` on the nodes meant for it).
+    ray_num_cpus: float = 1.0
+    ray_num_gpus: float | None = None
+    ray_resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a model name; got {self.model!r}.")
         object.__setattr__(self, "model_options", MappingProxyType(dict(self.model_options)))
+        object.__setattr__(self, "ray_resources", MappingProxyType(dict(self.ray_resources)))
+        for name, amount in [("ray_num_cpus", self.ray_num_cpus), ("ray_num_gpus", self.ray_num_gpus or 0)]:
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                raise ValueError(f"{name} must be a non-negative number; got {amount!r}.")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ValueError(f"ray_address must be a cluster address or None; got {self.ray_address!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be a positive integer; got {self.workers!r}.")
         if self.executor not in EXECUTOR_NAMES:
@@ -144,6 +158,22 @@ class RuntimeConfig:
             metavar="DIR",
             help="keep a journal of every session in DIR (JSON Lines, no frames) for `worldserve replay`",
         )
+        group.add_argument(
+            "--ray-address",
+            default=None,
+            help="--executor ray: the Ray cluster to join (e.g. auto, head:6379); default: start a local Ray",
+        )
+        group.add_argument("--ray-num-cpus", type=float, default=1.0, help="--executor ray: CPUs per worker actor")
+        group.add_argument(
+            "--ray-num-gpus", type=float, default=None, help="--executor ray: GPUs per worker (default: 1 if any)"
+        )
+        group.add_argument(
+            "--ray-resource",
+            action="append",
+            default=[],
+            metavar="NAME=AMOUNT",
+            help="--executor ray: a custom Ray resource each worker reserves (repeatable)",
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -163,7 +193,22 @@ class RuntimeConfig:
             frame_buffer_bytes=namespace.frame_buffer,
             threads_per_worker=namespace.threads_per_worker,
             record_dir=namespace.record_dir,
+            ray_address=namespace.ray_address,
+            ray_num_cpus=namespace.ray_num_cpus,
+            ray_num_gpus=namespace.ray_num_gpus,
+            ray_resources=dict(_parse_resource(item) for item in namespace.ray_resource),
         )
+
+
+def _parse_resource(item: str) -> tuple[str, float]:
+    name, sep, text = item.partition("=")
+    try:
+        amount = float(text)
+    except ValueError:
+        amount = -1.0
+    if not sep or not name or not amount >= 0:
+        raise ValueError(f"--ray-resource takes NAME=AMOUNT (a non-negative number); got {item!r}.")
+    return name, amount
 
 
 def _parse_option(item: str) -> tuple[str, Any]:

@@ -36,8 +36,9 @@ from worldserve.runtime.errors import (
 )
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.messages import StepReport, TickOutput
-from worldserve.runtime.metrics import EngineCounters, EngineStats
+from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
+from worldserve.runtime.runner import ADMIT, STEP
 from worldserve.runtime.scheduler import BatchQueue, Queued
 from worldserve.session import SessionStateError
 
@@ -46,7 +47,7 @@ __all__ = ["Engine", "EngineConfig"]
 _log = logging.getLogger(__name__)
 
 #: Runner methods only the engine may call (they would bypass batching, affinity and admission).
-_ENGINE_ONLY = frozenset({"step", "admit"})
+_ENGINE_ONLY = frozenset({STEP, ADMIT})
 
 
 def _optional_positive(value: float | None, name: str) -> None:
@@ -265,7 +266,7 @@ class Engine:
         worker.running = batch
         self._counters.batches += 1
         self._counters.batch_size.observe(len(batch))
-        future = self._executor.call(worker.index, "step", ([entry.item.tick for entry in batch],))
+        future = self._executor.step(worker.index, [entry.item.tick for entry in batch])
         future.add_done_callback(lambda done: self._on_step_done(worker, batch, done))
         if self.config.hang_timeout_s is not None:
             worker.hang_timer = loop.call_later(self.config.hang_timeout_s, self._on_hang, worker, batch)
@@ -514,6 +515,13 @@ class Engine:
         return list(await asyncio.gather(*(admission.call(index, method, args, timeout) for index in live)))
 
     # -- stats ---------------------------------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        """Room for new sessions now (what ``/healthz`` reports to a balancer)."""
+        if self._admission is None or self._state != "running":
+            return Capacity(free=0, workers_alive=0)
+        alive = sum(worker.ready for worker in self._workers)
+        return Capacity(free=self._admission.free_slots(), workers_alive=alive)
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot(

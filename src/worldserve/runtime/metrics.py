@@ -1,7 +1,8 @@
 """The engine's counters, read-only from outside (a Prometheus exporter reads snapshots).
 
-Owns: :class:`EngineCounters` (mutable, written only by the engine on its event loop)
-and :class:`EngineStats`, its immutable snapshot with the engine's gauges.
+Owns: :class:`EngineCounters` (mutable, written only by the engine on its event loop),
+:class:`EngineStats`, its immutable snapshot with the engine's gauges, and
+:class:`Capacity` (room for new sessions, what ``/healthz`` reports).
 
 Must not know: the engine's logic, metrics libraries.
 """
@@ -15,12 +16,25 @@ from types import MappingProxyType
 
 from worldserve.stats import HistogramSnapshot, LatencyHistogram
 
-__all__ = ["BATCH_SIZE_BUCKETS", "OVERHEAD_BUCKETS", "EngineCounters", "EngineStats"]
+__all__ = ["BATCH_SIZE_BUCKETS", "OVERHEAD_BUCKETS", "Capacity", "EngineCounters", "EngineStats"]
 
 #: Upper bounds of the batch-size histogram's buckets (the last bucket is +Inf).
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 #: Upper bounds (seconds) of the engine-overhead histogram's buckets: finer than latencies.
 OVERHEAD_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Room for new sessions now, for a load balancer to steer by.
+
+    ``free``: session slots no session holds on the workers that are ready (None:
+    unlimited -- no residency limit; a full worker may still admit by evicting an idle
+    session); ``workers_alive``: workers ready to take sessions.
+    """
+
+    free: int | None
+    workers_alive: int
 
 
 @dataclass(frozen=True, slots=True)

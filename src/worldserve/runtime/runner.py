@@ -33,15 +33,20 @@ from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
 from worldserve.runtime.messages import ResidencyLimits, ResidencyReport, StepReport, TickFailure, TickOutput
 
-__all__ = ["RUNNER_RPC_METHODS", "ModelRunner"]
+__all__ = ["ADMIT", "RUNNER_RPC_METHODS", "STEP", "ModelRunner"]
 
 _log = logging.getLogger(__name__)
+
+#: The batched model step (:meth:`ModelRunner.step`): the hot path, which executors may carry specially.
+STEP = "step"
+#: Creating a session's state (:meth:`ModelRunner.admit`); like :data:`STEP`, only the engine calls it.
+ADMIT = "admit"
 
 #: Methods an engine may call on a runner (anything else answers ``supported: False``).
 RUNNER_RPC_METHODS = frozenset(
     {
-        "admit",
-        "step",
+        ADMIT,
+        STEP,
         "reset_ar_diffusion_session",
         "close_ar_diffusion_session",
         "resident_sessions",

@@ -28,7 +28,7 @@ from worldserve.runtime.engine import Engine
 from worldserve.runtime.errors import RuntimeClosedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
 from worldserve.runtime.journal import Journals
-from worldserve.runtime.metrics import EngineStats
+from worldserve.runtime.metrics import Capacity, EngineStats
 from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus, TickConsumer
 from worldserve.stats import SessionStats
 
@@ -56,14 +56,7 @@ class Runtime:
         if model is not None:
             overrides["model"] = model
         self.config = dataclasses.replace(base, **overrides) if overrides else base
-        executor: Executor
-        if self.config.executor == "multiprocess":
-            executor = MultiprocExecutor(
-                self.config.worker_config(), self.config.workers, frame_buffer_bytes=self.config.frame_buffer_bytes
-            )
-        else:
-            executor = InprocExecutor(self.config.worker_config(), self.config.workers)
-        self.engine = Engine(executor, self.config.engine_config())
+        self.engine = Engine(_build_executor(self.config), self.config.engine_config())
         self._manager: SessionManager[Chunk] | None = None
         #: The session journals, when ``record_dir`` is set (``worldserve replay`` reads them).
         self.journals: Journals | None = None
@@ -164,6 +157,10 @@ class Runtime:
         if self.journals is not None:
             self.journals.close(session_id)
 
+    def capacity(self) -> Capacity:
+        """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
+        return self.engine.capacity()
+
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())
 
@@ -172,3 +169,21 @@ class Runtime:
         for session in list(self.manager):
             if session.status is SessionStatus.CLOSED:
                 await self.close_session(session.session_id)
+
+
+def _build_executor(config: RuntimeConfig) -> Executor:
+    """The executor the configuration names (Ray's is imported only when named)."""
+    if config.executor == "multiprocess":
+        return MultiprocExecutor(config.worker_config(), config.workers, frame_buffer_bytes=config.frame_buffer_bytes)
+    if config.executor == "ray":
+        from worldserve.runtime.executor.ray_actor import RayExecutor
+
+        return RayExecutor(
+            config.worker_config(),
+            config.workers,
+            address=config.ray_address,
+            num_cpus=config.ray_num_cpus,
+            num_gpus=config.ray_num_gpus,
+            resources=config.ray_resources,
+        )
+    return InprocExecutor(config.worker_config(), config.workers)

@@ -1,10 +1,12 @@
-"""A worker process's main loop: build the model and runner, then answer calls in order.
+"""The worker side: build the model and runner, answer calls in order; a worker process's main loop.
 
-Owns: the child side of one multiprocess worker -- it loads the model by name (so heavy
+Owns: turning one call into a reply for any executor (:func:`answer`: exceptions become
+``(code, message)``), and the child side of one multiprocess worker -- it loads the model by name (so heavy
 model libraries are imported only here), sends ``("ready", pid, spec)`` or
 ``("start_failed", message)``, then answers each ``(request_id, method, args, use_frames)``
-with ``(request_id, True, result)`` or ``(request_id, False, (code, message))``.
-Exceptions never cross the pipe; only codes and messages do. A step's ticks arrive in
+with ``(request_id, True, result)`` or ``(request_id, False, (code, message))``
+(:func:`answer`). Exceptions never cross the
+pipe; only codes and messages do. A step's ticks arrive in
 :mod:`~worldserve.runtime.wire`'s compact form. A step's frames go through
 the parent's shared-memory :class:`~worldserve.runtime.framebuf.FrameBuffer` when the
 parent allows it (``use_frames``) and they fit.
@@ -18,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,10 +28,10 @@ from worldserve.models import load_model
 from worldserve.runtime.errors import TickFailedError
 from worldserve.runtime.framebuf import FrameBuffer
 from worldserve.runtime.messages import StepReport, WorkerConfig
-from worldserve.runtime.runner import ModelRunner
+from worldserve.runtime.runner import STEP, ModelRunner
 from worldserve.runtime.wire import decode_ticks
 
-__all__ = ["ATTACH_FRAMES", "SHUTDOWN", "build_runner", "limit_threads", "run_worker", "serve"]
+__all__ = ["ATTACH_FRAMES", "SHUTDOWN", "Reply", "answer", "build_runner", "limit_threads", "run_worker", "serve"]
 
 _log = logging.getLogger(__name__)
 
@@ -37,10 +40,28 @@ SHUTDOWN = "__shutdown__"
 #: The method name that attaches the parent's shared-memory frame buffer: ``(name, slots, shape)``.
 ATTACH_FRAMES = "__attach_frames__"
 
+#: A worker's answer to one call: ``(True, result)`` or ``(False, (code, message))``.
+Reply = tuple[bool, Any]
+
 
 def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
     """Load the configured model and wrap it in a runner."""
     return ModelRunner(load_model(config.model, **dict(config.model_options)), config.limits, worker=worker)
+
+
+def answer(runner: ModelRunner, method: str, args: Sequence[Any], worker: int) -> Reply:
+    """Run one call on a runner, on the worker's side; exceptions become ``(code, message)``.
+
+    Exceptions never cross a boundary (a thread, a pipe, a machine): only codes and
+    messages do, and the executor's base turns them back into the coded error.
+    """
+    try:
+        return True, runner.call(method, args)
+    except TickFailedError as error:
+        return False, (error.code, str(error))
+    except Exception as error:
+        _log.exception("worker %d: %s failed", worker, method)
+        return False, ("runtime_error", f"worker {worker}: {method} raised {type(error).__name__}: {error}")
 
 
 def limit_threads(threads: int) -> None:
@@ -84,26 +105,21 @@ def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
                 return
             if method == SHUTDOWN:
                 return
-            reply: tuple[int, bool, Any]
-            try:
-                if method == ATTACH_FRAMES:
+            result: Any
+            if method == ATTACH_FRAMES:
+                try:
                     frames = FrameBuffer.attach(*args)
-                    result: Any = True
-                else:
-                    if method == "step":
-                        args = (decode_ticks(args[0]),)
-                    result = runner.call(method, args)
-                    if use_frames and frames is not None and isinstance(result, StepReport):
-                        result = frames.pack(result) or result
-                reply = (request_id, True, result)
-            except TickFailedError as error:
-                reply = (request_id, False, (error.code, str(error)))
-            except Exception as error:
-                _log.exception("worker %d: %s failed", worker, method)
-                message = f"worker {worker}: {method} raised {type(error).__name__}: {error}"
-                reply = (request_id, False, ("runtime_error", message))
+                    ok, result = True, True
+                except Exception as error:
+                    ok, result = False, ("runtime_error", f"worker {worker}: cannot attach frames: {error}")
+            else:
+                if method == STEP:
+                    args = (decode_ticks(args[0]),)
+                ok, result = answer(runner, method, args, worker)
+                if ok and use_frames and frames is not None and isinstance(result, StepReport):
+                    result = frames.pack(result) or result
             try:
-                conn.send(reply)
+                conn.send((request_id, ok, result))
             except (BrokenPipeError, EOFError, OSError):
                 return
             except Exception as error:  # e.g. a result that cannot be pickled

@@ -89,7 +89,15 @@ def create_app(
 
     async def healthz(request: Request) -> Response:
         runtime = backend()
-        return JSONResponse({"status": "ok", "model": runtime.spec.name, "sessions": len(runtime.manager)})
+        capacity = runtime.capacity()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": runtime.spec.name,
+                "sessions": len(runtime.manager),
+                "capacity": {"free": capacity.free, "workers_alive": capacity.workers_alive},
+            }
+        )
 
     async def models(request: Request) -> Response:
         if not _token_ok(config.token, _bearer(request)):

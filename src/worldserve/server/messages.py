@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from worldserve.errors import ErrorCode
 
 __all__ = [
+    "ADMISSION_RETRY_AFTER_MS",
     "MAX_CONTROLS",
     "MAX_PROMPT_CHARS",
     "ChunkAck",
@@ -50,6 +51,12 @@ __all__ = [
 MAX_PROMPT_CHARS = 500
 MAX_CONTROLS = 16
 MAX_ID_CHARS = 64
+
+
+#: The retry hint an ``admission_refused`` error carries when the runtime gives none: room
+#: comes back when a session ends, an idle one can be evicted, or a worker (re)starts --
+#: seconds, not minutes. A balancer or client waits this long, or tries another front-end.
+ADMISSION_RETRY_AFTER_MS = 1000
 
 
 class _Message(BaseModel):
@@ -206,9 +213,21 @@ class ErrorMessage(_ServerMessage):
     code: ErrorCode
     message: str
     event_id: int | None = None
-    retry_after_ms: int | None = Field(
-        default=None, description="With admission_refused: when trying again may succeed (a hint)."
-    )
+    retry_after_ms: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="A hint: try again after this many milliseconds (always set on admission_refused).",
+        ),
+    ] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hint_admission(cls, data: Any) -> Any:
+        refused = isinstance(data, dict) and data.get("code") == ErrorCode.ADMISSION_REFUSED
+        if refused and data.get("retry_after_ms") is None:
+            data["retry_after_ms"] = ADMISSION_RETRY_AFTER_MS
+        return data
 
 
 class Pong(_ServerMessage):

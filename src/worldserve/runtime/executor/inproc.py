@@ -2,9 +2,9 @@
 
 Owns: one single-thread pool per worker (so calls to a worker run in order and model
 compute never runs on the event loop), and the same death semantics as a process:
-:meth:`InprocExecutor.kill` abandons a stuck worker's thread, fails its pending calls
-with ``WorkerDiedError`` and reports the death. For tests and tiny models; the GIL is
-shared, so a model that computes in pure Python slows the event loop.
+:meth:`InprocExecutor.kill` abandons a stuck worker's thread, and its pending calls
+fail with ``WorkerDiedError`` (the base's death path). For tests and tiny models; the
+GIL is shared, so a model that computes in pure Python slows the event loop.
 
 Must not know: sessions, batching, routing, what the model computes.
 """
@@ -13,26 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 from typing import Any
 
-from worldserve.runtime.errors import RuntimeClosedError, TickFailedError, WorkerDiedError, WorkerStartError
-from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.errors import RuntimeClosedError, WorkerDiedError, WorkerStartError
+from worldserve.runtime.executor.abstract import Executor, Life, post
 from worldserve.runtime.messages import WorkerConfig
 from worldserve.runtime.runner import ModelRunner
-from worldserve.runtime.worker import build_runner
+from worldserve.runtime.worker import Reply, answer, build_runner
 
 __all__ = ["InprocExecutor"]
 
 
 class _Thread:
-    def __init__(self, index: int, generation: int) -> None:
+    def __init__(self, life: Life, generation: int) -> None:
+        self.life = life
         self.pool = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix=f"worldserve-worker-{index}.{generation}"
+            1, thread_name_prefix=f"worldserve-worker-{life.index}.{generation}"
         )
         self.runner: ModelRunner | None = None
-        self.pending: set[asyncio.Future[Any]] = set()
-        self.death: WorkerDiedError | None = None
 
 
 class InprocExecutor(Executor):
@@ -42,17 +40,15 @@ class InprocExecutor(Executor):
         super().__init__(config, num_workers)
         self._threads: list[_Thread | None] = [None] * num_workers
         self._generations = [0] * num_workers
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._bind_loop()
         await asyncio.gather(*(self._launch(index) for index in range(self.num_workers)))
 
     async def _launch(self, index: int) -> None:
         loop = self._require_loop()
         self._generations[index] += 1
-        thread = _Thread(index, self._generations[index])
+        thread = _Thread(self._begin_life(index), self._generations[index])
         try:
             thread.runner = await loop.run_in_executor(thread.pool, build_runner, self.config, index)
         except Exception as error:
@@ -60,44 +56,35 @@ class InprocExecutor(Executor):
             raise WorkerStartError(
                 f"worker {index} could not load model {self.config.model!r}: {type(error).__name__}: {error}"
             ) from error
-        if self._spec is None:
-            self._spec = thread.runner.spec
         self._threads[index] = thread
+        self._life_ready(thread.life, thread.runner.spec)
 
-    def call(self, worker: int, method: str, args: tuple[Any, ...] = ()) -> asyncio.Future[Any]:
+    def _send(self, worker: int, request_id: int, method: str, args: tuple[Any, ...]) -> None:
+        thread = self._threads[worker]
+        assert thread is not None  # the base sends only to a live worker
+        assert thread.runner is not None
         loop = self._require_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        thread = self._threads[worker]
-        if self._closed:
-            future.set_exception(RuntimeClosedError("the runtime is shut down."))
-            return future
-        if thread is None or thread.runner is None or thread.death is not None:
-            future.set_exception((thread and thread.death) or WorkerDiedError(f"worker {worker} is not running."))
-            return future
-        runner = thread.runner
-        thread.pending.add(future)
-        done = thread.pool.submit(_call, runner, method, args)
-        done.add_done_callback(lambda result: _post(loop, _settle, thread, future, result))
-        return future
+        life = thread.life
+        done = thread.pool.submit(answer, thread.runner, method, args, worker)
+        done.add_done_callback(lambda result: post(loop, self._settle, life, request_id, result))
 
-    def is_alive(self, worker: int) -> bool:
-        thread = self._threads[worker]
-        return thread is not None and thread.runner is not None and thread.death is None
+    def _settle(self, life: Life, request_id: int, result: concurrent.futures.Future[Reply]) -> None:
+        if result.cancelled():
+            return  # its thread was abandoned or stopped: the base failed the call already
+        self._deliver(life, request_id, result.result())
 
     def kill(self, worker: int) -> None:
         thread = self._threads[worker]
-        if thread is None or thread.death is not None:
+        if thread is None or thread.life.ended:
             return
-        thread.death = WorkerDiedError(
-            f"worker {worker} (a thread) was abandoned while stuck; the session states it held are lost, "
-            "reset the session to start over."
-        )
         thread.pool.shutdown(wait=False, cancel_futures=True)
-        for future in thread.pending:
-            if not future.done():
-                future.set_exception(thread.death)
-        thread.pending.clear()
-        self._report_death(worker, thread.death)
+        self._life_lost(
+            thread.life,
+            WorkerDiedError(
+                f"worker {worker} (a thread) was abandoned while stuck; the session states it held are lost, "
+                "reset the session to start over."
+            ),
+        )
 
     async def restart(self, worker: int) -> None:
         if self._closed:
@@ -105,50 +92,9 @@ class InprocExecutor(Executor):
         self.kill(worker)
         await self._launch(worker)
 
-    def pid(self, worker: int) -> int | None:
-        return None
-
-    async def shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _stop_workers(self) -> None:
         loop = self._require_loop()
         for thread in self._threads:
-            if thread is None:
-                continue
-            for future in thread.pending:
-                if not future.done():
-                    future.set_exception(RuntimeClosedError("the runtime is shut down."))
-            thread.pending.clear()
-            await loop.run_in_executor(None, thread.pool.shutdown)
-
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeClosedError("the executor has not started.")
-        return self._loop
-
-
-def _call(runner: ModelRunner, method: str, args: tuple[Any, ...]) -> Any:
-    try:
-        return runner.call(method, args)
-    except TickFailedError:
-        raise
-    except Exception as error:  # the same surface as a process: a coded error, never a foreign type
-        raise TickFailedError(f"{method} raised {type(error).__name__}: {error}") from error
-
-
-def _settle(thread: _Thread, future: asyncio.Future[Any], result: concurrent.futures.Future[Any]) -> None:
-    thread.pending.discard(future)
-    if future.done():
-        return
-    if result.cancelled():
-        future.set_exception(thread.death or RuntimeClosedError("the runtime is shut down."))
-    elif (error := result.exception()) is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result.result())
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-        loop.call_soon_threadsafe(callback, *args)
+            if thread is not None:
+                self._fail_pending(thread.life, RuntimeClosedError("the runtime is shut down."))
+                await loop.run_in_executor(None, thread.pool.shutdown)

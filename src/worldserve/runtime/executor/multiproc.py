@@ -7,8 +7,8 @@ sent only to a worker that is reading, goes straight from the loop), a reader th
 replies, copying a step's frames out of the worker's shared-memory
 :class:`~worldserve.runtime.framebuf.FrameBuffer`, resolving futures through
 ``call_soon_threadsafe``, and noticing a death as end-of-file), and the buffer's
-lifetime. A dead worker's pending calls fail with ``WorkerDiedError`` naming its pid
-and exit status.
+lifetime. A dead worker's death (the base's path: pending calls fail, reported once)
+names its pid and exit status.
 
 Must not know: sessions, batching, routing, what the model computes.
 """
@@ -17,27 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import multiprocessing
 import queue
 import signal
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from worldserve.runtime.errors import (
-    RuntimeClosedError,
-    TickFailedError,
-    WorkerDiedError,
-    WorkerStartError,
-    error_from_code,
-)
-from worldserve.runtime.executor.abstract import Executor
+from worldserve.protocol import TickRequest
+from worldserve.runtime.errors import RuntimeClosedError, TickFailedError, WorkerDiedError, WorkerStartError
+from worldserve.runtime.executor.abstract import Executor, Life, post
 from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES, FrameBuffer, PackedStep
 from worldserve.runtime.messages import WorkerConfig
+from worldserve.runtime.runner import STEP
 from worldserve.runtime.wire import encode_ticks
 from worldserve.runtime.worker import ATTACH_FRAMES, SHUTDOWN, run_worker
 
@@ -48,16 +44,12 @@ _log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _Proc:
-    index: int
+    life: Life
     process: BaseProcess
     conn: Connection
     ready: asyncio.Future[Any]
     outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...], bool] | None] = field(default_factory=queue.SimpleQueue)
-    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
-    alive: bool = False
     exited: bool = False
-    closing: bool = False
-    death: WorkerDiedError | None = None
     reader: threading.Thread | None = None
     frames: FrameBuffer | None = None
     frames_request: int | None = None  # the step whose frames the buffer holds (one at a time)
@@ -95,14 +87,11 @@ class MultiprocExecutor(Executor):
         self._ctx = multiprocessing.get_context("spawn")
         self._start_timeout = start_timeout
         self._procs: list[_Proc | None] = [None] * num_workers
-        self._ids = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     # -- starting ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._bind_loop()
         try:
             await asyncio.gather(*(self._launch(index) for index in range(self.num_workers)))
         except BaseException:
@@ -114,19 +103,19 @@ class MultiprocExecutor(Executor):
             raise RuntimeClosedError("the executor is shut down.")
         old = self._procs[worker]
         if old is not None and old.process.is_alive():
-            old.closing = True
+            old.life.closing = True
             old.process.kill()
         await self._launch(worker)
 
     async def _launch(self, index: int) -> None:
         loop = self._require_loop()
         # Process.start() forks and writes the spawn preamble: keep it off the event loop.
-        proc = await loop.run_in_executor(None, self._spawn, index, loop)
+        proc = await loop.run_in_executor(None, self._spawn, self._begin_life(index), loop)
         self._procs[index] = proc
         try:
             message = await asyncio.wait_for(asyncio.shield(proc.ready), self._start_timeout)
         except TimeoutError:
-            proc.closing = True
+            proc.life.closing = True
             proc.process.kill()
             raise WorkerStartError(f"worker {index} did not load its model within {self._start_timeout:g} s.") from None
         kind = message[0]
@@ -135,9 +124,7 @@ class MultiprocExecutor(Executor):
         if proc.exited:
             raise WorkerStartError(f"worker {index} (pid {proc.process.pid}) exited right after starting.")
         spec = message[2]
-        if self._spec is None:
-            self._spec = spec
-        proc.alive = True
+        self._life_ready(proc.life, spec)
         shape = (spec.frames_per_chunk, spec.height, spec.width, 3)
         frames = FrameBuffer.create(shape, spec.max_batch_size, self._frame_buffer_bytes)
         if frames is not None:
@@ -148,17 +135,18 @@ class MultiprocExecutor(Executor):
                 frames.close()
             else:
                 proc.frames = frames
-        if not proc.alive:
+        if not proc.life.alive:
             raise WorkerStartError(f"worker {index} (pid {proc.process.pid}) died while starting.")
 
-    def _spawn(self, index: int, loop: asyncio.AbstractEventLoop) -> _Proc:
+    def _spawn(self, life: Life, loop: asyncio.AbstractEventLoop) -> _Proc:
+        index = life.index
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=run_worker, args=(child, self.config, index), name=f"worldserve-worker-{index}", daemon=True
         )
         process.start()
         child.close()
-        proc = _Proc(index, process, parent, loop.create_future())
+        proc = _Proc(life, process, parent, loop.create_future())
         proc.reader = threading.Thread(
             target=self._read, args=(proc, loop), name=f"worldserve-reader-{index}", daemon=True
         )
@@ -168,27 +156,22 @@ class MultiprocExecutor(Executor):
 
     # -- calls -------------------------------------------------------------------------
 
-    def call(self, worker: int, method: str, args: tuple[Any, ...] = ()) -> asyncio.Future[Any]:
-        loop = self._require_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+    def _send(self, worker: int, request_id: int, method: str, args: tuple[Any, ...]) -> None:
         proc = self._procs[worker]
-        if self._closed or proc is None:
-            future.set_exception(RuntimeClosedError("the runtime is shut down."))
-        elif not proc.alive:
-            future.set_exception(proc.death or WorkerDiedError(f"worker {worker} is not running."))
-        else:
-            request_id = next(self._ids)
-            proc.pending[request_id] = future
-            use_frames = method == "step" and proc.frames is not None and proc.frames_request is None
-            if use_frames:
-                proc.frames_request = request_id
-            if method == "step":
-                args = (encode_ticks(args[0]),)  # the worker decodes them
-            message = (request_id, method, args, use_frames)
-            if not (method == "step" and self._send_now(proc, message)):
-                proc.enqueued += 1
-                proc.outbox.put(message)
-        return future
+        assert proc is not None  # the base sends only to a live worker
+        proc.enqueued += 1
+        proc.outbox.put((request_id, method, args, False))
+
+    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest]) -> None:
+        proc = self._procs[worker]
+        assert proc is not None
+        use_frames = proc.frames is not None and proc.frames_request is None
+        if use_frames:
+            proc.frames_request = request_id
+        message = (request_id, STEP, (encode_ticks(ticks),), use_frames)  # the worker decodes the ticks
+        if not self._send_now(proc, message):
+            proc.enqueued += 1
+            proc.outbox.put(message)
 
     @staticmethod
     def _send_now(proc: _Proc, message: tuple[int, str, tuple[Any, ...], bool]) -> bool:
@@ -208,10 +191,6 @@ class MultiprocExecutor(Executor):
             return True
         finally:
             proc.send_lock.release()
-
-    def is_alive(self, worker: int) -> bool:
-        proc = self._procs[worker]
-        return proc is not None and proc.alive
 
     def shared_frame_slots(self, worker: int) -> int:
         """How many chunks of a step the worker hands over in shared memory (0: all through the pipe)."""
@@ -246,7 +225,7 @@ class MultiprocExecutor(Executor):
     def _read(self, proc: _Proc, loop: asyncio.AbstractEventLoop) -> None:
         conn = proc.conn
         try:
-            _post(loop, _settle, proc.ready, conn.recv())
+            post(loop, _settle, proc.ready, conn.recv())
             while True:
                 request_id, ok, payload = conn.recv()
                 if isinstance(payload, PackedStep):
@@ -254,25 +233,16 @@ class MultiprocExecutor(Executor):
                     payload = proc.frames.unpack(payload)  # before the next step may reuse the slots
                 if request_id == proc.frames_request:
                     proc.frames_request = None
-                _post(loop, self._deliver, proc, request_id, ok, payload)
+                post(loop, self._deliver, proc.life, request_id, (ok, payload))
         except (EOFError, OSError):
             pass
         except BaseException as error:  # a reply that cannot be unpickled: treat the worker as broken
             proc.process.kill()
-            _post(loop, _settle, proc.ready, ("start_failed", f"worker {proc.index}: {error}"))
+            post(loop, _settle, proc.ready, ("start_failed", f"worker {proc.life.index}: {error}"))
         proc.process.join(5.0)
-        _post(loop, self._on_exit, proc)
+        post(loop, self._on_exit, proc)
 
     # -- on the event loop ---------------------------------------------------------------
-
-    def _deliver(self, proc: _Proc, request_id: int, ok: bool, payload: Any) -> None:
-        future = proc.pending.pop(request_id, None)
-        if future is None or future.done():
-            return
-        if ok:
-            future.set_result(payload)
-        else:
-            future.set_exception(error_from_code(*payload))
 
     def _on_exit(self, proc: _Proc) -> None:
         proc.exited = True
@@ -280,66 +250,40 @@ class MultiprocExecutor(Executor):
         proc.conn.close()
         if proc.frames is not None:
             proc.frames.close()
-        was_alive = proc.alive
-        proc.alive = False
+        index, pid = proc.life.index, proc.process.pid
         status = _describe_exit(proc.process.exitcode)
-        if proc.closing or self._closed:
-            error: WorkerDiedError | RuntimeClosedError = RuntimeClosedError("the runtime is shut down.")
-        else:
-            error = WorkerDiedError(
-                f"worker {proc.index} (pid {proc.process.pid}) died ({status}); the session states it held are "
-                "lost, reset the session to start over."
-            )
-            proc.death = error
         _settle(
             proc.ready,
             (
                 "start_failed",
-                f"worker {proc.index} (pid {proc.process.pid}) {status} while starting (see its stderr; a script "
+                f"worker {index} (pid {pid}) {status} while starting (see its stderr; a script "
                 "that starts a runtime needs an `if __name__ == '__main__':` guard, as spawned workers import it).",
             ),
         )
-        pending, proc.pending = proc.pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
-        if was_alive and isinstance(error, WorkerDiedError):
-            self._report_death(proc.index, error)
+        self._life_lost(
+            proc.life,
+            WorkerDiedError(
+                f"worker {index} (pid {pid}) died ({status}); the session states it held are "
+                "lost, reset the session to start over."
+            ),
+        )
 
     # -- stopping ----------------------------------------------------------------------
 
-    async def shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _stop_workers(self) -> None:
         procs = [proc for proc in self._procs if proc is not None]
         for proc in procs:
-            proc.closing = True
             proc.outbox.put((-1, SHUTDOWN, (), False))
         loop = self._require_loop()
         await asyncio.gather(*(loop.run_in_executor(None, _stop, proc) for proc in procs))
         for proc in procs:
             if proc.frames is not None:
                 proc.frames.close()
-            pending, proc.pending = proc.pending, {}
-            for future in pending.values():
-                if not future.done():
-                    future.set_exception(RuntimeClosedError("the runtime is shut down."))
-
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeClosedError("the executor has not started.")
-        return self._loop
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-        loop.call_soon_threadsafe(callback, *args)
 
 
 def _stop(proc: _Proc) -> None:

@@ -1,0 +1,263 @@
+"""Ray executor benchmark: what a tick costs over Ray against worker processes, and how fast node loss is handled.
+
+One run, side by side, on the fixed-cost model (``fixed_cost_model.py``) with 2 workers:
+
+1. Ticks: ``multiprocess`` (2 worker processes) and ``ray`` (2 actors on 2 nodes of a local
+   Ray cluster, ``ray.cluster_utils.Cluster`` on loopback) with 1 session (no batching: the
+   per-tick cost) and 16 sessions (batched): chunks/s, p50 tick latency, and the engine's
+   overhead per step (round trip minus the model's compute: IPC or Ray's task path and
+   serialization). Ray runs twice: with its default system configuration, and with the one
+   the executor uses for a local Ray (``LOCAL_SYSTEM_CONFIG``: tighter node health checks,
+   replies up to 4 MiB sent straight back rather than through the object store).
+2. Node loss: with 16 sessions ticking (``busy``) or none (``idle``), one node is removed
+   without grace (its raylet and actor SIGKILLed); the time until the engine learns the
+   worker died (its sessions fail with ``worker_died``), under both configurations, the
+   executor's liveness pings on in both. Then the time to recover one failed session onto
+   the live node (reset + its first chunk), and the node is added back.
+
+Usage: ``python bench/ray_executor.py [--step-ms 10] [--seconds 3] [--trials 2]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per worker: a fixed, comparable cost
+_BENCH = os.path.dirname(os.path.abspath(__file__))
+_SRC = os.path.join(os.path.dirname(_BENCH), "src")
+# Ray's worker processes import the model and worldserve by name (spawned processes get sys.path).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, _BENCH, os.environ.get("PYTHONPATH")) if p)
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from runtime import calibrate, quantile  # noqa: E402
+from worldserve import Session  # noqa: E402
+from worldserve.runtime import Chunk, Runtime, TickFailedError  # noqa: E402
+from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG, RayExecutor  # noqa: E402
+
+MODEL = "fixed_cost_model:FixedCostModel"
+SLOT = {"worldserve": 1.0}
+
+
+@dataclass
+class TickRow:
+    executor: str
+    sessions: int
+    chunks_per_s: float
+    p50_ms: float
+    batch: float
+    overhead_ms: float
+
+
+@dataclass
+class LossRow:
+    health: str
+    load: str
+    detect_s: list[float]
+    recover_s: list[float]
+
+
+class LocalCluster:
+    def __init__(self, health: dict[str, int] | None) -> None:
+        config = {"num_cpus": 0, "_system_config": health} if health else {"num_cpus": 0}
+        self.cluster = Cluster(initialize_head=True, head_node_args=config)
+        self.nodes = [self.add(), self.add()]
+        ray.init(address=self.cluster.address, log_to_driver=False)
+
+    def add(self) -> Any:
+        return self.cluster.add_node(num_cpus=1, resources=dict(SLOT))
+
+    def kill(self, node_id: str) -> None:
+        node = next(node for node in self.nodes if node.node_id == node_id)
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.nodes.remove(node)
+
+    def restore(self) -> None:
+        self.nodes.append(self.add())
+
+    def close(self) -> None:
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+def runtime(executor: str, options: dict[str, int], **extra: Any) -> Runtime:
+    if executor == "ray":
+        extra.update(executor="ray", ray_num_cpus=0.0, ray_resources=SLOT)
+    else:
+        extra.update(executor="multiprocess", threads_per_worker=1)
+    return Runtime(MODEL, model_options=options, workers=2, batch_wait_s=0.002, **extra)
+
+
+async def tick_loop(sessions: list[Session[Chunk]], seconds: float) -> tuple[list[float], list[Chunk], float]:
+    latencies: list[float] = []
+    chunks: list[Chunk] = []
+    stop = asyncio.Event()
+
+    async def one(session: Session[Chunk], record: bool) -> None:
+        while not stop.is_set():
+            began = time.perf_counter()
+            chunk = await session.next_chunk()
+            if record:
+                latencies.append(time.perf_counter() - began)
+                chunks.append(chunk)
+
+    warm = [asyncio.ensure_future(one(session, False)) for session in sessions]
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.gather(*warm)
+    stop.clear()
+    began = time.perf_counter()
+    runs = [asyncio.ensure_future(one(session, True)) for session in sessions]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*runs)
+    return latencies, chunks, time.perf_counter() - began
+
+
+async def measure_ticks(executor: str, sessions: int, options: dict[str, int], seconds: float) -> TickRow:
+    async with runtime(executor, options) as rt:
+        live = [await rt.create_session(seed=i) for i in range(sessions)]
+        latencies, chunks, elapsed = await tick_loop(live, seconds)
+    return TickRow(
+        executor=executor,
+        sessions=sessions,
+        chunks_per_s=len(chunks) / elapsed,
+        p50_ms=quantile(latencies, 0.5) * 1000,
+        batch=statistics.fmean(chunk.batch_size for chunk in chunks),
+        overhead_ms=statistics.median(chunk.roundtrip_s - chunk.compute_s for chunk in chunks) * 1000,
+    )
+
+
+async def measure_loss(cluster: LocalCluster, health: str, options: dict[str, int], trials: int) -> list[LossRow]:
+    rows = [LossRow(health, "busy", [], []), LossRow(health, "idle", [], [])]
+    async with runtime("ray", options, max_sessions_per_worker=16) as rt:
+        executor = rt.engine.executor
+        assert isinstance(executor, RayExecutor)
+        for _ in range(trials):
+            for row in rows:
+                sessions = [await rt.create_session(seed=i) for i in range(16)]
+                victims = [s for s in sessions if rt.engine.worker_of(s.session_id) == 1]
+                stop = asyncio.Event()
+
+                async def play(session: Session[Chunk], stop: asyncio.Event = stop) -> None:
+                    while not stop.is_set():
+                        try:
+                            await session.next_chunk()
+                        except TickFailedError:
+                            return
+
+                players = [asyncio.ensure_future(play(s)) for s in sessions] if row.load == "busy" else []
+                await asyncio.sleep(1.0)
+                died = asyncio.Event()
+                engine_callback = executor.on_worker_death
+                assert engine_callback is not None
+
+                def on_death(index: int, error: Any, callback: Any = engine_callback, died: Any = died) -> None:
+                    callback(index, error)
+                    died.set()
+
+                executor.on_worker_death = on_death
+                node = executor.node_of(1)
+                assert node is not None
+                loop = asyncio.get_running_loop()
+                began = time.perf_counter()
+                removal = loop.run_in_executor(None, cluster.kill, node)  # off the loop: it blocks
+                await died.wait()
+                row.detect_s.append(time.perf_counter() - began)
+                await removal
+                executor.on_worker_death = engine_callback
+                stop.set()
+                await asyncio.gather(*players)
+                began = time.perf_counter()
+                await victims[0].reset()  # onto worker 0 (worker 1's replacement may not be ready yet)
+                await victims[0].next_chunk()
+                row.recover_s.append(time.perf_counter() - began)
+                for session in sessions:
+                    await rt.close_session(session.session_id)
+                cluster.restore()  # (on the main thread, as Ray wants) the waiting replacement lands there
+                await rt.engine.wait_workers_ready(timeout=120)
+    return rows
+
+
+def ticks_table(rows: list[TickRow]) -> str:
+    head = f"{'executor':>14} {'sessions':>8} {'chunks/s':>9} {'p50 ms':>8} {'batch':>6} {'ovh ms/step':>11}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.executor:>14} {r.sessions:>8} {r.chunks_per_s:>9.1f} {r.p50_ms:>8.2f} {r.batch:>6.1f} "
+            f"{r.overhead_ms:>11.3f}"
+        )
+    return "\n".join(lines)
+
+
+def loss_table(rows: list[LossRow]) -> str:
+    head = f"{'ray config':>14} {'load':>5} {'node loss -> worker_died s':>27} {'recover on live node s':>23}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        detect = " ".join(f"{value:.2f}" for value in r.detect_s)
+        recover = " ".join(f"{value:.2f}" for value in r.recover_s)
+        lines.append(f"{r.health:>14} {r.load:>5} {detect:>27} {recover:>23}")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> int:
+    repeats = calibrate(args.step_ms, 256)
+    options = {"matrix": 256, "repeats": repeats}
+    print(
+        f"model step ~{args.step_ms:g} ms (fixed-cost, 1 BLAS thread), frames 4x48x48x3 uint8; 2 workers; "
+        f"{args.seconds:g} s per row; Ray {ray.__version__}, a local cluster (head without CPUs + 2 nodes)"
+    )
+    tick_rows: list[TickRow] = []
+    loss_rows: list[LossRow] = []
+    for health_name, health in (("ray defaults", None), ("worldserve", dict(LOCAL_SYSTEM_CONFIG))):
+        cluster = LocalCluster(health)
+        try:
+            for sessions in (1, 16):
+                executors = ("ray",) if health is None else ("multiprocess", "ray")
+                for executor in executors:
+                    row = await measure_ticks(executor, sessions, options, args.seconds)
+                    if health is None:
+                        row.executor = "ray (defaults)"
+                    tick_rows.append(row)
+            loss_rows.extend(await measure_loss(cluster, health_name, options, args.trials))
+        finally:
+            cluster.close()
+    print(ticks_table(tick_rows))
+    print()
+    print(loss_table(loss_rows))
+    by = {(r.executor, r.sessions): r for r in tick_rows}
+    print()
+    for sessions in (1, 16):
+        extra = by["ray", sessions].overhead_ms - by["multiprocess", sessions].overhead_ms
+        per_tick = extra / by["ray", sessions].batch
+        print(
+            f"{sessions} sessions: ray adds {extra:.2f} ms per step ({per_tick:.2f} ms per tick of its batch) "
+            "over worker processes (target <= 3 ms per tick)"
+        )
+    ratio = by["ray", 16].chunks_per_s / by["multiprocess", 16].chunks_per_s
+    print(f"16 sessions, batched: ray {ratio:.2f}x the chunks/s of worker processes")
+    worst = max(value for row in loss_rows for value in row.detect_s)
+    print(f"node loss -> worker_died: at most {worst:.2f} s (target <= 5 s)")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--step-ms", type=float, default=10.0, help="cost of one model step")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per tick row")
+    parser.add_argument("--trials", type=int, default=2, help="node losses per load and health-check setting")
+    return asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

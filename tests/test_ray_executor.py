@@ -1,0 +1,275 @@
+"""The Ray executor on a real Ray cluster of this machine (Ray's ``cluster_utils.Cluster``, loopback).
+
+One cluster for the module (Ray takes seconds to start): a head with no CPUs for work and
+worker nodes each offering one ``worldserve`` slot, which every worker actor reserves, so
+each node holds one worker. Nodes are removed without grace (their raylet and actors are
+killed, as when a machine vanishes) and added back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from runtime_models import Truth  # noqa: E402
+from server_harness import start_server  # noqa: E402
+from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
+from worldserve.loadtest import run_bench  # noqa: E402
+from worldserve.models.base import SessionOptions  # noqa: E402
+from worldserve.runtime import (  # noqa: E402
+    AdmissionRefusedError,
+    Chunk,
+    Runtime,
+    RuntimeConfig,
+    TickFailedError,
+    WorkerDiedError,
+)
+from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG, RayExecutor  # noqa: E402
+from worldserve.runtime.messages import ResidencyLimits, WorkerConfig  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+FAULTY = "runtime_models:FaultyModel"
+SLOT = {"worldserve": 1.0}
+#: Every worker in these tests: no CPU of its own (the machine has 2), one slot.
+RAY = {"executor": "ray", "ray_num_cpus": 0.0, "ray_resources": SLOT}
+
+
+class Nodes:
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.workers: list[Any] = []
+
+    def add(self) -> Any:
+        node = self.cluster.add_node(num_cpus=1, resources=dict(SLOT))
+        self.workers.append(node)
+        return node
+
+    def by_id(self, node_id: str | None) -> Any:
+        return next(node for node in self.workers if node.node_id == node_id)
+
+    def remove(self, node: Any) -> None:
+        self.cluster.remove_node(node, allow_graceful=False)  # SIGKILL: the machine vanishes
+        self.workers.remove(node)
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[Nodes]:
+    root = Path(__file__).resolve().parent
+    saved = os.environ.get("PYTHONPATH")
+    # Ray's worker processes import worldserve and the tests' models by name.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
+    cluster = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
+    )
+    result = Nodes(cluster)
+    try:
+        result.add()
+        result.add()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield result
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait (a generous bound, not a timing claim) until ``condition()`` holds."""
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    assert condition()
+
+
+async def play(session: Session[Chunk], stop: asyncio.Event, seen: list[int]) -> BaseException | None:
+    """Tick until ``stop`` or a failure; record chunk indexes; return the failure."""
+    while not stop.is_set():
+        try:
+            chunk = await session.next_chunk()
+        except TickFailedError as error:
+            return error
+        seen.append(chunk.metadata.chunk_index)
+    return None
+
+
+async def test_calls_to_a_worker_run_in_order_and_keep_their_codes(nodes: Nodes) -> None:
+    config = WorkerConfig("procedural", limits=ResidencyLimits(max_sessions=60))
+    executor = RayExecutor(config, num_cpus=0, resources=SLOT)
+    await executor.start()
+    try:
+        assert executor.spec.name == "procedural"
+        calls = []
+        for index in range(50):  # none awaited before the next is sent
+            calls.append(executor.call(0, "admit", (f"s{index}", SessionOptions(seed=index), ())))
+            calls.append(executor.call(0, "resident_sessions"))
+        results = await asyncio.gather(*calls)
+        for index in range(50):
+            assert results[2 * index + 1] == tuple(f"s{i}" for i in range(index + 1))
+        limited = [f"s{i}" for i in range(50)] + [f"t{i}" for i in range(10)]
+        await asyncio.gather(*(executor.call(0, "admit", (sid, SessionOptions(), ())) for sid in limited[50:]))
+        with pytest.raises(AdmissionRefusedError) as refused:  # a runner's coded error crosses as itself
+            await executor.call(0, "admit", ("one-more", SessionOptions(), tuple(limited)))
+        assert refused.value.code == "admission_refused"
+        assert await executor.call(0, "no_such_method") == {
+            "supported": False,
+            "error": "worker 0 has no RPC method 'no_such_method'.",
+        }
+    finally:
+        await executor.shutdown()
+    with pytest.raises(TickFailedError) as closed:
+        await executor.call(0, "resident_sessions")
+    assert closed.value.code == "runtime_closed"
+
+
+async def test_a_killed_actor_fails_only_its_sessions_and_is_replaced(nodes: Nodes) -> None:
+    async with Runtime("procedural", workers=2, **RAY) as rt:
+        executor = rt.engine.executor
+        assert isinstance(executor, RayExecutor)
+        assert executor.node_of(0) != executor.node_of(1)  # spread: one worker per node
+        a = await rt.create_session(seed=1)
+        b = await rt.create_session(seed=2)
+        assert [rt.engine.worker_of(s.session_id) for s in (a, b)] == [0, 1]
+        for session in (a, b):
+            assert (await session.next_chunk()).metadata.chunk_index == 0
+        victim = executor.pid(0)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        died = await play(a, asyncio.Event(), [])  # ticks until the death is noticed (a call or a ping fails)
+        assert isinstance(died, WorkerDiedError)
+        assert died.code == "worker_died"
+        assert a.status is SessionStatus.FAILED
+        assert (await b.next_chunk()).metadata.chunk_index == 1  # the other worker's session goes on
+        await rt.engine.wait_workers_ready(timeout=60)
+        assert executor.is_alive(0)
+        assert executor.pid(0) != victim
+        await a.reset()
+        chunk = await a.next_chunk()
+        assert chunk.metadata.chunk_index == 0
+        assert np.array_equal(chunk.frames, Truth(1).next(None, ()))
+        stats = rt.stats().engine
+        assert (stats.worker_deaths, stats.worker_restarts) == (1, 1)
+
+
+async def test_node_loss_fails_only_its_sessions_then_capacity_moves_and_returns(nodes: Nodes) -> None:
+    options = {"model_options": {"slow_s": 1.0}, "max_sessions_per_worker": 4}
+    async with Runtime(FAULTY, workers=2, **RAY, **options) as rt:
+        executor = rt.engine.executor
+        assert isinstance(executor, RayExecutor)
+        sessions = [await rt.create_session(seed=seed) for seed in range(1, 5)]
+        assert [rt.engine.worker_of(s.session_id) for s in sessions] == [0, 1, 0, 1]
+        doomed_node = executor.node_of(1)
+        assert doomed_node is not None
+        assert doomed_node != executor.node_of(0)
+        stop = asyncio.Event()
+        seen: list[list[int]] = [[] for _ in sessions]
+        players = [asyncio.ensure_future(play(s, stop, seen[i])) for i, s in enumerate(sessions)]
+        await until(lambda: min(len(indexes) for indexes in seen) >= 3)  # both nodes tick
+
+        nodes.remove(nodes.by_id(doomed_node))
+        lost = await asyncio.wait_for(asyncio.gather(players[1], players[3]), 20.0)
+        for error in lost:
+            assert isinstance(error, WorkerDiedError), error
+            assert error.code == "worker_died"
+        for index in (0, 2):
+            assert not players[index].done()  # the live node's sessions never noticed
+        before = [len(seen[0]), len(seen[2])]
+        await until(lambda: len(seen[0]) >= before[0] + 2 and len(seen[2]) >= before[1] + 2)
+        stop.set()
+        assert await asyncio.gather(players[0], players[2]) == [None, None]
+        for index in (0, 2):
+            assert seen[index] == list(range(len(seen[index])))  # contiguous, none repeated or skipped
+        assert not executor.is_alive(1)  # no node has room: the replacement waits
+
+        for index in (1, 3):  # reset moves a failed session to the live node; it plays from chunk 0
+            await sessions[index].reset()
+            assert rt.engine.worker_of(sessions[index].session_id) == 0
+        lost_chunks = await asyncio.gather(sessions[1].next_chunk(), sessions[3].next_chunk())
+        assert [chunk.metadata.chunk_index for chunk in lost_chunks] == [0, 0]
+        assert np.array_equal(lost_chunks[0].frames, Truth(2).next(None, ()))
+
+        # Worker 0 is full of sessions whose ticks are queued or running; worker 1 has no node: refused at once.
+        await sessions[0].accept_event(SessionEvent(1, prompt="slow"))  # its next step sleeps 1 s
+        busy = [asyncio.ensure_future(s.next_chunk()) for s in sessions]
+        await asyncio.sleep(0.3)
+        with pytest.raises(AdmissionRefusedError) as refused:
+            await asyncio.wait_for(rt.create_session(seed=20), 0.9)
+        assert refused.value.code == "admission_refused"
+        await asyncio.gather(*busy)
+
+        added = nodes.add()  # capacity returns by itself: the waiting replacement lands there
+        await rt.engine.wait_workers_ready(timeout=60)
+        assert executor.is_alive(1)
+        assert executor.node_of(1) == added.node_id
+        fresh = await rt.create_session(seed=21)
+        assert rt.engine.worker_of(fresh.session_id) == 1
+        chunk = await fresh.next_chunk()
+        assert chunk.worker == 1
+        assert np.array_equal(chunk.frames, Truth(21).next(None, ()))
+        assert rt.stats().engine.tick_failures["worker_died"] == 2
+
+        # An idle worker's node vanishes: the executor's pings notice it without any tick.
+        deaths = rt.stats().engine.worker_deaths
+        nodes.remove(added)
+        await until(lambda: rt.stats().engine.worker_deaths == deaths + 1)
+        assert rt.engine.worker_of(fresh.session_id) is None  # its state is gone with the node
+        with pytest.raises(WorkerDiedError):
+            await fresh.next_chunk()
+        nodes.add()  # room again for the next test
+        await rt.engine.wait_workers_ready(timeout=60)
+
+
+async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nodes) -> None:
+    address = nodes.cluster.address
+    config = RuntimeConfig(**RAY, ray_address=address)
+    assert config.executor == "ray"
+    resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
+    server = start_server(
+        "--model", "procedural", "--workers", "2", "--executor", "ray", "--ray-address", address,
+        "--ray-num-cpus", "0", "--ray-resource", resource, timeout=90.0,
+    )  # fmt: skip
+    try:
+        result = await run_bench(server.ws, clients=4, duration=3.0, event_interval=0.1, settle=5.0)
+        for report in result.reports:
+            assert report.chunks > 0
+            assert report.accepted > 0
+            assert (report.lost, report.applied_twice, dict(report.errors)) == (0, 0, {})
+            assert report.applied_once + report.dropped == report.accepted
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
+
+
+def test_ray_flags_and_no_ray_import_unless_named() -> None:
+    parser = argparse.ArgumentParser()
+    RuntimeConfig.add_cli_arguments(parser)
+    flags = ["--executor", "ray", "--ray-address", "head:6379", "--ray-num-gpus", "1", "--ray-resource", "worldserve=2"]
+    config = RuntimeConfig.from_cli_arguments(parser.parse_args(flags))
+    assert (config.executor, config.ray_address, config.ray_num_cpus, config.ray_num_gpus) == ("ray", "head:6379", 1, 1)
+    assert dict(config.ray_resources) == {"worldserve": 2.0}
+    with pytest.raises(ValueError, match="NAME=AMOUNT"):
+        RuntimeConfig.from_cli_arguments(parser.parse_args(["--ray-resource", "worldserve"]))
+    code = (
+        "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.cli;"
+        "from worldserve.runtime import Runtime; Runtime('procedural', executor='multiprocess');"
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
