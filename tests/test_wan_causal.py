@@ -7,6 +7,7 @@ cached, batched, streaming path must equal them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +27,15 @@ from worldserve.models.wancausal.sampler import StepRecord, commit_block, draw_n
 
 CPU = torch.device("cpu")
 TOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One compute thread: these shapes are tiny, and on a shared small machine more threads only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def network(config: WanCausalConfig, seed: int = 0) -> CachedForward:
@@ -231,3 +241,215 @@ def test_sink_and_window_after_the_window_slides_equal_a_windowed_mask_reference
         assert (reference - flow).abs().max().item() <= TOL
         full = forward.transformer(dense, dense_t, session.text, enable_diffusion_forcing=True, return_dict=False)
         assert (full[0][:, :, -3:] - flow).abs().max().item() > 1e-3  # the window did cut something off
+
+
+@torch.no_grad()
+def test_streaming_decode_of_batched_sessions_equals_the_library_one_shot_decode() -> None:
+    from worldserve.models.wancausal.build import build_vae
+    from worldserve.models.wancausal.vae import VaeStream
+
+    config = get_config("tiny")
+    torch.manual_seed(3)
+    stream = VaeStream(build_vae(config).eval())
+    latents = torch.randn(2, config.latent_channels, 9, config.latent_height, config.latent_width)
+    caches = [stream.new_cache(), stream.new_cache()]
+    # Each session primes alone (its first latent frame decodes to one frame), then blocks decode batched.
+    parts = [torch.cat([stream.decode(latents[i : i + 1, :, :3], [caches[i]], first=True) for i in range(2)])]
+    for start in (3, 6):
+        parts.append(stream.decode(latents[:, :, start : start + 3], caches))
+    streamed = torch.cat(parts, dim=2)
+    one_shot = stream.vae.decode(stream.denormalize(latents)).sample
+    assert streamed.shape == one_shot.shape == (2, 3, 33, config.height, config.width)
+    assert (streamed - one_shot).abs().max().item() <= TOL
+
+
+def tick(session_id: str, index: int, *held: str) -> object:
+    from worldserve.models.world import keys_control
+    from worldserve.protocol import TickRequest
+
+    controls = (keys_control(*held),) if held else ()
+    return TickRequest(session_id, f"{session_id}-{index}", index, controls=controls)
+
+
+def run_model(model: object, sessions: list[tuple[str, int]], chunks: int) -> dict[str, list[object]]:
+    from worldserve.models.base import SessionOptions
+
+    states = {sid: model.new_state(sid, SessionOptions(prompt="desert dunes", seed=seed)) for sid, seed in sessions}
+    frames: dict[str, list[object]] = {sid: [] for sid, _ in sessions}
+    for index in range(chunks):
+        held = ("W",) if index % 2 else ("D",)
+        batch = [(states[sid], tick(sid, index, *held)) for sid, _ in sessions]
+        for (sid, _), envelope in zip(sessions, model.step(batch), strict=True):
+            frames[sid].append(envelope["payload"])
+    return frames
+
+
+def test_same_seed_and_events_give_the_same_frames_and_a_batch_matches_alone() -> None:
+    from worldserve.models import load_model
+
+    first = run_model(load_model("wan-causal", config="tiny", threads=1), [("a", 5), ("b", 6)], 2)
+    again = run_model(load_model("wan-causal", config="tiny", threads=1), [("a", 5), ("b", 6)], 2)
+    alone = run_model(load_model("wan-causal", config="tiny", threads=1), [("a", 5)], 2)
+    for index in range(2):
+        assert first["a"][index].shape == (12, 64, 64, 3)
+        assert (first["a"][index] == again["a"][index]).all()
+        assert (first["b"][index] == again["b"][index]).all()
+        diff = first["a"][index].astype(int) - alone["a"][index].astype(int)
+        assert abs(diff).max() <= 1  # float rounding of a batched matmul, at most one uint8 step
+    assert (first["a"][1] != first["b"][1]).any()
+
+
+def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
+    """A Wan2.1 transformer's original parameter names and shapes (as Self-Forcing/CausVid save them)."""
+    d, f, c = config.dim, config.ffn_dim, config.latent_channels
+    shapes: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, c, 1, 2, 2),
+        "patch_embedding.bias": (d,),
+        "text_embedding.0.weight": (d, config.text_dim),
+        "text_embedding.0.bias": (d,),
+        "text_embedding.2.weight": (d, d),
+        "text_embedding.2.bias": (d,),
+        "time_embedding.0.weight": (d, config.freq_dim),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+        "head.modulation": (1, 2, d),
+        "head.head.weight": (4 * c, d),
+        "head.head.bias": (4 * c,),
+    }
+    for i in range(config.num_layers):
+        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in "qkvo":
+                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
+                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
+        shapes[f"blocks.{i}.norm3.weight"] = (d,)
+        shapes[f"blocks.{i}.norm3.bias"] = (d,)
+        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
+        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
+        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
+        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+    return shapes
+
+
+def test_checkpoint_loader_maps_every_key_of_a_self_forcing_checkpoint(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from worldserve.models import load_model
+    from worldserve.models.wancausal.checkpoint import load_checkpoint
+
+    config = get_config("tiny")
+    generator = torch.Generator().manual_seed(9)
+    layout = original_layout(config)
+    weights = {name: torch.randn(shape, generator=generator) for name, shape in layout.items()}
+    actions = {
+        "action_embedding.linear_1.weight": torch.randn(config.dim, config.action_dim, generator=generator),
+        "action_embedding.linear_2.weight": torch.randn(6 * config.dim, config.dim, generator=generator),
+    }
+    directory = Path(str(tmp_path))
+    # Self-Forcing's layout: a torch file {"generator": ..., "generator_ema": ...}, keys under "model.".
+    torch.save(
+        {
+            "generator": {f"model.{k}": torch.zeros_like(v) for k, v in weights.items()},
+            "generator_ema": {f"model.{k}": v for k, v in weights.items()},
+        },
+        directory / "self_forcing.pt",
+    )
+    save_file({**weights, **actions}, str(directory / "flat.safetensors"))
+
+    model = load_model("wan-causal", config="tiny", checkpoint=str(directory / "self_forcing.pt"))
+    params = dict(model.forward.transformer.named_parameters())
+    assert len(layout) == len(params)  # every parameter of the model has exactly one original key
+    assert torch.equal(params["blocks.1.norm2.weight"], weights["blocks.1.norm3.weight"])  # Wan's norm3
+    assert torch.equal(params["blocks.0.ffn.net.0.proj.weight"], weights["blocks.0.ffn.0.weight"])
+    assert torch.equal(params["scale_shift_table"], weights["head.modulation"])
+    assert "checkpoint weights" in model.spec.description
+    assert "random-initialised action embedding" in model.spec.description
+
+    flat = load_model("wan-causal", config="tiny", checkpoint=str(directory / "flat.safetensors"))
+    assert torch.equal(flat.forward.actions.linear_1.weight, actions["action_embedding.linear_1.weight"])
+    assert "keys/camera: from checkpoint" in flat.spec.description
+
+    network_ = network(config)
+    for broken, word in (
+        ({**weights, "blocks.0.self_attn.extra.weight": torch.zeros(1)}, "unmapped"),
+        ({k: v for k, v in weights.items() if k != "blocks.1.ffn.2.bias"}, "missing"),
+        ({**weights, "blocks.7.modulation": torch.zeros(1, 6, config.dim)}, "unexpected"),
+    ):
+        save_file(broken, str(directory / "broken.safetensors"))
+        with pytest.raises(ValueError, match=word):
+            load_checkpoint(directory / "broken.safetensors", network_.transformer, network_.actions)
+
+
+def test_state_bytes_cover_the_kv_and_vae_caches_a_session_holds() -> None:
+    from worldserve.models import load_model
+    from worldserve.models.base import SessionOptions
+    from worldserve.models.wancausal.vae import VaeStream
+
+    model = load_model("wan-causal", config="tiny", threads=1)
+    state = model.new_state("s", SessionOptions(seed=1))
+    model.step([(state, tick("s", 0))])
+    held = state.cache.nbytes + VaeStream.nbytes(state.decoder)
+    assert held <= model.spec.state_bytes <= held + 8192
+    assert "RANDOM WEIGHTS" in model.spec.description
+    with pytest.raises(ValueError, match="load=dummy"):
+        load_model("wan-causal", config="1.3b")  # a real size never silently runs random weights
+
+
+async def test_several_sessions_end_to_end_through_the_runtime() -> None:
+    from worldserve import ControlInput, Runtime, SessionEvent
+
+    async with Runtime(
+        "wan-causal", executor="inprocess", model_options={"config": "tiny", "threads": 1}, batch_wait_s=0.05
+    ) as rt:
+        assert rt.spec.frames_per_chunk == 12
+        sessions = [await rt.create_session(prompt="snowy peaks", seed=seed) for seed in (1, 2, 3)]
+        keys = ControlInput("keys", "worldserve.keys.v1", {"held": ["W"]})
+        await sessions[1].accept_event(SessionEvent(1, controls=(keys,)))
+
+        async def play(session: object) -> list[object]:
+            return [await session.next_chunk() for _ in range(3)]
+
+        results = await asyncio.gather(*(play(s) for s in sessions))
+        for chunks in results:
+            assert [c.metadata.chunk_index for c in chunks] == [0, 1, 2]
+            assert all(c.frames.shape == (12, 64, 64, 3) for c in chunks)
+        assert results[1][0].metadata.applied_event_ids == (1,)
+        assert rt.stats().engine.batch_size.total > rt.stats().engine.batches  # some batches held several sessions
+        for session in sessions:
+            await rt.close_session(session.session_id)
+
+
+async def test_sessions_through_the_real_server_and_client() -> None:
+    import json
+    import urllib.request
+
+    from server_harness import start_server
+    from worldserve.client import WorldClient, keys
+
+    server = start_server(
+        "--model", "wan-causal", "--model-option", "config=tiny", "--threads-per-worker", "1", timeout=120.0
+    )
+    try:
+        with urllib.request.urlopen(f"{server.http}/v1/models", timeout=10) as response:  # noqa: ASYNC210
+            models = json.loads(response.read())["data"]
+        assert models[0]["name"] == "wan-causal"
+        assert "RANDOM WEIGHTS" in models[0]["description"]
+        async with WorldClient(server.ws) as first, WorldClient(server.ws) as second:
+            await first.start(prompt="islands", seed=1)
+            await second.start(prompt="desert", seed=2, model="wan-causal")
+            event = await second.send_event(controls=[keys("A")])
+            a = [await first.next_chunk(timeout=60) for _ in range(2)]
+            b = [await second.next_chunk(timeout=60) for _ in range(2)]
+            assert [c.frames.shape for c in a + b] == [(12, 64, 64, 3)] * 4
+            assert event.event_id in {i for c in b for i in c.applied_event_ids}
+            await first.close()
+            await second.close()
+    finally:
+        server.stop()

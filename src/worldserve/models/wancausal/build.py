@@ -18,9 +18,9 @@ from worldserve.models.wancausal.config import WanCausalConfig
 __all__ = ["ActionEmbedding", "build_transformer", "build_vae"]
 
 
-def build_transformer(config: WanCausalConfig) -> SkyReelsV2Transformer3DModel:
-    """A randomly initialised transformer of ``config``'s size (float32, on the CPU)."""
-    return SkyReelsV2Transformer3DModel(  # type: ignore[no-untyped-call]
+def build_transformer(config: WanCausalConfig) -> nn.Module:
+    """A randomly initialised ``SkyReelsV2Transformer3DModel`` of ``config``'s size (float32)."""
+    model: nn.Module = SkyReelsV2Transformer3DModel(  # type: ignore[no-untyped-call, assignment]
         patch_size=config.patch,
         num_attention_heads=config.num_heads,
         attention_head_dim=config.head_dim,
@@ -35,14 +35,15 @@ def build_transformer(config: WanCausalConfig) -> SkyReelsV2Transformer3DModel:
         eps=config.eps,
         num_frame_per_block=config.block_frames,
     )
+    return model
 
 
-def build_vae(config: WanCausalConfig) -> AutoencoderKLWan:
-    """A randomly initialised causal VAE of ``config``'s size (8x spatial, 4x temporal)."""
+def build_vae(config: WanCausalConfig) -> nn.Module:
+    """A randomly initialised ``AutoencoderKLWan`` of ``config``'s size (8x spatial, 4x temporal)."""
     kwargs: dict[str, object] = {}
     if config.vae_latents_mean is not None and config.vae_latents_std is not None:
         kwargs = {"latents_mean": list(config.vae_latents_mean), "latents_std": list(config.vae_latents_std)}
-    return AutoencoderKLWan(  # type: ignore[no-untyped-call]
+    model: nn.Module = AutoencoderKLWan(  # type: ignore[no-untyped-call, assignment]
         base_dim=config.vae_base_dim,
         z_dim=config.latent_channels,
         dim_mult=list(config.vae_dim_mult),
@@ -51,6 +52,7 @@ def build_vae(config: WanCausalConfig) -> AutoencoderKLWan:
         temperal_downsample=[False, True, True],
         **kwargs,
     )
+    return model
 
 
 class ActionEmbedding(nn.Module):

@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from diffusers import SkyReelsV2Transformer3DModel
-from torch import Tensor
+from torch import Tensor, nn
 
 from worldserve.models.wancausal.build import ActionEmbedding
 from worldserve.models.wancausal.cache import KVCache
@@ -33,7 +32,7 @@ __all__ = ["CachedForward"]
 class CachedForward:
     """The block-causal transformer forward against per-session KV caches."""
 
-    def __init__(self, transformer: SkyReelsV2Transformer3DModel, actions: ActionEmbedding, config: WanCausalConfig):
+    def __init__(self, transformer: nn.Module, actions: ActionEmbedding, config: WanCausalConfig):
         self.transformer = transformer
         self.actions = actions
         self.config = config
