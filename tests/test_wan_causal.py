@@ -453,3 +453,19 @@ async def test_sessions_through_the_real_server_and_client() -> None:
             await second.close()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(150)
+def test_benchmark_smoke_runs_the_tiny_config_in_both_precisions() -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for dtype in ("float32", "bfloat16"):  # bfloat16: the GPU mode's precision, on the CPU
+        command = [sys.executable, "bench/wan_causal.py", "--threads", "1", "--blocks", "1", "--batches", "1", "2"]
+        command += ["--windows", "3", "--dtype", dtype]
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=140, check=False)
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"\| 3 \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \|", done.stdout), done.stdout

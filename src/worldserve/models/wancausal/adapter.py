@@ -136,8 +136,10 @@ class WanCausalModel:
 
             autoencoder.load_state_dict(load_file(str(vae)), strict=True)
         self.vae_from_file = vae is not None
+        _cast(transformer, self.dtype, _FLOAT32_PARTS)
+        _cast(actions, self.dtype, ())
+        _cast(autoencoder, self.dtype, ())
         for module in (transformer, actions, autoencoder):
-            _cast(module, self.dtype)
             module.eval().requires_grad_(False)
         self.forward = CachedForward(transformer, actions, cfg)
         self.vae = VaeStream(autoencoder)
@@ -257,10 +259,10 @@ class WanCausalModel:
 _FLOAT32_PARTS = ("time_embedder", "scale_shift_table", "norm1", "norm2", "norm3")
 
 
-def _cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast parameters to ``dtype``, keeping the modulation tables, time embedder and norms in float32."""
+def _cast(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str, ...]) -> None:
+    """Cast parameters to ``dtype``, keeping those under any of ``float32_parts`` in float32."""
     for name, parameter in module.named_parameters():
-        keep = dtype != torch.float32 and any(part in name.split(".") for part in _FLOAT32_PARTS)
+        keep = dtype != torch.float32 and any(part in name.split(".") for part in float32_parts)
         parameter.data = parameter.data.to(torch.float32 if keep else dtype)
 
 
