@@ -469,3 +469,43 @@ def test_benchmark_smoke_runs_the_tiny_config_in_both_precisions() -> None:
         done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=140, check=False)
         assert done.returncode == 0, done.stderr
         assert re.search(r"\| 3 \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \|", done.stdout), done.stdout
+
+
+def test_prompts_embed_through_a_local_umt5_encoder_or_the_hashed_stand_in(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+    from worldserve.models import load_model
+    from worldserve.models.wancausal.text import PromptEmbedder, hashed_embedding
+
+    config = get_config("tiny")
+    directory = Path(str(tmp_path)) / "umt5"
+    words = ["snowy", "peaks", "desert", "dunes", "islands"]
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>").save_pretrained(directory)
+    torch.manual_seed(0)
+    umt5 = UMT5Config(vocab_size=len(vocab), d_model=config.text_dim, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    encoder = UMT5EncoderModel(umt5).eval()
+    encoder.save_pretrained(directory)
+
+    embedder = PromptEmbedder(config.text_len, config.text_dim, CPU, torch.float32, directory)
+    got = embedder(["snowy peaks"])[0]
+    with torch.no_grad():
+        expected = encoder(torch.tensor([[3, 4] + [0] * 6]), torch.tensor([[1, 1] + [0] * 6])).last_hidden_state[0]
+    assert embedder.kind == "umt5"
+    assert torch.allclose(got[:2], expected[:2], atol=TOL)
+    assert not got[2:].any()  # padding positions are zero, as Wan zeroes them
+    assert embedder.one("snowy peaks") is embedder.one("snowy peaks")  # cached per prompt
+
+    model = load_model("wan-causal", config="tiny", threads=1, text_encoder=str(directory))
+    assert "text: UMT5" in model.spec.description
+    assert run_model(model, [("u", 1)], 1)["u"][0].shape == (12, 64, 64, 3)
+
+    stand_in = hashed_embedding("Snowy peaks, snowy!", config.text_len, config.text_dim)
+    assert torch.equal(stand_in[0], stand_in[2])  # the same word, the same vector
+    assert stand_in[0].abs().sum() > 0
+    assert not stand_in[3:].any()
