@@ -73,7 +73,7 @@ def measure(model: WanCausalModel, batches: list[int], blocks: int) -> list[dict
         for _ in range(blocks):  # alternate: one forward over all, then one forward per session
             batched.append(rollouts.step(rows))
             single.append(sum(rollouts.step([r]) for r in rows))
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
         rows_out.append(
             {
                 "batch": size,
@@ -122,9 +122,10 @@ def main() -> int:
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
             holds = "yes" if latency <= chunk_s else "no"
+            peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] >= 0 else "n/a (CPU)"
             print(
                 f"| {cfg.window_frames} | {size} | {latency * 1000:.0f} ms | {row['single_s'] * 1000:.0f} ms | "
-                f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {row['peak_gib']:.1f} | "
+                f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {peak} | "
                 f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |"
             )
         del model
