@@ -448,7 +448,10 @@ async def test_sessions_through_the_real_server_and_client() -> None:
             a = [await first.next_chunk(timeout=60) for _ in range(2)]
             b = [await second.next_chunk(timeout=60) for _ in range(2)]
             assert [c.frames.shape for c in a + b] == [(12, 64, 64, 3)] * 4
-            assert event.event_id in {i for c in b for i in c.applied_event_ids}
+            assert [c.chunk_index for c in a] == [c.chunk_index for c in b] == [0, 1]
+            while event.event_id not in {i for c in b for i in c.applied_event_ids}:
+                assert len(b) < 8, "the event was not applied within 8 chunks"
+                b.append(await second.next_chunk(timeout=60))
             await first.close()
             await second.close()
     finally:
@@ -509,3 +512,25 @@ def test_prompts_embed_through_a_local_umt5_encoder_or_the_hashed_stand_in(tmp_p
     assert torch.equal(stand_in[0], stand_in[2])  # the same word, the same vector
     assert stand_in[0].abs().sum() > 0
     assert not stand_in[3:].any()
+
+
+def test_a_start_image_goes_through_the_vae_encoder_and_a_wrong_size_is_refused() -> None:
+    import numpy as np
+
+    from worldserve.models import load_model
+    from worldserve.models.base import SessionOptions
+
+    model = load_model("wan-causal", config="tiny", threads=1)
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    image[:, 32:] = (200, 40, 10)
+    states = [
+        model.new_state("img", SessionOptions(seed=4, image=image.tobytes())),
+        model.new_state("world", SessionOptions(seed=4)),
+    ]
+    assert [s.cache.next_frame for s in states] == [3, 3]  # primed with one block of the start frame
+    # The primed sink is the encoder's latents of the still image, so the two sessions differ from the start.
+    assert not torch.equal(states[0].cache.keys, states[1].cache.keys)
+    out = model.step([(s, tick(s.session_id, 0)) for s in states])
+    assert (out[0]["payload"] != out[1]["payload"]).any()
+    with pytest.raises(ValueError, match="start image must be 64x64"):
+        model.new_state("bad", SessionOptions(image=b"\x00" * 10))
