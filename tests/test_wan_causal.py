@@ -400,6 +400,8 @@ def test_state_bytes_cover_the_kv_and_vae_caches_a_session_holds() -> None:
     assert "RANDOM WEIGHTS" in model.spec.description
     with pytest.raises(ValueError, match="load=dummy"):
         load_model("wan-causal", config="1.3b")  # a real size never silently runs random weights
+    with pytest.raises(ValueError, match="not both"):
+        load_model("wan-causal", config="tiny", load="dummy", checkpoint="weights.pt")
 
 
 async def test_several_sessions_end_to_end_through_the_runtime() -> None:

@@ -109,6 +109,8 @@ class WanCausalModel:
             raise ValueError(f"wan-causal option load must be 'dummy' or 'checkpoint'; got {load!r}.")
         if load == "checkpoint" and checkpoint is None:
             raise ValueError("wan-causal load=checkpoint needs checkpoint=PATH.")
+        if load == "dummy" and checkpoint is not None:
+            raise ValueError("wan-causal takes load=dummy or checkpoint=PATH, not both.")
         if checkpoint is None and load is None and cfg.name != "tiny":
             raise ValueError(
                 f"wan-causal config {cfg.name!r} needs checkpoint=PATH (a Self-Forcing/CausVid checkpoint), "
@@ -122,8 +124,10 @@ class WanCausalModel:
         if dtype not in _DTYPES:
             raise ValueError(f"wan-causal option dtype must be auto or one of {sorted(_DTYPES)}; got {dtype!r}.")
         self.dtype = _DTYPES[dtype]
-        torch.manual_seed(int(seed))
-        with torch.device(self.device):
+        weight_seed = _option_int(seed, "seed")
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.device(self.device):  # the caller's RNG stays as it was
+            torch.manual_seed(weight_seed or 0)
             transformer = build_transformer(cfg)
             actions = ActionEmbedding(cfg.action_dim, cfg.dim)
             autoencoder = build_vae(cfg)
