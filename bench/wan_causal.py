@@ -38,14 +38,18 @@ def sync(device: torch.device) -> None:
 
 
 class Rollouts:
-    """Sessions of one model, each with its own chunk counter."""
+    """Sessions of one model, each with its own chunk counter; created as batch sizes need them."""
 
-    def __init__(self, model: WanCausalModel, count: int) -> None:
+    def __init__(self, model: WanCausalModel) -> None:
         self.model = model
-        self.states: list[WanCausalState] = [
-            model.new_state(f"s{i}", SessionOptions(prompt="snowy peaks", seed=i)) for i in range(count)
-        ]
-        self.index = [0] * count
+        self.states: list[WanCausalState] = []
+        self.index: list[int] = []
+
+    def ensure(self, count: int) -> None:
+        while len(self.states) < count:
+            seed = len(self.states)
+            self.states.append(self.model.new_state(f"s{seed}", SessionOptions(prompt="snowy peaks", seed=seed)))
+            self.index.append(0)
 
     def step(self, rows: list[int]) -> float:
         """One block for ``rows`` in one forward; seconds."""
@@ -58,33 +62,27 @@ class Rollouts:
             self.index[r] += 1
         return time.perf_counter() - started
 
+    def release(self) -> None:
+        for state in self.states:
+            self.model.release(state)
+        self.states.clear()
 
-def measure(model: WanCausalModel, batches: list[int], blocks: int) -> list[dict[str, float]]:
-    device = model.device
-    rollouts = Rollouts(model, max(batches))
-    rows_out = []
-    for size in batches:
-        rows = list(range(size))
-        rollouts.step(rows)  # warm-up (and every session's window filling)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        batched: list[float] = []
-        single: list[float] = []
-        for _ in range(blocks):  # alternate: one forward over all, then one forward per session
-            batched.append(rollouts.step(rows))
-            single.append(sum(rollouts.step([r]) for r in rows))
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
-        rows_out.append(
-            {
-                "batch": size,
-                "batched_s": statistics.median(batched),
-                "single_s": statistics.median(single),
-                "peak_gib": peak,
-            }
-        )
-    for state in rollouts.states:
-        model.release(state)
-    return rows_out
+
+def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
+    """Median block latency of one forward over ``size`` sessions, and of ``size`` forwards of one."""
+    device = rollouts.model.device
+    rollouts.ensure(size)
+    rows = list(range(size))
+    rollouts.step(rows)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    batched: list[float] = []
+    single: list[float] = []
+    for _ in range(blocks):  # alternate: one forward over all, then one forward per session
+        batched.append(rollouts.step(rows))
+        single.append(sum(rollouts.step([r]) for r in rows))
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
+    return {"batched_s": statistics.median(batched), "single_s": statistics.median(single), "peak_gib": peak}
 
 
 def main() -> int:
@@ -103,7 +101,8 @@ def main() -> int:
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "
         "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    footer = ""
     for window in args.windows:
         model = WanCausalModel(
             config=args.config,
@@ -117,8 +116,13 @@ def main() -> int:
         cfg = model.config
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
         flops = cfg.block_flops()
-        for row in measure(model, args.batches, args.blocks):
-            size = int(row["batch"])
+        rollouts = Rollouts(model)
+        for size in args.batches:  # each row prints as soon as it is measured
+            try:
+                row = measure(rollouts, size, args.blocks)
+            except torch.OutOfMemoryError:
+                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | |", flush=True)
+                break
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
             holds = "yes" if latency <= chunk_s else "no"
@@ -126,16 +130,20 @@ def main() -> int:
             print(
                 f"| {cfg.window_frames} | {size} | {latency * 1000:.0f} ms | {row['single_s'] * 1000:.0f} ms | "
                 f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {peak} | "
-                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |"
+                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |",
+                flush=True,
             )
-        del model
+        footer += (
+            f"window {cfg.window_frames}: real time is a block ({cfg.video_frames_per_block} frames) in "
+            f"<= {chunk_s * 1000:.0f} ms; {flops / 1e9:.4g} GFLOP per block per session (transformer, "
+            f"4 steps + commit; the VAE not counted)\n"
+        )
+        rollouts.release()
+        del model, rollouts
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     print()
-    print(
-        f"real time: a block ({cfg.video_frames_per_block} frames) in <= {chunk_s * 1000:.0f} ms; "
-        f"FLOPs per block per session at the window: {cfg.block_flops() / 1e12:.3f} TFLOP"
-    )
+    print(footer, end="")
     return 0
 
 

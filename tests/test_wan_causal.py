@@ -361,7 +361,8 @@ def test_checkpoint_loader_maps_every_key_of_a_self_forcing_checkpoint(tmp_path:
         },
         directory / "self_forcing.pt",
     )
-    save_file({**weights, **actions}, str(directory / "flat.safetensors"))
+    fsdp = {k.replace("blocks.", "_fsdp_wrapped_module.blocks.", 1): v for k, v in {**weights, **actions}.items()}
+    save_file(fsdp, str(directory / "flat.safetensors"))  # flat, FSDP-wrapped names, with the action embedding
 
     model = load_model("wan-causal", config="tiny", checkpoint=str(directory / "self_forcing.pt"))
     params = dict(model.forward.transformer.named_parameters())

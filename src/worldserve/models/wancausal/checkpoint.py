@@ -2,8 +2,9 @@
 
 Owns: :func:`diffusers_key` (one original key -> its ``SkyReelsV2Transformer3DModel``
 name), :func:`read_state_dict` (safetensors or a torch file; unwraps ``generator_ema`` /
-``generator`` / ``model`` / ``state_dict`` and strips the ``model.``, ``module.`` and
-``_fsdp_wrapped_module.`` prefixes training wrappers add) and :func:`load_checkpoint`
+``generator`` / ``model`` / ``state_dict``, strips the ``model.`` and ``module.`` prefixes
+and drops the ``_fsdp_wrapped_module.`` / ``_checkpoint_wrapped_module.`` parts training
+wrappers add) and :func:`load_checkpoint`
 (maps every key, loads strictly: any key left unmapped, missing or unexpected is an error
 that names it). The action embedding's weights, if the checkpoint has them, are under
 ``action_embedding.linear_1.weight`` and ``action_embedding.linear_2.weight``; without
@@ -58,7 +59,9 @@ _BLOCK_WEIGHT_ONLY = {
 }
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)")
 _WRAPPERS = ("generator_ema", "generator", "model", "state_dict")
-_PREFIXES = ("_fsdp_wrapped_module.", "module.", "model.")
+_PREFIXES = ("module.", "model.")
+#: Module names FSDP and activation checkpointing insert anywhere in a key.
+_INNER_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 ACTION_PREFIX = "action_embedding."
 
 
@@ -109,6 +112,8 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         if not isinstance(value, Tensor):
             continue
         name = str(key)
+        for wrapper in _INNER_WRAPPERS:
+            name = name.replace(wrapper, "")
         stripped = True
         while stripped:
             stripped = False
