@@ -537,3 +537,28 @@ def test_a_start_image_goes_through_the_vae_encoder_and_a_wrong_size_is_refused(
     assert (out[0]["payload"] != out[1]["payload"]).any()
     with pytest.raises(ValueError, match="start image must be 64x64"):
         model.new_state("bad", SessionOptions(image=b"\x00" * 10))
+
+
+def test_a_failed_step_leaves_every_state_unchanged() -> None:
+    from worldserve.models import load_model
+    from worldserve.models.base import SessionOptions
+
+    model = load_model("wan-causal", config="tiny", threads=1)
+    twin = load_model("wan-causal", config="tiny", threads=1)
+    assert model.spec.atomic_step
+    states = [model.new_state(sid, SessionOptions(seed=seed)) for sid, seed in (("a", 3), ("b", 4))]
+    twins = [twin.new_state(sid, SessionOptions(seed=seed)) for sid, seed in (("a", 3), ("b", 4))]
+    decode = model.vae.decode
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("decoder failed")
+
+    model.vae.decode = broken
+    with pytest.raises(RuntimeError, match="decoder failed"):
+        model.step([(s, tick(s.session_id, 0, "W")) for s in states])  # after the sampler and the commit pass
+    model.vae.decode = decode
+    assert [s.cache.next_frame for s in states] == [3, 3]
+    got = model.step([(s, tick(s.session_id, 0, "W")) for s in states])
+    expected = twin.step([(s, tick(s.session_id, 0, "W")) for s in twins])
+    for mine, theirs in zip(got, expected, strict=True):
+        assert (mine["payload"] == theirs["payload"]).all()

@@ -9,7 +9,8 @@ committed to the cache as the attention sink and run through the decoder, so eve
 it then emits has the same ``4 * block_frames`` frames. :meth:`WanCausalModel.step` runs
 ONE batched few-step denoise over every session of the batch (each at its own frame
 offset), one batched commit pass and one batched streaming decode; frames leave the
-device once per batch. Must not know: sessions' control plane, engines, transports.
+device once per batch. A step that raises leaves every state unchanged (``atomic_step``).
+Must not know: sessions' control plane, engines, transports.
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class WanCausalModel:
             styles=STYLES,
             default_prompt=DEFAULT_STYLE,
             description=self._describe(),
+            atomic_step=True,
         )
 
     def _describe(self) -> str:
@@ -246,11 +248,22 @@ class WanCausalModel:
         def noise() -> Tensor:
             return draw_noise(generators, shape, self.device)
 
-        clean = sample_block(self.forward, caches, noise, text, actions, rope, cfg)
-        commit_block(self.forward, caches, clean, text, actions, rope, cfg)
-        video = self.vae.decode(clean, [state.decoder for state in states])  # [B, 3, T, H, W]
-        frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
+        # block's K/V wait in the caches' scratch slots; the decoder caches are swapped in only at the
+        # end of a decode; the generators' states, host-side even for CUDA, are put back on failure).
+        saved = [generator.get_state() for generator in generators]
+        try:
+            clean = sample_block(self.forward, caches, noise, text, actions, rope, cfg)
+            commit_block(self.forward, caches, clean, text, actions, rope, cfg, keep=False)
+            video = self.vae.decode(clean, [state.decoder for state in states])  # [B, 3, T, H, W]
+            frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+            host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        except BaseException:
+            for generator, state in zip(generators, saved, strict=True):
+                generator.set_state(state)
+            raise
+        for cache in caches:
+            cache.commit()
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
 
     def release(self, state: Any) -> None:

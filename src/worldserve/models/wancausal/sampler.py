@@ -66,9 +66,16 @@ def commit_block(
     actions: Tensor,
     rope: tuple[Tensor, Tensor],
     config: WanCausalConfig,
+    *,
+    keep: bool = True,
 ) -> None:
-    """Run the clean block at the context timestep and keep its K/V in each cache."""
+    """Run the clean block at the context timestep and keep its K/V in each cache.
+
+    With ``keep=False`` the K/V stay in the caches' scratch slots until the caller's
+    ``cache.commit()`` (so a failure after this pass can leave the caches unchanged).
+    """
     timesteps = torch.full((clean.shape[0], clean.shape[2]), config.context_timestep, device=clean.device)
     forward(clean, timesteps, text, actions, caches, rope, head=False)
-    for cache in caches:
-        cache.commit()
+    if keep:
+        for cache in caches:
+            cache.commit()
