@@ -136,7 +136,7 @@ def main() -> int:
         footer += (
             f"window {cfg.window_frames}: real time is a block ({cfg.video_frames_per_block} frames) in "
             f"<= {chunk_s * 1000:.0f} ms; {flops / 1e9:.4g} GFLOP per block per session (transformer, "
-            f"4 steps + commit; the VAE not counted)\n"
+            f"{len(cfg.denoising_steps)} steps + commit; the VAE not counted)\n"
         )
         rollouts.release()
         del model, rollouts

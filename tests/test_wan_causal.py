@@ -562,3 +562,30 @@ def test_a_failed_step_leaves_every_state_unchanged() -> None:
     expected = twin.step([(s, tick(s.session_id, 0, "W")) for s in twins])
     for mine, theirs in zip(got, expected, strict=True):
         assert (mine["payload"] == theirs["payload"]).all()
+
+
+@torch.no_grad()
+def test_the_1_3b_widths_are_exact_too() -> None:
+    """One layer of the 1.3b width (12 heads x 128: RoPE split 44/42/42; text 512 x 4096) on a small grid."""
+    from dataclasses import replace
+
+    config = replace(CONFIGS["1.3b"], num_layers=1, height=64, width=64, window_frames=30)
+    forward = network(config)
+    rope = FrameRope(config, CPU)
+    assert (rope.t_dim, rope.h_dim, rope.w_dim) == (44, 42, 42)
+    cache = KVCache(config, CPU, torch.float32)
+    text = torch.randn(1, config.text_len, config.text_dim)
+    shape = block_shape(config)
+    prime = torch.randn(1, *shape)
+    still = torch.zeros(1, 3, config.action_dim)
+    commit_block(forward, [cache], prime, text, still, rope([0], 3), config)
+    record: list[StepRecord] = []
+    generator = torch.Generator().manual_seed(2)
+    noise = lambda: draw_noise([generator], shape, CPU)  # noqa: E731
+    sample_block(forward, [cache], noise, text, still, rope([3], 3), config, record)
+    for x, timesteps, flow in record:
+        dense_t = torch.cat([torch.zeros(1, 3), timesteps], dim=1)
+        reference = forward.transformer(
+            torch.cat([prime, x], dim=2), dense_t, text, enable_diffusion_forcing=True, return_dict=False
+        )[0]
+        assert (reference[:, :, -3:] - flow).abs().max().item() <= TOL
