@@ -33,11 +33,12 @@ BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
     {
         "procedural": "worldserve.models.procedural:ProceduralModel",
         "tinyworld": "worldserve.models.tinyworld.adapter:TinyWorldModel",
+        "wan-causal": "worldserve.models.wancausal.adapter:WanCausalModel",
     }
 )
 
 #: The extra each built-in model needs beyond ``models``.
-_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld"})
+_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld", "wan-causal": "wan"})
 
 
 def load_model(name: str, **options: Any) -> WorldModel:

@@ -124,7 +124,11 @@ class RuntimeConfig:
         group.add_argument(
             "--model",
             default=DEFAULT_MODEL,
-            help="tinyworld (trained, the default), procedural (the exact world) or package.module:factory",
+            help=(
+                "tinyworld (trained, the default), procedural (the exact world), wan-causal (block-causal "
+                "Wan2.1 on diffusers: --model-option config=tiny|1.3b, checkpoint=PATH or load=dummy) "
+                "or package.module:factory"
+            ),
         )
         group.add_argument(
             "--model-option",

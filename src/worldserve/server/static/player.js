@@ -127,9 +127,11 @@
         canvas.width = message.model.width;
         canvas.height = message.model.height;
         $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
+        $("model-name").title = message.model.description || "";
         renderPresets(message.model.styles || []);
         setStatus("live", "live");
         log(`session ${message.session_id.slice(0, 8)}… started`);
+        if (message.model.description) log(message.model.description);
         canvas.focus();
         break;
       case "chunk":

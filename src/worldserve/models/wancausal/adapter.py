@@ -1,0 +1,307 @@
+"""The ``wan-causal`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
+
+Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
+cache (sink + sliding window), its VAE decoder cache, its noise generator (on the model's
+device, seeded by ``SessionOptions.seed``) and its prompt. A session is *primed* at
+creation: its start frame (the start image, else the procedural world's first frame for
+its seed and prompt) held still for one block's worth of video is encoded by the VAE,
+committed to the cache as the attention sink and run through the decoder, so every chunk
+it then emits has the same ``4 * block_frames`` frames. :meth:`WanCausalModel.step` runs
+ONE batched few-step denoise over every session of the batch (each at its own frame
+offset), one batched commit pass and one batched streaming decode; frames leave the
+device once per batch. A step that raises leaves every state unchanged (``atomic_step``).
+Must not know: sessions' control plane, engines, transports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.wancausal.actions import ACTION_DIM, action_features
+from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae
+from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.checkpoint import load_checkpoint
+from worldserve.models.wancausal.config import WanCausalConfig, get_config
+from worldserve.models.wancausal.forward import CachedForward
+from worldserve.models.wancausal.rope import FrameRope
+from worldserve.models.wancausal.sampler import commit_block, draw_noise, sample_block
+from worldserve.models.wancausal.text import PromptEmbedder
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream
+from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
+from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
+
+__all__ = ["WanCausalModel", "WanCausalState"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WanCausalState:
+    """One session: KV cache, VAE decoder cache, noise generator, start options."""
+
+    __slots__ = ("cache", "decoder", "generator", "options", "session_id")
+
+    def __init__(
+        self,
+        session_id: str,
+        options: SessionOptions,
+        cache: KVCache,
+        decoder: DecoderCache,
+        generator: torch.Generator,
+    ) -> None:
+        self.session_id = session_id
+        self.options = options
+        self.cache = cache
+        self.decoder = decoder
+        self.generator = generator
+
+
+def _option_int(value: int | str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"wan-causal option {name} must be an integer; got {value!r}.") from None
+
+
+class WanCausalModel:
+    """A block-causal Wan2.1-class video diffusion transformer as a world model.
+
+    Options (all strings from ``--model-option`` work): ``config`` (``tiny`` or ``1.3b``),
+    ``checkpoint`` (a Self-Forcing/CausVid checkpoint: safetensors or a torch file),
+    ``load=dummy`` (random weights; the default only for ``tiny``), ``vae`` (a diffusers
+    ``AutoencoderKLWan`` state dict, safetensors), ``text_encoder`` (a local UMT5 directory),
+    ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32), ``window`` (latent
+    frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy weights), ``threads``.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: str | WanCausalConfig = "tiny",
+        checkpoint: str | Path | None = None,
+        load: str | None = None,
+        vae: str | Path | None = None,
+        text_encoder: str | Path | None = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        window: int | str | None = None,
+        max_batch_size: int | str = 8,
+        seed: int | str = 0,
+        threads: int | str | None = None,
+    ) -> None:
+        threads_count = _option_int(threads, "threads")
+        if threads_count is not None:
+            torch.set_num_threads(threads_count)
+        cfg = get_config(config) if isinstance(config, str) else config
+        window_frames = _option_int(window, "window")
+        if window_frames is not None:
+            cfg = cfg.with_window(window_frames)
+        if cfg.action_dim != ACTION_DIM:
+            raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
+        if load not in (None, "dummy", "checkpoint"):
+            raise ValueError(f"wan-causal option load must be 'dummy' or 'checkpoint'; got {load!r}.")
+        if load == "checkpoint" and checkpoint is None:
+            raise ValueError("wan-causal load=checkpoint needs checkpoint=PATH.")
+        if load == "dummy" and checkpoint is not None:
+            raise ValueError("wan-causal takes load=dummy or checkpoint=PATH, not both.")
+        if checkpoint is None and load is None and cfg.name != "tiny":
+            raise ValueError(
+                f"wan-causal config {cfg.name!r} needs checkpoint=PATH (a Self-Forcing/CausVid checkpoint), "
+                "or load=dummy for random weights; nothing downloads."
+            )
+        self.dummy = checkpoint is None
+        self.config = cfg
+        self.device = torch.device(device)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype not in _DTYPES:
+            raise ValueError(f"wan-causal option dtype must be auto or one of {sorted(_DTYPES)}; got {dtype!r}.")
+        self.dtype = _DTYPES[dtype]
+        weight_seed = _option_int(seed, "seed")
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.device(self.device):  # the caller's RNG stays as it was
+            torch.manual_seed(weight_seed or 0)
+            transformer = build_transformer(cfg)
+            actions = ActionEmbedding(cfg.action_dim, cfg.dim)
+            autoencoder = build_vae(cfg)
+        self.action_from_checkpoint = False
+        if checkpoint is not None:
+            report = load_checkpoint(checkpoint, transformer, actions)
+            self.action_from_checkpoint = report.action_from_checkpoint
+        if vae is not None:
+            from safetensors.torch import load_file
+
+            autoencoder.load_state_dict(load_file(str(vae)), strict=True)
+        self.vae_from_file = vae is not None
+        _cast(transformer, self.dtype, _FLOAT32_PARTS)
+        _cast(actions, self.dtype, ())
+        _cast(autoencoder, self.dtype, ())
+        for module in (transformer, actions, autoencoder):
+            module.eval().requires_grad_(False)
+        self.forward = CachedForward(transformer, actions, cfg)
+        self.vae = VaeStream(autoencoder)
+        self.rope = FrameRope(cfg, self.device)
+        self.text = PromptEmbedder(cfg.text_len, cfg.text_dim, self.device, self.dtype, text_encoder)
+        dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
+        self.decoder_cache_bytes = _decoder_cache_bytes(cfg, dtype_bytes)
+        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + 4096
+        batch_limit = _option_int(max_batch_size, "max_batch_size")
+        assert batch_limit is not None
+        self._spec = ModelSpec(
+            name="wan-causal",
+            frames_per_chunk=cfg.video_frames_per_block,
+            fps=cfg.fps,
+            height=cfg.height,
+            width=cfg.width,
+            controls=CONTROL_SCHEMAS,
+            max_batch_size=batch_limit,
+            state_bytes=state_bytes,
+            styles=STYLES,
+            default_prompt=DEFAULT_STYLE,
+            description=self._describe(),
+            atomic_step=True,
+            version=self._version(checkpoint, weight_seed),
+            precision=dtype,
+        )
+
+    def _version(self, checkpoint: str | Path | None, weight_seed: int | None) -> str:
+        """What computes the frames: the config, and the checkpoint's hash or the dummy weights' seed."""
+        if checkpoint is None:
+            return f"{self.config.name}:dummy-seed-{weight_seed or 0}"
+        digest = hashlib.sha256()
+        with Path(checkpoint).open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return f"{self.config.name}:sha256:{digest.hexdigest()[:12]}"
+
+    def _describe(self) -> str:
+        cfg = self.config
+        weights = (
+            "RANDOM WEIGHTS (load=dummy): frames are noise-like, for throughput work"
+            if self.dummy
+            else "checkpoint weights"
+        )
+        parts = [
+            f"{weights}. Block-causal Wan2.1-class video diffusion transformer (config {cfg.name}: "
+            f"{cfg.num_layers} layers, {cfg.num_heads}x{cfg.head_dim}), KV cache (sink {cfg.sink_frames} + window "
+            f"{cfg.window_frames} latent frames), {len(cfg.denoising_steps)}-step Self-Forcing sampler, "
+            f"{cfg.block_frames} latent frames per chunk",
+            f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder)'}",
+            "keys/camera: "
+            + ("from checkpoint" if self.action_from_checkpoint else "random-initialised action embedding"),
+        ]
+        if not self.vae_from_file:
+            parts.append("VAE: random weights")
+        return "; ".join(parts) + "."
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def start_frame(self, options: SessionOptions) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The frame a session starts from: the start image, else the world's first frame."""
+        h, w = self.config.height, self.config.width
+        if options.image is not None:
+            return np.frombuffer(options.image, dtype=np.uint8).reshape(h, w, 3).copy()
+        return World(options.seed).render(0, 0, h, w, style_for_prompt(options.prompt))
+
+    def _prompt(self, prompt: str | None) -> str:
+        return prompt if prompt is not None else ""
+
+    @torch.no_grad()
+    def new_state(self, session_id: str, options: SessionOptions) -> WanCausalState:
+        options.check_image(self._spec)
+        cfg = self.config
+        frame = torch.from_numpy(self.start_frame(options)).to(self.device)
+        pixels = frame.permute(2, 0, 1).float() / 127.5 - 1.0  # [3, H, W] in [-1, 1]
+        clip_frames = 1 + 4 * (cfg.block_frames - 1)
+        clip = pixels[None, :, None].expand(1, 3, clip_frames, cfg.height, cfg.width)
+        latents = self.vae.encode(clip)  # [1, C, block_frames, h, w]
+        cache = KVCache(cfg, self.device, self.dtype)
+        text = self.text([self._prompt(options.prompt)])
+        still = torch.zeros(1, cfg.block_frames, cfg.action_dim, device=self.device)
+        commit_block(self.forward, [cache], latents, text, still, self.rope([0], cfg.block_frames), cfg)
+        decoder = self.vae.new_cache()
+        self.vae.decode(latents, [decoder], first=True)
+        generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        return WanCausalState(session_id, options, cache, decoder, generator)
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+        if not batch:
+            return []
+        if len(batch) > self._spec.max_batch_size:
+            raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
+        cfg = self.config
+        states: list[WanCausalState] = []
+        prompts: list[str] = []
+        features: list[list[list[float]]] = []
+        for state, tick in batch:
+            if not isinstance(state, WanCausalState):
+                raise TypeError(f"wan-causal got a foreign state: {type(state).__name__}")
+            states.append(state)
+            prompts.append(self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt))
+            features.append(action_features(tick.controls, cfg.block_frames))
+        caches = [state.cache for state in states]
+        text = self.text(prompts)
+        actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
+        rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
+        shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
+        generators = [state.generator for state in states]
+
+        def noise() -> Tensor:
+            return draw_noise(generators, shape, self.device)
+
+        # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
+        # block's K/V wait in the caches' scratch slots; the decoder caches are swapped in only at the
+        # end of a decode; the generators' states, host-side even for CUDA, are put back on failure).
+        saved = [generator.get_state() for generator in generators]
+        try:
+            clean = sample_block(self.forward, caches, noise, text, actions, rope, cfg)
+            commit_block(self.forward, caches, clean, text, actions, rope, cfg, keep=False)
+            video = self.vae.decode(clean, [state.decoder for state in states])  # [B, 3, T, H, W]
+            frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+            host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        except BaseException:
+            for generator, state in zip(generators, saved, strict=True):
+                generator.set_state(state)
+            raise
+        for cache in caches:
+            cache.commit()
+        return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
+
+    def release(self, state: Any) -> None:
+        if isinstance(state, WanCausalState):
+            state.cache.clear()
+            state.decoder.clear()
+
+
+#: Parameters kept in float32 at lower precision (what diffusers keeps in float32 for this transformer).
+_FLOAT32_PARTS = ("time_embedder", "scale_shift_table", "norm1", "norm2", "norm3")
+
+
+def _cast(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str, ...]) -> None:
+    """Cast parameters to ``dtype``, keeping those under any of ``float32_parts`` in float32."""
+    for name, parameter in module.named_parameters():
+        keep = dtype != torch.float32 and any(part in name.split(".") for part in float32_parts)
+        parameter.data = parameter.data.to(torch.float32 if keep else dtype)
+
+
+def _decoder_cache_bytes(config: WanCausalConfig, dtype_bytes: int) -> int:
+    """Bytes of one session's VAE decoder cache, from a dry run on the meta device (no memory, no compute)."""
+    with torch.device("meta"):
+        stream = VaeStream(build_vae(config))
+        cache = stream.new_cache()
+        latents = torch.zeros(1, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
+        stream.decode(latents, [cache], first=True)
+        stream.decode(latents, [cache])
+    return sum(entry.numel() for entry in cache if isinstance(entry, Tensor)) * dtype_bytes

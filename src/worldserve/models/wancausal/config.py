@@ -1,0 +1,170 @@
+"""Sizes of the block-causal Wan model family, and the arithmetic they imply.
+
+Owns: :class:`WanCausalConfig` (transformer, VAE, latent grid, AR block, KV window,
+sampler schedule), the named configurations :data:`CONFIGS` (``tiny`` for tests on a CPU,
+``1.3b`` for Wan2.1-T2V-1.3B) and the per-session byte and FLOP counts the spec and the
+docs quote. Must not know: torch, diffusers, sessions, the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["CONFIGS", "WanCausalConfig", "get_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class WanCausalConfig:
+    """One size of the model. Frame counts are *latent* frames unless named ``video``."""
+
+    name: str
+    # Transformer (diffusers ``SkyReelsV2Transformer3DModel`` arguments).
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    ffn_dim: int
+    text_dim: int
+    freq_dim: int
+    latent_channels: int
+    patch: tuple[int, int, int] = (1, 2, 2)
+    eps: float = 1e-6
+    # Text conditioning: tokens per prompt (UMT5 pads to this length).
+    text_len: int = 512
+    # VAE (diffusers ``AutoencoderKLWan`` arguments).
+    vae_base_dim: int = 96
+    vae_dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    vae_res_blocks: int = 2
+    vae_latents_mean: tuple[float, ...] | None = None
+    vae_latents_std: tuple[float, ...] | None = None
+    # Video and the AR block.
+    height: int = 480
+    width: int = 832
+    fps: float = 16.0
+    block_frames: int = 3
+    #: KV cache: the first ``sink_frames`` latent frames (the primed start block) stay;
+    #: after them a sliding window of the ``window_frames`` most recent latent frames.
+    sink_frames: int = 3
+    window_frames: int = 9
+    # Sampler: the Self-Forcing few-step schedule (on a 1000-step grid), flow shift.
+    denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)
+    shift: float = 5.0
+    #: The timestep the commit pass writes the cache at (Self-Forcing's context noise).
+    context_timestep: float = 0.0
+    #: Action conditioning: per-latent-frame features (vx, vy, |v|, moving).
+    action_dim: int = 4
+
+    def __post_init__(self) -> None:
+        if self.height % (8 * self.patch[1]) or self.width % (8 * self.patch[2]):
+            raise ValueError(f"height/width must be multiples of {8 * self.patch[1]}; got {self.height}x{self.width}.")
+        if self.block_frames <= 0 or self.sink_frames < 0 or self.window_frames <= 0:
+            raise ValueError("block_frames and window_frames must be positive, sink_frames non-negative.")
+        if self.sink_frames % self.block_frames:
+            raise ValueError("sink_frames must be a whole number of blocks (the primed start block).")
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def latent_height(self) -> int:
+        return self.height // 8
+
+    @property
+    def latent_width(self) -> int:
+        return self.width // 8
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return (self.latent_height // self.patch[1]) * (self.latent_width // self.patch[2])
+
+    @property
+    def video_frames_per_block(self) -> int:
+        """Video frames one block of latent frames decodes to (4 per latent frame after the first)."""
+        return 4 * self.block_frames
+
+    @property
+    def cache_frames(self) -> int:
+        """Latent frames of K/V a session holds: the current block's scratch, the sink, the window."""
+        return self.block_frames + self.sink_frames + self.window_frames
+
+    def kv_bytes_per_frame(self, dtype_bytes: int) -> int:
+        """K and V of one latent frame across every layer."""
+        return 2 * self.num_layers * self.tokens_per_frame * self.dim * dtype_bytes
+
+    def kv_bytes(self, dtype_bytes: int) -> int:
+        return self.cache_frames * self.kv_bytes_per_frame(dtype_bytes)
+
+    def forward_flops(self, query_frames: int, key_frames: int) -> int:
+        """Multiply-adds x2 of one transformer forward over ``query_frames`` attending to ``key_frames``."""
+        lq = query_frames * self.tokens_per_frame
+        lk = key_frames * self.tokens_per_frame
+        d = self.dim
+        per_layer = (
+            2 * lq * d * (4 * d)  # q, k, v, out projections
+            + 2 * 2 * lq * lk * d  # scores and weighted values
+            + 2 * lq * d * (2 * d)
+            + 2 * self.text_len * d * (2 * d)  # cross-attn q/out; text k/v
+            + 2 * 2 * lq * self.text_len * d  # cross-attn scores and values
+            + 2 * lq * d * self.ffn_dim * 2  # FFN up and down
+        )
+        return self.num_layers * per_layer
+
+    def block_flops(self) -> int:
+        """FLOPs of one AR block at the full window: every denoising step plus the commit pass."""
+        keys = self.cache_frames
+        return (len(self.denoising_steps) + 1) * self.forward_flops(self.block_frames, keys)
+
+    def sigmas(self) -> tuple[float, ...]:
+        """The shifted noise levels of the denoising steps (Self-Forcing's warped timesteps / 1000)."""
+        out = []
+        for step in self.denoising_steps:
+            s = step / 1000.0
+            out.append(self.shift * s / (1.0 + (self.shift - 1.0) * s))
+        return tuple(out)
+
+    def with_window(self, window_frames: int) -> WanCausalConfig:
+        return replace(self, window_frames=window_frames)
+
+
+CONFIGS: dict[str, WanCausalConfig] = {
+    # A few layers, small width, an 8x8 latent grid (16 tokens per frame), a 4-channel tiny VAE:
+    # the whole path runs on a CPU in seconds.
+    "tiny": WanCausalConfig(
+        name="tiny",
+        num_layers=2,
+        num_heads=2,
+        head_dim=16,
+        ffn_dim=64,
+        text_dim=16,
+        freq_dim=16,
+        latent_channels=4,
+        text_len=8,
+        vae_base_dim=8,
+        vae_res_blocks=1,
+        vae_latents_mean=(0.0, 0.0, 0.0, 0.0),
+        vae_latents_std=(1.0, 1.0, 1.0, 1.0),
+        height=64,
+        width=64,
+        window_frames=6,
+    ),
+    # Wan2.1-T2V-1.3B made block-causal (Self-Forcing): 30 layers, 12 heads x 128, FFN 8960,
+    # 832x480 -> 60x104 latents -> 1560 tokens per latent frame; 3 latent frames = 12 video
+    # frames per block at 16 fps; 4 denoising steps.
+    "1.3b": WanCausalConfig(
+        name="1.3b",
+        num_layers=30,
+        num_heads=12,
+        head_dim=128,
+        ffn_dim=8960,
+        text_dim=4096,
+        freq_dim=256,
+        latent_channels=16,
+    ),
+}
+
+
+def get_config(name: str) -> WanCausalConfig:
+    try:
+        return CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown wan-causal config {name!r}; known: {sorted(CONFIGS)}.") from None

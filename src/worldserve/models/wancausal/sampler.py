@@ -1,0 +1,81 @@
+"""The few-step sampler with the Self-Forcing schedule, and the commit pass.
+
+Owns: :func:`sample_block` (flow matching: start from noise at the first shifted noise
+level; at each step predict the flow ``v``, take ``x0 = x - sigma * v``, and re-noise
+``x0`` to the next level with fresh noise; return the last ``x0``), :func:`commit_block`
+(one more pass over the clean block at the context timestep, whose K/V the caches keep) and
+:func:`draw_noise` (each session's own generator, on the model's device, so a session's
+frames do not depend on its batch). Must not know: attention, the VAE, sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.forward import CachedForward
+
+__all__ = ["StepRecord", "commit_block", "draw_noise", "sample_block"]
+
+#: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
+StepRecord = tuple[Tensor, Tensor, Tensor]
+
+
+def draw_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """One standard-normal draw of ``shape`` per generator, stacked: ``[B, *shape]``."""
+    return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
+
+
+def sample_block(
+    forward: CachedForward,
+    caches: Sequence[KVCache],
+    noise: Callable[[], Tensor],
+    text: Tensor,
+    actions: Tensor,
+    rope: tuple[Tensor, Tensor],
+    config: WanCausalConfig,
+    record: list[StepRecord] | None = None,
+) -> Tensor:
+    """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw."""
+    sigmas = config.sigmas()
+    x = noise()
+    batch, frames = x.shape[0], x.shape[2]
+    x0 = x
+    for index, sigma in enumerate(sigmas):
+        timesteps = torch.full((batch, frames), sigma * 1000.0, device=x.device)
+        flow = forward(x, timesteps, text, actions, caches, rope)
+        assert flow is not None
+        if record is not None:
+            record.append((x, timesteps, flow))
+        x0 = x - sigma * flow.float()
+        if index + 1 < len(sigmas):
+            following = sigmas[index + 1]
+            x = (1.0 - following) * x0 + following * noise()
+    return x0
+
+
+def commit_block(
+    forward: CachedForward,
+    caches: Sequence[KVCache],
+    clean: Tensor,
+    text: Tensor,
+    actions: Tensor,
+    rope: tuple[Tensor, Tensor],
+    config: WanCausalConfig,
+    *,
+    keep: bool = True,
+) -> None:
+    """Run the clean block at the context timestep and keep its K/V in each cache.
+
+    With ``keep=False`` the K/V stay in the caches' scratch slots until the caller's
+    ``cache.commit()`` (so a failure after this pass can leave the caches unchanged).
+    """
+    timesteps = torch.full((clean.shape[0], clean.shape[2]), config.context_timestep, device=clean.device)
+    forward(clean, timesteps, text, actions, caches, rope, head=False)
+    if keep:
+        for cache in caches:
+            cache.commit()

@@ -1,0 +1,98 @@
+"""The causal VAE driven chunk by chunk: a per-session streaming decode, batched across sessions.
+
+Owns: :class:`VaeStream`. A session's decoder state is the feature cache of diffusers'
+``AutoencoderKLWan`` decoder (the last frames each causal convolution saw), kept as the
+session's own list and handed to the public ``decoder`` module one latent frame at a time,
+exactly as the library's one-shot ``decode`` does inside a single call. A batch's caches are
+stacked along the batch axis for one decoder pass and split back after it. Also: latent
+(de)normalisation with the VAE's ``latents_mean``/``latents_std`` and the start image's
+encoding. Must not know: the transformer, the sampler, sessions' control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+from torch import Tensor, nn
+
+__all__ = ["DecoderCache", "VaeStream"]
+
+#: One session's decoder feature cache: one entry per causal convolution of the decoder.
+DecoderCache = list[Any]
+
+
+class VaeStream:
+    """Streaming decode and start-image encode on one ``AutoencoderKLWan``."""
+
+    def __init__(self, vae: nn.Module) -> None:
+        self.vae: Any = cast(Any, vae)
+        config: Any = self.vae.config
+        weight: Tensor = self.vae.post_quant_conv.weight
+        self.convs = sum(isinstance(m, WanCausalConv3d) for m in self.vae.decoder.modules())
+        shape = (1, config.z_dim, 1, 1, 1)
+        self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=weight.device).view(shape)
+        self.std = torch.tensor(config.latents_std, dtype=torch.float32, device=weight.device).view(shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        weight: Tensor = self.vae.post_quant_conv.weight
+        return weight.dtype
+
+    def new_cache(self) -> DecoderCache:
+        return [None] * self.convs
+
+    def denormalize(self, latents: Tensor) -> Tensor:
+        return (latents.float() * self.std + self.mean).to(self.dtype)
+
+    def encode(self, video: Tensor) -> Tensor:
+        """Normalised latents (the posterior's mode) of ``video`` ``[B, 3, 1 + 4k, H, W]`` in [-1, 1]."""
+        posterior = self.vae.encode(video.to(self.dtype)).latent_dist
+        mode: Tensor = posterior.mode()
+        return (mode.float() - self.mean) / self.std
+
+    def decode(self, latents: Tensor, caches: Sequence[DecoderCache], *, first: bool = False) -> Tensor:
+        """Decode ``latents`` ``[B, C, F, h, w]`` (normalised) of B sessions, continuing each cache.
+
+        Returns video ``[B, 3, T, H, W]`` in [-1, 1]: ``T = 4F`` frames, or ``1 + 4(F - 1)``
+        when ``first`` (the session's very first latent frame decodes to one frame).
+        """
+        x = self.vae.post_quant_conv(self.denormalize(latents))
+        shared = _stack(caches)
+        outputs = []
+        for frame in range(x.shape[2]):
+            outputs.append(
+                self.vae.decoder(
+                    x[:, :, frame : frame + 1], feat_cache=shared, feat_idx=[0], first_chunk=first and frame == 0
+                )
+            )
+        _unstack(shared, caches)
+        return torch.clamp(torch.cat(outputs, dim=2), -1.0, 1.0)
+
+    @staticmethod
+    def nbytes(cache: DecoderCache) -> int:
+        return sum(entry.numel() * entry.element_size() for entry in cache if isinstance(entry, Tensor))
+
+
+def _stack(caches: Sequence[DecoderCache]) -> DecoderCache:
+    if len(caches) == 1:
+        return list(caches[0])
+    shared: DecoderCache = []
+    for entries in zip(*caches, strict=True):
+        first = entries[0]
+        if isinstance(first, Tensor):
+            shared.append(torch.cat(entries, dim=0))
+        elif all(entry is None for entry in entries) or all(isinstance(e, str) and e == first for e in entries):
+            shared.append(first)
+        else:
+            raise ValueError("sessions at different decoder stages cannot share a decode")
+    return shared
+
+
+def _unstack(shared: DecoderCache, caches: Sequence[DecoderCache]) -> None:
+    for index, entry in enumerate(shared):
+        parts: Sequence[Any] = torch.split(entry, 1) if isinstance(entry, Tensor) else [entry] * len(caches)
+        for cache, part in zip(caches, parts, strict=True):
+            cache[index] = part
