@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--idle-timeout", type=_positive_float, default=300.0, help="close idle connections after (s)")
     serve.add_argument("--max-lag-chunks", type=_positive_int, default=3, help="un-acked chunks before pausing")
+    serve.add_argument(
+        "--chunk-clock",
+        choices=["on", "off"],
+        default="on",
+        help="on: sessions on one worker issue ticks at shared instants, so they batch; "
+        "off: each session paces alone (%(default)s)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
 
@@ -104,6 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         event_burst=args.event_burst,
         idle_timeout=args.idle_timeout,
         max_lag_chunks=args.max_lag_chunks,
+        chunk_clock=args.chunk_clock == "on",
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
