@@ -266,3 +266,14 @@ def test_overload_stretches_every_sessions_period_equally() -> None:
     counts = [sum(1 for done, _ in s.chunks if 5.0 < done <= 20.0) for s in sessions]
     assert max(counts) - min(counts) <= 1  # each slows the same
     assert counts[0] == pytest.approx(15.0 / 0.4, abs=1.5)  # one chunk per stretched period
+
+
+def test_playout_lateness_reanchors_after_a_stall() -> None:
+    from worldserve.loadtest import playout_lateness
+
+    assert playout_lateness([], PERIOD) == (0, 0.0)
+    assert playout_lateness([1.0, 1.2, 1.5, 1.74], PERIOD) == (0, 0.0)  # each by its instant
+    late, stall = playout_lateness([1.0, 1.25, 1.6, 1.8, 2.1, 2.2], PERIOD)
+    # 1.6 is 0.1 late (playback stalls, then goes on from 1.6): 1.8 fine (due 1.85), 2.1 due 2.1, 2.2 fine
+    assert late == 1
+    assert stall == pytest.approx(0.1)
