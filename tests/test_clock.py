@@ -64,7 +64,10 @@ def test_tick_instant() -> None:
     assert tick_instant(clock, 5.0, None) == 5.0  # the first session starts the clock
     assert tick_instant(clock, 5.1, None) == pytest.approx(5.25)  # a joiner: the next instant
     assert tick_instant(clock, 5.3, 5.6) == pytest.approx(5.5)  # the instant at or before playback's wish
-    assert tick_instant(clock, 5.3, 5.32) == 5.3  # that instant passed: now (the lead chunk)
+    # that instant passed ...
+    assert tick_instant(clock, 5.3, 5.32, served=5.25, eager=True) == 5.3  # the lead chunk: at once
+    assert tick_instant(clock, 5.3, 5.32, served=5.0) == 5.3  # 5.25 had no batch yet: join it now
+    assert tick_instant(clock, 5.3, 5.32, served=5.25) == pytest.approx(5.5)  # else the next instant
 
 
 def test_clocked_batch_rule() -> None:
@@ -145,7 +148,8 @@ class Sim:
                 session.anchor += self.now - want
                 want = self.now
         if self.clocked:
-            target = tick_instant(self.clock, self.now, want)
+            eager = 0 < session.produced <= self.lead
+            target = tick_instant(self.clock, self.now, want, served=self.served, eager=eager)
             self.planned[session.name] = target
         else:
             target = self.now if want is None else max(self.now, want)

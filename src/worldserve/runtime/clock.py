@@ -124,17 +124,25 @@ class StepTimes:
         return known[below] + share * (known[above] - known[below])
 
 
-def tick_instant(clock: ChunkClock, now: float, want: float | None) -> float:
+def tick_instant(
+    clock: ChunkClock, now: float, want: float | None, *, served: float = float("-inf"), eager: bool = False
+) -> float:
     """When a paced session should issue its next tick on ``clock``.
 
     ``want`` is when playback pacing would issue it (None: the first tick of a session
-    or of an epoch). A first tick waits for the clock's next instant (at most one period:
-    the joining session's phase shift). Later ticks go at the latest instant at or before
-    ``want`` -- the same instant as every other session of the worker -- or at once when
-    that instant has passed (the lead chunk right after the first, or a session that fell
-    behind: the engine still holds such a tick for the next instant unless it fits in the
-    idle time before it).
+    or of an epoch); ``served`` is when the worker last took a batch. A first tick waits
+    for the clock's next instant (at most one period: the joining session's phase shift).
+    Later ticks go at the latest instant at or before ``want`` -- the same instant as
+    every other session of the worker. When that instant has passed, the tick goes at
+    once if it is ``eager`` (the lead chunk right after the first: the engine runs it if
+    it fits in the idle time before the next instant) or if the instant in force has not
+    had its batch yet (it joins that batch); else it waits for the next instant.
     """
     if want is None or not clock.started:
         return clock.next_slot(now)
-    return max(now, clock.last_slot(want))
+    instant = clock.last_slot(want)
+    if instant >= now:
+        return instant
+    if eager or served < clock.last_slot(now):
+        return now
+    return clock.after(now)

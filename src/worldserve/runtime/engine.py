@@ -239,14 +239,16 @@ class Engine:
 
     # -- the chunk clock -----------------------------------------------------------------
 
-    def tick_due(self, session_id: str, want: float | None) -> float:
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
         """The instant (the event loop's clock) at which the session should issue its next tick.
 
         ``want``: when the session's own playback pacing would issue it; None for the first
         tick of a session or of an epoch, which waits for its worker's next instant (at most
-        one chunk period). Sessions that ask share their worker's chunk clock, so their ticks
-        arrive together and run as one batch. A session that holds no state gets ``want``
-        (or now): its tick fails at once anyway.
+        one chunk period; at once when no other session lives on the worker). ``eager``: the
+        tick builds the session's lead (the chunk right after the first) and may go at once.
+        Sessions that ask share their worker's chunk clock, so their ticks arrive together
+        and run as one batch (:func:`~worldserve.runtime.clock.tick_instant`). A session that
+        holds no state gets ``want`` (or now): its tick fails at once anyway.
         """
         loop = self._require_running()
         now = loop.time()
@@ -254,7 +256,9 @@ class Engine:
         if route is None or route.worker is None:
             return now if want is None else max(now, want)
         worker = self._workers[route.worker]
-        instant = tick_instant(worker.clock, now, want)
+        if want is None and self._router.resident_count(worker.index) <= 1 and not worker.planned:
+            worker.clock = ChunkClock(worker.clock.nominal)  # alone: the clock starts over from this session
+        instant = tick_instant(worker.clock, now, want, served=worker.served, eager=eager)
         worker.planned[session_id] = instant
         return instant
 
@@ -268,9 +272,9 @@ class Engine:
     def _headroom_refusal(self, index: int) -> str | None:
         """Why a clocked worker should take no more sessions (its step would outgrow the period), or None."""
         worker = self._workers[index]
-        if not worker.clock.started:
-            return None
         load = self._router.load(index)
+        if not worker.clock.started or load == 0:
+            return None  # an empty worker takes a session (and measures it)
         predicted = worker.steps.predict(load + 1)
         budget = worker.clock.nominal * self.config.step_budget
         if predicted is None or predicted <= budget:

@@ -144,10 +144,10 @@ class Runtime:
         await self.manager.close_session(session_id)
         self.engine.forget_session(session_id)
 
-    def tick_due(self, session_id: str, want: float | None) -> float:
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
         """When the session should issue its next tick to share its worker's chunk clock
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
-        return self.engine.tick_due(session_id, want)
+        return self.engine.tick_due(session_id, want, eager=eager)
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())

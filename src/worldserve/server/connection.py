@@ -79,9 +79,10 @@ class WorldBackend(Protocol):
 
     async def close_session(self, session_id: str) -> None: ...
 
-    def tick_due(self, session_id: str, want: float | None) -> float:
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
         """When the session's next tick should go, on its worker's chunk clock (``want``: when
-        playback pacing would send it; None: the first tick of an epoch)."""
+        playback pacing would send it; None: the first tick of an epoch; ``eager``: it builds
+        the lead and may go at once)."""
         ...
 
 
@@ -380,11 +381,11 @@ class Connection:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    def _tick_target(self, session: Session[Chunk], want: float | None) -> float:
+    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool) -> float:
         """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
         if self._config.chunk_clock:
             try:
-                return self._backend.tick_due(session.session_id, want)
+                return self._backend.tick_due(session.session_id, want, eager=eager)
             except Exception:  # the runtime is going away: pace alone; the tick reports why
                 log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
         return self._clock() if want is None else want
@@ -412,7 +413,7 @@ class Connection:
                 if behind > period:  # fell behind real time: re-anchor playback
                     anchor += behind
                     want += behind
-            target = self._tick_target(session, want)
+            target = self._tick_target(session, want, eager=0 < produced <= lead)
             if target > self._clock():
                 await self._wait(target - self._clock())
                 if self._stopping or session.epoch != epoch:
