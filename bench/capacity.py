@@ -46,6 +46,8 @@ def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen
     command += ["--model", args.model, "--workers", str(args.workers), "--chunk-clock", side]
     for option in args.model_option:
         command += ["--model-option", option]
+    if args.threads_per_worker is not None:
+        command += ["--threads-per-worker", str(args.threads_per_worker)]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
     deadline = time.monotonic() + 120
@@ -109,6 +111,7 @@ def main() -> int:
     parser.add_argument("--model", default="tinyworld")
     parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=int, default=None, help="passed to the server (default: its own)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per session at each step")
     parser.add_argument("--stagger", type=float, default=5.0, help="start offsets: uniform in [0, STAGGER] s")
     parser.add_argument("--start", type=int, default=2, help="first client count")
@@ -118,10 +121,11 @@ def main() -> int:
     args = parser.parse_args()
 
     options = " ".join(args.model_option) or "defaults"
+    threads = "" if args.threads_per_worker is None else f" of {args.threads_per_worker} thread(s)"
     print(
-        f"capacity bench: model {args.model} ({options}), {args.workers} worker(s), {os.cpu_count()} CPUs "
+        f"capacity bench: model {args.model} ({options}), {args.workers} worker(s){threads}, {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()}), {args.duration:g} s per session, "
-        f"start offsets uniform in [0, {args.stagger:g}] s"
+        f"start offsets uniform in [0, {args.stagger:g}] s; load average {os.getloadavg()[0]:.1f}"
     )
     results: dict[str, tuple[int, list[CapacityStep]]] = {}
     for side in args.sides:

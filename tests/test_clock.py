@@ -281,3 +281,20 @@ def test_playout_lateness_reanchors_after_a_stall() -> None:
     # 1.6 is 0.1 late (playback stalls, then goes on from 1.6): 1.8 fine (due 1.85), 2.1 due 2.1, 2.2 fine
     assert late == 1
     assert stall == pytest.approx(0.1)
+
+
+def test_eight_staggered_sessions_with_noisy_steps_batch_and_play_on_time() -> None:
+    """At tinyworld's quiet-box scale (a batch-8 step under the period), with steps off by up to 20 %."""
+    import random
+
+    from worldserve.loadtest import playout_lateness
+
+    rng = random.Random(1)
+    sim = Sim(lambda batch: (0.03 + 0.02 * batch) * rng.uniform(0.8, 1.2))
+    sessions = [sim.join(f"s{i}", rng.uniform(0.0, 3.0)) for i in range(8)]
+    sim.run(until=30.0)
+    settled = [names for start, names in sim.batches if start > 5.0]
+    assert settled
+    assert all(len(names) == 8 for names in settled)
+    for session in sessions:
+        assert playout_lateness([done for done, _ in session.chunks], PERIOD) == (0, 0.0)
