@@ -49,7 +49,10 @@ def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen
     if args.threads_per_worker is not None:
         command += ["--threads-per-worker", str(args.threads_per_worker)]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+        # bench/ on the path: models such as timed_model:TimedModel live here
+        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
