@@ -40,3 +40,4 @@ bench: venv
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/tinyworld.py
+	$(BIN)/python bench/capacity.py

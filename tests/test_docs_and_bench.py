@@ -43,3 +43,13 @@ def test_tinyworld_benchmark_smoke() -> None:
     assert done.returncode == 0, done.stderr
     assert re.search(r"\| 1 session, frames/s +\| [\d.]+ ", done.stdout), done.stdout
     assert re.search(r"8 sessions batched, aggregate frames/s \| [\d.]+ \([\d.]+x one session\)", done.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_capacity_benchmark_smoke() -> None:
+    command = [sys.executable, "bench/capacity.py", "--model", "procedural", "--duration", "1.5", "--stagger", "0.5"]
+    command += ["--start", "1", "--max-clients", "2", "--sides", "on"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=80, check=False)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"sessions held at <= 1 % late chunks: \d+", done.stdout), done.stdout
+    assert re.search(r"\| on \| \d+ \| [\d.]+ \|", done.stdout), done.stdout

@@ -234,3 +234,32 @@ async def test_capacity_counts_free_slots_on_ready_workers() -> None:
     async with Runtime("procedural", executor="inprocess") as unlimited:
         assert unlimited.capacity() == Capacity(free=None, workers_alive=1)
     assert unlimited.capacity() == Capacity(free=0, workers_alive=0)  # shut down
+
+
+async def test_clocked_workers_without_real_time_headroom_take_no_more_sessions() -> None:
+    """Admission weighs a clocked worker's measured step time against the chunk period."""
+    async with runtime(slow_s=0.4, workers=2) as rt:  # a slow step (0.4 s) outgrows the 0.25 s period
+        slow = await rt.create_session(prompt="slow", session_id="slow")
+        fast = await rt.create_session(session_id="fast")
+        assert (rt.engine.worker_of("slow"), rt.engine.worker_of("fast")) == (0, 1)
+        for session in (slow, fast):
+            rt.tick_due(session.session_id, None)  # paced on the clock from now on
+            await session.next_chunk()
+        # equal loads: worker 0 comes first, but its step would not hold real time
+        await rt.create_session(session_id="third")
+        assert rt.engine.worker_of("third") == 1
+        # slow down worker 1 too: no worker has headroom, so the next session is refused
+        await fast.accept_event(SessionEvent(1, prompt="slow"))
+        await fast.next_chunk()
+        with pytest.raises(SessionError, match="no real-time headroom") as refused:
+            await rt.create_session(session_id="fourth")
+        assert refused.value.code == "admission_refused"
+        assert rt.stats().engine.admissions_refused == 1
+
+
+async def test_unclocked_workers_admit_by_counts_and_bytes_only() -> None:
+    async with runtime(slow_s=0.4) as rt:
+        slow = await rt.create_session(prompt="slow")
+        await slow.next_chunk()  # a slow step, but nobody paces on the clock
+        await rt.create_session()
+        assert rt.stats().engine.admissions == 2

@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--idle-timeout", type=_positive_float, default=300.0, help="close idle connections after (s)")
     serve.add_argument("--max-lag-chunks", type=_positive_int, default=3, help="un-acked chunks before pausing")
+    serve.add_argument(
+        "--chunk-clock",
+        choices=["on", "off"],
+        default="on",
+        help="on: sessions on one worker issue ticks at shared instants, so they batch; "
+        "off: each session paces alone (%(default)s)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
 
@@ -75,6 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=_positive_float, default=60.0, help="seconds per client")
     bench.add_argument("--event-interval", type=_positive_float, default=0.25, help="mean seconds between events")
     bench.add_argument("--token", default=None)
+    bench.add_argument(
+        "--stagger", type=float, default=0.0, metavar="SECONDS", help="start each client after a uniform random offset"
+    )
+    bench.add_argument(
+        "--arrival-rate",
+        type=_positive_float,
+        default=None,
+        metavar="PER_S",
+        help="open loop: sessions arrive at this rate for --duration seconds (instead of --clients)",
+    )
+    bench.add_argument(
+        "--session-seconds", type=_positive_float, default=None, help="open loop: each session's lifetime"
+    )
+    bench.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="step the client count (from --clients, doubling then bisecting) to find the most sessions "
+        "held at <= 1%% late chunks",
+    )
+    bench.add_argument("--max-clients", type=_positive_int, default=64, help="--find-capacity: the most to try")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the start offsets and arrivals")
 
     record = commands.add_parser(
         "record",
@@ -117,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         event_burst=args.event_burst,
         idle_timeout=args.idle_timeout,
         max_lag_chunks=args.max_lag_chunks,
+        chunk_clock=args.chunk_clock == "on",
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
@@ -135,11 +164,34 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from worldserve.loadtest import format_table, run_bench
+    from worldserve.loadtest import find_capacity, format_capacity_table, format_table, run_bench
 
+    if args.find_capacity:
+        capacity, steps = asyncio.run(
+            find_capacity(
+                args.url,
+                start=args.clients,
+                max_clients=args.max_clients,
+                duration=args.duration,
+                stagger=args.stagger,
+                event_interval=args.event_interval,
+                token=args.token,
+                seed=args.seed,
+            )
+        )
+        print(format_capacity_table(capacity, steps))
+        return 0 if all(r.lost == 0 for step in steps for r in step.result.reports) else 1
     result = asyncio.run(
         run_bench(
-            args.url, clients=args.clients, duration=args.duration, event_interval=args.event_interval, token=args.token
+            args.url,
+            clients=args.clients,
+            duration=args.duration,
+            event_interval=args.event_interval,
+            token=args.token,
+            stagger=args.stagger,
+            arrival_rate=args.arrival_rate,
+            session_seconds=args.session_seconds,
+            seed=args.seed,
         )
     )
     print(format_table(result))

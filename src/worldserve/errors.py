@@ -209,7 +209,8 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
         ErrorCode.ADMISSION_REFUSED: _info(
             _S,
             "start lifecycle api",
-            "no worker can make room for a new session now (all full, busy past their step, or restarting)",
+            "no worker can take a new session now (all full, stalled in a step, restarting, or their chunk clock "
+            "cannot hold real time with one more)",
             "retry after `retry_after_ms`, here or on another front-end",
         ),
         ErrorCode.EVICTED: _info(

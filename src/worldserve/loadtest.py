@@ -3,8 +3,13 @@
 Owns: a scripted client (start, steer with held-key and prompt events at a steady
 rate, consume and acknowledge chunks), the books that prove no event was lost (each
 accepted event is applied in exactly one chunk or reported in ``input.dropped``),
-and the summary table: time to first chunk, frames/s, event->applied latency
-percentiles against the bound of one chunk period plus one chunk's compute.
+playback as a player would see it (chunk *k* plays at the first chunk's arrival plus
+*k* periods, re-anchored after a stall: the late-chunk ratio and stall time per
+session), arrivals (all at once, staggered by uniform random offsets, or open-loop at a
+rate with a lifetime each), the capacity search (the most sessions held at <= 1 % late
+chunks, by stepping the client count), and the summary tables: time to first chunk,
+frames/s, late chunks, mean batch, event->applied latency percentiles against the bound
+of one chunk period plus one chunk's compute.
 
 Must not know: the server's internals (it is a plain client over the socket).
 """
@@ -21,7 +26,20 @@ from dataclasses import dataclass, field
 
 from worldserve.client import WorldClient, WorldError, keys
 
-__all__ = ["BenchResult", "ClientReport", "format_table", "run_bench"]
+__all__ = [
+    "BenchResult",
+    "CapacityStep",
+    "ClientReport",
+    "find_capacity",
+    "format_capacity_table",
+    "format_table",
+    "held",
+    "playout_lateness",
+    "run_bench",
+]
+
+#: A session is held when at most this share of its chunks arrive after their playout instant.
+LATE_LIMIT = 0.01
 
 _HELD_CHOICES = ((), ("W",), ("A",), ("S",), ("D",), ("W", "D"), ("S", "A"))
 _PROMPTS = ("islands", "desert dunes", "deep forest", "snowy tundra")
@@ -51,6 +69,18 @@ class ClientReport:
     model: list[float] = field(default_factory=list)  # of that: inside the model's step, seconds
     batch_sizes: list[int] = field(default_factory=list)  # sessions in the step that made each chunk
     chunk_period: float = 0.0
+    arrivals: list[float] = field(default_factory=list)  # when each chunk arrived (client clock)
+    started_at: float | None = None  # when this client began (after its start offset)
+
+    @property
+    def late(self) -> tuple[int, float]:
+        """Chunks that arrived after their playout instant, and the total stall (seconds)."""
+        return playout_lateness(self.arrivals, self.chunk_period)
+
+    @property
+    def late_ratio(self) -> float:
+        late, _ = self.late
+        return late / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
 
 
 @dataclass
@@ -58,16 +88,40 @@ class BenchResult:
     clients: int
     duration: float
     reports: list[ClientReport]
+    arrivals: str = "all at once"
+
+
+def playout_lateness(arrivals: list[float], period: float) -> tuple[int, float]:
+    """A player's view of chunk arrival times: how many came late, and the stall they caused.
+
+    Chunk 0 plays on arrival; chunk *k* is due one period after chunk *k-1*'s playout. A
+    chunk that arrives after it is due stalls playback until it arrives, and playback goes
+    on from there (re-anchored).
+    """
+    if not arrivals or period <= 0:
+        return 0, 0.0
+    late, stall = 0, 0.0
+    due = arrivals[0]
+    for arrival in arrivals[1:]:
+        due += period
+        if arrival > due:
+            late += 1
+            stall += arrival - due
+            due = arrival
+    return late, stall
 
 
 async def _run_client(
-    url: str, token: str | None, duration: float, event_interval: float, seed: int, settle: float
+    url: str, token: str | None, duration: float, event_interval: float, seed: int, settle: float, delay: float = 0.0
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
     sent_at: dict[int, float] = {}
     applied: Counter[int] = Counter()
     accepted: set[int] = set()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    report.started_at = time.monotonic()
     try:
         async with WorldClient(url, token=token) as client:
             started = time.monotonic()
@@ -82,6 +136,7 @@ async def _run_client(
                     if report.ttfc is None:
                         report.ttfc = chunk.received_at - started
                     report.chunks += 1
+                    report.arrivals.append(chunk.received_at)
                     report.frames += int(chunk.frames.shape[0])
                     tick = chunk.timings.get("tick_ms", 0.0) / 1000.0
                     report.compute.append(tick)
@@ -147,12 +202,107 @@ async def run_bench(
     event_interval: float = 0.25,
     token: str | None = None,
     settle: float = 5.0,
+    stagger: float = 0.0,
+    arrival_rate: float | None = None,
+    session_seconds: float | None = None,
+    seed: int = 0,
 ) -> BenchResult:
-    """Run ``clients`` concurrent sessions for ``duration`` seconds each."""
+    """Run sessions against ``url`` and gather what each client saw.
+
+    Closed loop (the default): ``clients`` sessions of ``duration`` seconds each, each
+    starting after a uniform random offset in ``[0, stagger]``. Open loop
+    (``arrival_rate``): sessions arrive at that rate (exponential gaps) for ``duration``
+    seconds and each lives ``session_seconds`` (default: ``duration``).
+    """
+    rng = random.Random(seed)
+    if arrival_rate is not None:
+        if not arrival_rate > 0:
+            raise ValueError(f"arrival_rate must be positive; got {arrival_rate!r}.")
+        lifetime = session_seconds if session_seconds is not None else duration
+        offsets: list[float] = []
+        at = rng.expovariate(arrival_rate)
+        while at < duration:
+            offsets.append(at)
+            at += rng.expovariate(arrival_rate)
+        arrivals = f"open loop: {arrival_rate:g} sessions/s for {duration:g} s, {lifetime:g} s each"
+    else:
+        lifetime = session_seconds if session_seconds is not None else duration
+        offsets = [rng.uniform(0.0, stagger) if stagger > 0 else 0.0 for _ in range(clients)]
+        arrivals = f"staggered: uniform offsets in [0, {stagger:g}] s" if stagger > 0 else "all at once"
     reports = await asyncio.gather(
-        *(_run_client(url, token, duration, event_interval, seed, settle) for seed in range(clients))
+        *(
+            _run_client(url, token, lifetime, event_interval, index, settle, offset)
+            for index, offset in enumerate(offsets)
+        )
     )
-    return BenchResult(clients=clients, duration=duration, reports=list(reports))
+    return BenchResult(clients=len(offsets), duration=lifetime, reports=list(reports), arrivals=arrivals)
+
+
+def held(result: BenchResult, limit: float = LATE_LIMIT) -> bool:
+    """Every session started, got chunks, hit no error and had at most ``limit`` late chunks."""
+    return bool(result.reports) and all(
+        report.chunks > 1 and not report.errors and report.late_ratio <= limit for report in result.reports
+    )
+
+
+@dataclass
+class CapacityStep:
+    clients: int
+    result: BenchResult
+    held: bool
+
+
+async def find_capacity(
+    url: str,
+    *,
+    start: int = 1,
+    max_clients: int = 64,
+    limit: float = LATE_LIMIT,
+    duration: float = 20.0,
+    stagger: float = 0.0,
+    event_interval: float = 0.25,
+    token: str | None = None,
+    settle: float = 5.0,
+    seed: int = 0,
+) -> tuple[int, list[CapacityStep]]:
+    """The most concurrent sessions held at <= ``limit`` late chunks, and every step measured.
+
+    Steps the client count up from ``start`` (doubling) until a count is not held, then
+    bisects between the last held count and it. Each step is a closed-loop
+    :func:`run_bench` with these arguments.
+    """
+    steps: list[CapacityStep] = []
+
+    async def probe(clients: int) -> bool:
+        result = await run_bench(
+            url,
+            clients=clients,
+            duration=duration,
+            stagger=stagger,
+            event_interval=event_interval,
+            token=token,
+            settle=settle,
+            seed=seed,
+        )
+        ok = held(result, limit)
+        steps.append(CapacityStep(clients, result, ok))
+        return ok
+
+    good, bad = 0, None
+    clients = max(1, start)
+    while clients <= max_clients:
+        if not await probe(clients):
+            bad = clients
+            break
+        good = clients
+        clients = min(clients * 2, max_clients) if clients < max_clients else max_clients + 1
+    while bad is not None and bad - good > 1:
+        middle = (good + bad) // 2
+        if await probe(middle):
+            good = middle
+        else:
+            bad = middle
+    return good, steps
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -182,10 +332,26 @@ def format_table(result: BenchResult) -> str:
     errors: Counter[str] = Counter()
     for report in reports:
         errors.update(report.errors)
+    late = [r.late_ratio for r in reports if r.chunks > 1]
+    stalls = [r.late[1] for r in reports if r.chunks > 1]
+    refused = sum(1 for r in reports if r.errors.get("admission_refused"))
     rows = [
-        ("clients", f"{result.clients}"),
+        ("clients", f"{result.clients} ({result.arrivals})"),
         ("duration per client (s)", f"{result.duration:.0f}"),
         ("chunks received", f"{sum(r.chunks for r in reports)}"),
+        (
+            "late chunks % (mean / worst session); sessions over 1 %",
+            f"{statistics.mean(late) * 100:.2f} / {max(late) * 100:.2f}; "
+            f"{sum(1 for value in late if value > LATE_LIMIT)}"
+            if late
+            else "-",
+        ),
+        (
+            "stall s per session (mean / worst)",
+            f"{statistics.mean(stalls):.2f} / {max(stalls):.2f}" if stalls else "-",
+        ),
+        ("mean batch size (of the chunks received)", f"{statistics.mean(batch_sizes):.2f}" if batch_sizes else "-"),
+        ("sessions refused (admission_refused)", f"{refused}"),
         ("frames/s per client (mean / min)", f"{statistics.mean(fps):.1f} / {min(fps):.1f}" if fps else "-"),
         (
             "time to first chunk ms (p50 / p99)",
@@ -235,3 +401,42 @@ def format_table(result: BenchResult) -> str:
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 24}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def format_capacity_table(capacity: int, steps: list[CapacityStep], *, label: str = "") -> str:
+    """One row per step of a capacity search, and the figure found."""
+    header = (
+        "| clients | held | late % (mean / worst) | stall s (worst) | mean batch | frames/s per client (min) "
+        "| event->applied p99 ms (bound) | errors |"
+    )
+    lines = [header, "|" + "|".join("---" for _ in range(8)) + "|"]
+    for step in sorted(steps, key=lambda item: item.clients):
+        lines.append("| " + " | ".join(_step_cells(step)) + " |")
+    lines.append("")
+    lines.append(f"{label}sessions held at <= {LATE_LIMIT * 100:g} % late chunks: {capacity}")
+    return "\n".join(lines)
+
+
+def _step_cells(step: CapacityStep) -> list[str]:
+    reports = step.result.reports
+    late = [r.late_ratio for r in reports if r.chunks > 1]
+    stalls = [r.late[1] for r in reports if r.chunks > 1]
+    batch_sizes = [value for r in reports for value in r.batch_sizes]
+    fps = [r.frames / r.seconds for r in reports if r.seconds > 0]
+    applied = [value for r in reports for value in r.applied]
+    compute = [value for r in reports for value in r.compute]
+    period = max((r.chunk_period for r in reports), default=0.0)
+    bound = period + (statistics.median(compute) if compute else 0.0)
+    errors: Counter[str] = Counter()
+    for report in reports:
+        errors.update(report.errors)
+    return [
+        f"{step.clients}",
+        "yes" if step.held else "no",
+        f"{statistics.mean(late) * 100:.2f} / {max(late) * 100:.2f}" if late else "-",
+        f"{max(stalls):.2f}" if stalls else "-",
+        f"{statistics.mean(batch_sizes):.2f}" if batch_sizes else "-",
+        f"{statistics.mean(fps):.1f} ({min(fps):.1f})" if fps else "-",
+        f"{_percentile(applied, 0.99) * 1000:.0f} ({bound * 1000:.0f})" if applied else "-",
+        ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0",
+    ]

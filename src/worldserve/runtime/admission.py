@@ -1,10 +1,12 @@
 """Admission: placing sessions on workers and (re)creating, evicting and releasing their states.
 
 Owns: the choice of worker for a new session (least loaded first, skipping at once the
-workers that are down, stalled in a step, or full of sessions with ticks in flight), the ``admit`` call with the
-sessions the worker must not evict, recording evictions, resets (a fresh state on the
-session's own worker, or anywhere when it lost its state), releases that never wait
-behind a step, and fail-closed clean-up when an admission times out or is cancelled.
+workers that are down, stalled in a step, full of sessions with ticks in flight, or that the
+engine says lack real-time headroom: their measured step time would outgrow the chunk
+period), the ``admit`` call with the sessions the worker must not evict, recording
+evictions, resets (a fresh state on the session's own worker, or anywhere when it lost
+its state), releases that never wait behind a step, and fail-closed clean-up when an
+admission times out or is cancelled.
 
 Must not know: batching, deadlines, how workers are reached (the executor's), sessions' events.
 """
@@ -56,6 +58,7 @@ class Admission:
         rpc_timeout_s: float | None,
         stalled: Callable[[int], bool] = lambda index: False,
         retry_after_s: float | None = None,
+        headroom: Callable[[int], str | None] | None = None,
     ) -> None:
         self._executor = executor
         self._router = router
@@ -64,6 +67,7 @@ class Admission:
         self._rpc_timeout_s = rpc_timeout_s
         self._stalled = stalled
         self._retry_after_s = retry_after_s
+        self._headroom = headroom
         self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
 
     def free_slots(self) -> int | None:
@@ -95,6 +99,10 @@ class Admission:
             if not self._may_take(index):
                 refusals.append(f"worker {index}: full, every session has a tick in flight")
                 continue
+            short = self._lacks_headroom(index)
+            if short is not None:
+                refusals.append(short)
+                continue
             try:
                 await self.admit_on(index, session_id, options, timeout)
             except (AdmissionRefusedError, WorkerDiedError, RPCTimeoutError) as error:
@@ -118,6 +126,11 @@ class Admission:
             return False
         pinned = self._workers[index].pinned()
         return any(session_id not in pinned for session_id in self._router.resident(index))
+
+    def _lacks_headroom(self, index: int) -> str | None:
+        """Why the worker cannot hold real time with one more session (its measured step time
+        against the chunk period, from the engine), or None."""
+        return None if self._headroom is None else self._headroom(index)
 
     async def admit_on(self, index: int, session_id: str, options: SessionOptions, timeout: float | None) -> None:
         """Create (or re-create: a reset) the session's state on worker ``index``."""

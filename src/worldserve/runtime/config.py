@@ -54,6 +54,8 @@ class RuntimeConfig:
     max_pending_events: int = 64
     batch_wait_s: float = 0.002
     max_batch_size: int | None = None
+    gather_wait_s: float = 0.02
+    step_budget: float = 0.9
     tick_deadline_s: float | None = 30.0
     hang_timeout_s: float | None = None
     rpc_timeout_s: float | None = 60.0
@@ -110,6 +112,8 @@ class RuntimeConfig:
         return EngineConfig(
             batch_wait_s=self.batch_wait_s,
             max_batch_size=self.max_batch_size,
+            gather_wait_s=self.gather_wait_s,
+            step_budget=self.step_budget,
             tick_deadline_s=self.tick_deadline_s,
             hang_timeout_s=self.hang_timeout_s,
             rpc_timeout_s=self.rpc_timeout_s,
@@ -144,6 +148,19 @@ class RuntimeConfig:
         group.add_argument("--max-pending-events", type=int, default=64)
         group.add_argument("--batch-wait-ms", type=float, default=2.0, help="longest wait for batch company")
         group.add_argument("--max-batch-size", type=int, default=None)
+        group.add_argument(
+            "--gather-wait-ms",
+            type=float,
+            default=20.0,
+            help="on a worker's chunk clock: longest wait at an instant for the sessions due at it",
+        )
+        group.add_argument(
+            "--step-budget",
+            type=float,
+            default=0.9,
+            help="admit a session to a clocked worker only while its predicted step stays under this share "
+            "of the chunk period (default 0.9)",
+        )
         group.add_argument("--tick-deadline-s", type=float, default=30.0, help="0 disables the deadline")
         group.add_argument("--hang-timeout-s", type=float, default=0.0, help="kill a worker stuck this long; 0: never")
         group.add_argument("--rpc-timeout-s", type=float, default=60.0)
@@ -191,6 +208,8 @@ class RuntimeConfig:
             max_pending_events=namespace.max_pending_events,
             batch_wait_s=namespace.batch_wait_ms / 1000.0,
             max_batch_size=namespace.max_batch_size,
+            gather_wait_s=namespace.gather_wait_ms / 1000.0,
+            step_budget=namespace.step_budget,
             tick_deadline_s=namespace.tick_deadline_s or None,
             hang_timeout_s=namespace.hang_timeout_s or None,
             rpc_timeout_s=namespace.rpc_timeout_s or None,

@@ -3,7 +3,9 @@
 Owns: the event-loop side of the runtime -- affinity (a session's ticks reach the
 worker holding its state), continuous batching (one
 :class:`~worldserve.runtime.scheduler.BatchQueue` per worker, one step in flight per
-worker), tick deadlines (a late tick fails at once, its session fails closed),
+worker), the chunk clock of each worker (:mod:`~worldserve.runtime.clock`: the instants
+its paced sessions issue ticks at, stretched when the worker falls behind, and the step
+times admission weighs against the period), tick deadlines (a late tick fails at once, its session fails closed),
 hung-worker kills, worker deaths (only the dead worker's sessions fail, with
 ``worker_died``, and a replacement starts), lifecycle RPCs in the shape
 :class:`~worldserve.lifecycle.WorkerLifecycle` accepts, and the engine counters. It
@@ -27,6 +29,7 @@ from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
 from worldserve.runtime.admission import Admission
 from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.clock import ChunkClock, StepTimes, tick_instant
 from worldserve.runtime.errors import (
     DeadlineExceededError,
     RuntimeClosedError,
@@ -61,6 +64,10 @@ class EngineConfig:
 
     ``batch_wait_s``: the longest an idle worker's tick waits for company;
     ``max_batch_size``: cap below the model's own limit (None: the model's);
+    ``gather_wait_s``: on a worker whose chunk clock runs, the longest the batch of an
+    instant waits for the sessions due at it; ``step_budget``: the share of the chunk
+    period a clocked worker's predicted step (with one more session) may take for it to
+    admit another session;
     ``tick_deadline_s``: a tick not done by then fails its session (None: never);
     ``hang_timeout_s``: a step running this long gets its worker killed and replaced
     (None: never); ``rpc_timeout_s``: the default timeout of admissions, resets and
@@ -72,6 +79,8 @@ class EngineConfig:
 
     batch_wait_s: float = 0.002
     max_batch_size: int | None = None
+    gather_wait_s: float = 0.02
+    step_budget: float = 0.9
     tick_deadline_s: float | None = 30.0
     hang_timeout_s: float | None = None
     rpc_timeout_s: float | None = 60.0
@@ -87,6 +96,10 @@ class EngineConfig:
             isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) or self.max_batch_size < 1
         ):
             raise ValueError(f"max_batch_size must be a positive integer or None; got {self.max_batch_size!r}.")
+        if isinstance(self.gather_wait_s, bool) or not self.gather_wait_s >= 0:
+            raise ValueError(f"gather_wait_s must be non-negative; got {self.gather_wait_s!r}.")
+        if isinstance(self.step_budget, bool) or not self.step_budget > 0:
+            raise ValueError(f"step_budget must be positive; got {self.step_budget!r}.")
         _optional_positive(self.tick_deadline_s, "tick_deadline_s")
         _optional_positive(self.hang_timeout_s, "hang_timeout_s")
         _optional_positive(self.rpc_timeout_s, "rpc_timeout_s")
@@ -109,11 +122,27 @@ class _Tick:
 class _Worker:
     """One worker as the engine sees it."""
 
-    __slots__ = ("hang_timer", "index", "overdue", "queue", "ready", "running", "timer")
+    __slots__ = (
+        "clock",
+        "hang_timer",
+        "index",
+        "overdue",
+        "planned",
+        "queue",
+        "ready",
+        "running",
+        "served",
+        "steps",
+        "timer",
+    )
 
-    def __init__(self, index: int, queue: BatchQueue[_Tick]) -> None:
+    def __init__(self, index: int, queue: BatchQueue[_Tick], period: float) -> None:
         self.index = index
         self.queue = queue
+        self.clock = ChunkClock(period)  # runs once a paced session asks for an instant
+        self.steps = StepTimes()  # dispatch -> results, per batch size
+        self.planned: dict[str, float] = {}  # session -> the instant its next tick is due
+        self.served = float("-inf")  # when the last batch was taken
         self.running: list[Queued[_Tick]] | None = None  # the batch in flight
         self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
         self.hang_timer: asyncio.TimerHandle | None = None
@@ -171,7 +200,9 @@ class Engine:
         await self._executor.start()
         limit = min(self.spec.max_batch_size, self.config.max_batch_size or self.spec.max_batch_size)
         self._workers = [
-            _Worker(index, BatchQueue(batch_limit=limit, batch_wait_s=self.config.batch_wait_s))
+            _Worker(
+                index, BatchQueue(batch_limit=limit, batch_wait_s=self.config.batch_wait_s), self.spec.chunk_seconds
+            )
             for index in range(self.num_workers)
         ]
         for worker in self._workers:
@@ -184,6 +215,7 @@ class Engine:
             rpc_timeout_s=self.config.rpc_timeout_s,
             stalled=self._stalled,
             retry_after_s=max(self.config.restart_backoff_s, self.spec.chunk_seconds),
+            headroom=self._headroom_refusal,
         )
         self._state = "running"
 
@@ -217,6 +249,7 @@ class Engine:
             self._counters.tick_failures[error.code] += 1
             raise error
         worker = self._workers[route.worker]
+        worker.planned.pop(tick.session_id, None)
         pending = _Tick(tick, loop.create_future())
         entry = worker.queue.push(pending, loop.time())
         deadline = self.config.tick_deadline_s
@@ -235,18 +268,84 @@ class Engine:
     def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
         return output.metadata
 
+    # -- the chunk clock -----------------------------------------------------------------
+
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
+        """The instant (the event loop's clock) at which the session should issue its next tick.
+
+        ``want``: when the session's own playback pacing would issue it; None for the first
+        tick of a session or of an epoch, which waits for its worker's next instant (at most
+        one chunk period; at once when no other session lives on the worker). ``eager``: the
+        tick builds the session's lead (the chunk right after the first) and may go at once.
+        Sessions that ask share their worker's chunk clock, so their ticks arrive together
+        and run as one batch (:func:`~worldserve.runtime.clock.tick_instant`). A session that
+        holds no state gets ``want`` (or now): its tick fails at once anyway.
+        """
+        loop = self._require_running()
+        now = loop.time()
+        route = self._router.find(session_id)
+        if route is None or route.worker is None:
+            return now if want is None else max(now, want)
+        worker = self._workers[route.worker]
+        if want is None and self._router.resident_count(worker.index) <= 1 and not worker.planned:
+            worker.clock = ChunkClock(worker.clock.nominal)  # alone: the clock starts over from this session
+        instant = tick_instant(worker.clock, now, want, served=worker.served, eager=eager)
+        worker.planned[session_id] = instant
+        return instant
+
+    def _waiting_for(self, worker: _Worker, now: float) -> int:
+        """Sessions due at an instant up to ``now`` whose tick has not arrived (stale plans dropped)."""
+        stale = now - 2 * worker.clock.period
+        for session_id in [sid for sid, due in worker.planned.items() if due < stale]:
+            del worker.planned[session_id]
+        return sum(1 for due in worker.planned.values() if due <= now + 1e-6)
+
+    def _headroom_refusal(self, index: int) -> str | None:
+        """Why a clocked worker should take no more sessions (its step would outgrow the period), or None."""
+        worker = self._workers[index]
+        load = self._router.load(index)
+        if not worker.clock.started or load == 0:
+            return None  # an empty worker takes a session (and measures it)
+        predicted = worker.steps.predict(load + 1)
+        budget = worker.clock.nominal * self.config.step_budget
+        if predicted is None or predicted <= budget:
+            return None
+        return (
+            f"worker {index}: no real-time headroom (a step of {load + 1} sessions is predicted at "
+            f"{predicted * 1000:.0f} ms, over {budget * 1000:.0f} ms of the "
+            f"{worker.clock.nominal * 1000:.0f} ms period)"
+        )
+
     # -- batching ------------------------------------------------------------------------
 
     def _schedule(self, worker: _Worker) -> None:
         if worker.running is not None or not worker.ready:
             return
-        due = worker.queue.due_at(self._router.resident_count(worker.index))
+        loop = self._require_running()
+        now = loop.time()
+        resident = self._router.resident_count(worker.index)
+        if worker.clock.started:
+            queued = len(worker.queue)
+            due = worker.queue.clocked_due_at(
+                resident,
+                now=now,
+                clock=worker.clock,
+                served=worker.served,
+                waiting_for=self._waiting_for(worker, now),
+                gather_wait_s=self.config.gather_wait_s,
+                step_s=worker.steps.predict(queued) if queued else None,
+            )
+        else:
+            due = worker.queue.due_at(resident)
         if due is None:
             return
-        loop = self._require_running()
-        if due <= loop.time():
+        if due <= now:
             self._dispatch(worker)
-        elif worker.timer is None:
+        else:
+            if worker.timer is not None:
+                if worker.timer.when() <= due:
+                    return
+                worker.timer.cancel()
             worker.timer = loop.call_at(due, self._on_batch_timer, worker)
 
     def _on_batch_timer(self, worker: _Worker) -> None:
@@ -264,6 +363,7 @@ class Engine:
         for entry in batch:
             entry.item.dispatched = now
         worker.running = batch
+        worker.served = now
         self._counters.batches += 1
         self._counters.batch_size.observe(len(batch))
         future = self._executor.step(worker.index, [entry.item.tick for entry in batch])
@@ -288,12 +388,21 @@ class Engine:
                 self._fail_tick(entry.item, failure)
         else:
             report: StepReport = done.result()
+            self._observe_step(worker, len(batch), now - batch[0].item.dispatched, now)
             overhead = max(0.0, (now - batch[0].item.dispatched) - report.compute_s)
             self._counters.overhead.observe(overhead)
             for entry, result in zip(batch, report.results, strict=True):
                 self._deliver(worker, entry, result, report, now)
         if self._state == "running":
             self._schedule(worker)
+
+    def _observe_step(self, worker: _Worker, size: int, seconds: float, now: float) -> None:
+        """Record a step's time; a clocked worker's period follows its step at its resident count."""
+        worker.steps.observe(size, seconds)
+        if worker.clock.started:
+            predicted = worker.steps.predict(max(size, self._router.resident_count(worker.index)))
+            if predicted is not None:
+                worker.clock.stretch(predicted, now)
 
     def _deliver(self, worker: _Worker, entry: Queued[_Tick], result: Any, report: StepReport, now: float) -> None:
         pending = entry.item
@@ -377,6 +486,7 @@ class Engine:
         worker.overdue = False
         self._cancel_timers(worker)
         self._counters.worker_deaths += 1
+        worker.planned.clear()
         lost = self._router.worker_died(index, error)
         for entry in worker.queue.drain():
             self._fail_tick(entry.item, error)
@@ -452,6 +562,8 @@ class Engine:
         Returns at once -- it never waits behind a step in flight, so failing a late tick
         closed cannot hang. The session stays admitted: a reset re-creates its state.
         """
+        for worker in self._workers:
+            worker.planned.pop(session_id, None)
         self._require_admission().release(session_id, f"session {session_id!r} was released; reset it to go on.")
 
     def forget_session(self, session_id: str) -> None:

@@ -6,7 +6,15 @@ moment it is free. When it is idle, a batch goes at once if it is full (the batc
 limit) or complete (every session resident on the worker has a tick queued); else it
 waits for company at most ``batch_wait_s`` after its oldest tick arrived.
 
-Pure: the caller passes the clock and the worker's resident count. Must not know:
+On a worker whose :class:`~worldserve.runtime.clock.ChunkClock` runs (its sessions
+issue their ticks at its instants), :meth:`BatchQueue.clocked_due_at` applies instead:
+the batch of an instant goes once every session due at it has arrived (at most
+``gather_wait_s`` after the instant); a tick arriving after its instant's batch went
+runs at once only if it fits in the idle time before the next instant, else it waits
+for that instant's batch -- so a session that slipped falls back in phase instead of
+pushing everyone's next batch late.
+
+Pure: the caller passes the time, the clock and the worker's counts. Must not know:
 asyncio, executors, sessions' logic, models.
 """
 
@@ -15,6 +23,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from typing import Generic, TypeVar
+
+from worldserve.runtime.clock import ChunkClock
 
 __all__ = ["BatchQueue", "Queued"]
 
@@ -70,6 +80,38 @@ class BatchQueue(Generic[T]):
         if len(queue) >= self.batch_limit or len(queue) >= resident:
             return float("-inf")
         return queue[0].arrived + self.batch_wait_s
+
+    def clocked_due_at(
+        self,
+        resident: int,
+        *,
+        now: float,
+        clock: ChunkClock,
+        served: float,
+        waiting_for: int,
+        gather_wait_s: float,
+        step_s: float | None,
+    ) -> float | None:
+        """When an idle worker on ``clock`` should take a batch: ``-inf`` now, a time, or None.
+
+        ``served``: when the worker last took a batch; ``waiting_for``: sessions due at an
+        instant up to ``now`` whose tick has not arrived; ``step_s``: the predicted step
+        time of the queued ticks (None: unknown).
+        """
+        queue = self._queue
+        if not queue:
+            return None
+        if len(queue) >= self.batch_limit or len(queue) >= resident:
+            return float("-inf")
+        instant = clock.last_slot(now)
+        if served < instant:  # this instant's batch has not gone: it forms now
+            if waiting_for <= 0:
+                return float("-inf")
+            return max(instant, queue[0].arrived) + gather_wait_s
+        following = clock.after(now)
+        if step_s is None or now + step_s <= following:  # fits in the idle time before the next instant
+            return queue[0].arrived + self.batch_wait_s
+        return following
 
     def take(self) -> list[Queued[T]]:
         """Remove and return the next batch (oldest first, at most ``batch_limit``)."""

@@ -30,6 +30,9 @@ class ServerConfig:
     max_lag_chunks: int = 3
     #: How many chunks generation may run ahead of playback time.
     lead_chunks: int = 1
+    #: Issue each session's ticks at the instants of its worker's chunk clock, so sessions
+    #: sharing a worker batch (False: each session paces alone, from its own first chunk).
+    chunk_clock: bool = True
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():

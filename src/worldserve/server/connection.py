@@ -3,7 +3,9 @@
 Owns, per connection: parsing and answering client messages (typed errors, never an
 exception out of the loop), the one session it started, a generation task that calls
 ``next_chunk()`` paced to playback (at most ``lead_chunks`` ahead of real time, and
-paused whenever ``max_lag_chunks`` chunks are un-acked), frame
+paused whenever ``max_lag_chunks`` chunks are un-acked), with
+each tick issued at an instant of its worker's chunk clock (``chunk_clock``: so the
+ticks of sessions sharing a worker arrive together and run as one batch), frame
 encoding off the event loop, forwarding of dropped-event records, and the release of
 the session on ``session.close``, on idle timeout and on disconnect.
 
@@ -73,6 +75,12 @@ class WorldBackend(Protocol):
     async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]: ...
 
     async def close_session(self, session_id: str) -> None: ...
+
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
+        """When the session's next tick should go, on its worker's chunk clock (``want``: when
+        playback pacing would send it; None: the first tick of an epoch; ``eager``: it builds
+        the lead and may go at once)."""
+        ...
 
 
 def _wire_code(error: SessionError, fallback: ErrorCode) -> ErrorCode:
@@ -424,6 +432,15 @@ class Connection:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
+    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool) -> float:
+        """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
+        if self._config.chunk_clock:
+            try:
+                return self._backend.tick_due(session.session_id, want, eager=eager)
+            except Exception:  # the runtime is going away: pace alone; the tick reports why
+                log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
+        return self._clock() if want is None else want
+
     async def _generate(self, session: Session[Chunk]) -> None:
         """Produce chunks paced to playback, with client backpressure, until stopped."""
         period = self._backend.spec.chunk_seconds
@@ -440,16 +457,20 @@ class Connection:
                 continue
             if session.epoch != epoch:
                 epoch, anchor, produced = session.epoch, None, 0
+            want: float | None = None  # playback pacing: chunk k starts `lead` periods before it is due
             if anchor is not None:
-                delay = anchor + (produced - lead) * period - self._clock()
-                if delay > 0:
-                    await self._wait(delay)
-                    if self._stopping or session.epoch != epoch:
-                        continue
-                    if self._clock() < anchor + (produced - lead) * period:
-                        continue  # woken early (an ack): wait out the rest
-                elif delay < -period:
-                    anchor -= delay  # fell behind real time: re-anchor playback
+                want = anchor + (produced - lead) * period
+                behind = self._clock() - want
+                if behind > period:  # fell behind real time: re-anchor playback
+                    anchor += behind
+                    want += behind
+            target = self._tick_target(session, want, eager=0 < produced <= lead)
+            if target > self._clock():
+                await self._wait(target - self._clock())
+                if self._stopping or session.epoch != epoch:
+                    continue
+                if self._clock() < target:
+                    continue  # woken early (an ack): wait out the rest
             started = self._clock()
             try:
                 chunk = await session.next_chunk()

@@ -1,0 +1,151 @@
+"""Capacity benchmark: the most sessions one server holds at real time, chunk clock on vs off.
+
+For each side (``worldserve serve --chunk-clock on`` and ``off``, the same model and
+options otherwise), starts a server on a free port, runs ``worldserve bench
+--find-capacity`` against it (clients start at uniform random offsets, the client count
+steps up by doubling then bisects) and stops it; then prints each side's steps and the
+two figures side by side: sessions held at <= 1 % late chunks (a chunk is late when it
+arrives after its playout instant: the first chunk's arrival plus k periods,
+re-anchored after a stall), the mean batch at that count, event->applied p99 against
+one period plus one step.
+
+The clients run on the same machine as the server: on a small box they take CPU from it.
+
+Usage: ``python bench/capacity.py [--model tinyworld] [--model-option precision=float32]
+[--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from worldserve.loadtest import CapacityStep, find_capacity, format_capacity_table
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = _free_port()
+    log = Path(tempfile.mkstemp(prefix=f"capacity-{side}-", suffix=".log")[1])
+    command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning"]
+    command += ["--model", args.model, "--workers", str(args.workers), "--chunk-clock", side]
+    for option in args.model_option:
+        command += ["--model-option", option]
+    if args.threads_per_worker is not None:
+        command += ["--threads-per-worker", str(args.threads_per_worker)]
+    with log.open("wb") as out:
+        # bench/ on the path: models such as timed_model:TimedModel live here
+        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return process, port, log
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _summary(capacity: int, steps: list[CapacityStep]) -> tuple[str, str, str]:
+    at = next((step for step in steps if step.clients == capacity), None)
+    if at is None:
+        return "-", "-", "-"
+    reports = at.result.reports
+    batch = [value for r in reports for value in r.batch_sizes]
+    applied = sorted(value for r in reports for value in r.applied)
+    compute = [value for r in reports for value in r.compute]
+    period = max(r.chunk_period for r in reports)
+    p99 = applied[min(len(applied) - 1, round(0.99 * (len(applied) - 1)))] if applied else float("nan")
+    bound = period + (statistics.median(compute) if compute else 0.0)
+    return (
+        f"{statistics.mean(batch):.2f}" if batch else "-",
+        f"{p99 * 1000:.0f} vs {bound * 1000:.0f} ({'met' if p99 <= bound else 'missed'})",
+        f"{statistics.median(compute) * 1000:.0f}" if compute else "-",
+    )
+
+
+async def _side(args: argparse.Namespace, side: str) -> tuple[int, list[CapacityStep]]:
+    process, port, log = _start_server(args, side)
+    try:
+        return await find_capacity(
+            f"ws://127.0.0.1:{port}/v1/world",
+            start=args.start,
+            max_clients=args.max_clients,
+            duration=args.duration,
+            stagger=args.stagger,
+            seed=args.seed,
+        )
+    finally:
+        _stop(process)
+        log.unlink(missing_ok=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tinyworld")
+    parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=int, default=None, help="passed to the server (default: its own)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per session at each step")
+    parser.add_argument("--stagger", type=float, default=5.0, help="start offsets: uniform in [0, STAGGER] s")
+    parser.add_argument("--start", type=int, default=2, help="first client count")
+    parser.add_argument("--max-clients", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sides", nargs="+", choices=["on", "off"], default=["on", "off"])
+    args = parser.parse_args()
+
+    options = " ".join(args.model_option) or "defaults"
+    threads = "" if args.threads_per_worker is None else f" of {args.threads_per_worker} thread(s)"
+    print(
+        f"capacity bench: model {args.model} ({options}), {args.workers} worker(s){threads}, {os.cpu_count()} CPUs "
+        f"({platform.processor() or platform.machine()}), {args.duration:g} s per session, "
+        f"start offsets uniform in [0, {args.stagger:g}] s; load average {os.getloadavg()[0]:.1f}"
+    )
+    results: dict[str, tuple[int, list[CapacityStep]]] = {}
+    for side in args.sides:
+        capacity, steps = asyncio.run(_side(args, side))
+        results[side] = (capacity, steps)
+        print(f"\nchunk clock {side}:")
+        print(format_capacity_table(capacity, steps))
+    print(
+        "\n| chunk clock | sessions held at <= 1 % late | mean batch there "
+        "| event->applied p99 vs bound (ms) | chunk step p50 ms |"
+    )
+    print("|---|---|---|---|---|")
+    for side, (capacity, steps) in results.items():
+        batch, p99, step = _summary(capacity, steps)
+        print(f"| {side} | {capacity} | {batch} | {p99} | {step} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
