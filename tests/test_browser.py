@@ -158,6 +158,9 @@ class Recording:
 
 TIMEOUT_MS = 60_000
 
+#: A real browser and server: generous, so that a slow or busy CPU passes too.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
@@ -229,8 +232,8 @@ def assert_in_chunk_order(drawn: list[Drawn]) -> None:
         chunks = [d.chunk for d in drawn if d.epoch == epoch]
         runs = [chunks.count(c) for c in sorted(set(chunks))]
         assert sorted(set(chunks)) == list(range(chunks[0], chunks[-1] + 1)), chunks  # no chunk skipped
-        # Whole chunks, except that a reset may cut one short and the last may be still playing.
-        assert all(n == FRAMES_PER_CHUNK for n in runs[:-1]) or epoch < max(d.epoch for d in drawn), chunks
+        # Whole chunks, except the last: still playing, or cut short by a reset.
+        assert all(n == FRAMES_PER_CHUNK for n in runs[:-1]), chunks
         assert runs[-1] <= FRAMES_PER_CHUNK, chunks
 
 
@@ -332,9 +335,9 @@ def test_player_moves_switches_style_and_resets(page: Page) -> None:
     assert restarted
     assert all(locate(d.frame, "islands", range(0, 1), range(0, 1)) == (0, 0) for d in restarted)
 
-    # Dragging grabs the world: pulling it to the right pans the camera left. The drag goes on
-    # (12 screen px per 50 ms, a person's pace) until a chunk after the one that applied its
-    # first pan has been generated, so the pan lasts a whole chunk whatever the machine's speed.
+    # Dragging grabs the world: pulling it to the right pans the camera left. The drag goes on,
+    # at a person's pace, until a chunk after the one that applied its first pan has been
+    # generated, so the pan lasts a whole chunk whatever the machine's speed.
     first_drag_event = 1 + max(int(e["event_id"]) for e in page.evaluate("() => window.__worldserveTest.sent"))
     box = page.locator("#screen").bounding_box()
     assert box is not None
@@ -346,15 +349,16 @@ def test_player_moves_switches_style_and_resets(page: Page) -> None:
         const chunk = pan && log.chunks.find((c) => c.applied.includes(pan.event_id));
         return Boolean(chunk) && log.chunks.some((c) => c.epoch === chunk.epoch && c.chunk > chunk.chunk);
     }}"""
+    viewport = page.viewport_size
+    assert viewport is not None
     page.mouse.move(x0, y0)
     page.mouse.down()
-    for step in range(1, 80):
-        page.mouse.move(x0 + step * 12, y0)
-        time.sleep(0.05)
-        if page.evaluate(panned_on):
-            break
-    else:
-        raise AssertionError("no pan was applied in 4 s of dragging")
+    step = 0
+    while not page.evaluate(panned_on):
+        step += 1
+        assert x0 + step * 6 < viewport["width"], "the drag reached the page's edge before a pan was applied"
+        page.mouse.move(x0 + step * 6, y0)
+        time.sleep(0.05)  # a person's drag: 6 screen px per 50 ms
     page.mouse.up()
     release = recording.sent_event(
         f"(e) => e.event_id >= {first_drag_event} && e.controls && e.controls[0].track === 'camera'"

@@ -26,7 +26,7 @@ from worldserve.runtime import (
 from worldserve.runtime.config import parse_bytes
 from worldserve.runtime.scheduler import BatchQueue
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(120)
 
 
 def runtime(*, slow_s: float = 0.5, gate: str | None = None, **options: object) -> Runtime:

@@ -27,7 +27,7 @@ from worldserve.runtime import (
     WorkerDiedError,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)  # spawned workers: generous on a slow or busy CPU
 
 FAULTY = "runtime_models:FaultyModel"
 

@@ -54,7 +54,7 @@ async def raw_socket(server: RunningServer, **kwargs: Any) -> ClientConnection:
     return await websockets.connect(server.ws, **kwargs)
 
 
-async def reply(ws: ClientConnection, wanted: str, timeout: float = 10.0) -> dict[str, Any]:
+async def reply(ws: ClientConnection, wanted: str, timeout: float = 30.0) -> dict[str, Any]:
     """The next text message of type ``wanted`` (chunks and their frames are skipped)."""
     async with asyncio.timeout(timeout):
         while True:
@@ -86,13 +86,13 @@ async def healthz_sessions(server: RunningServer, wanted: int, timeout: float = 
 
 async def drain(client: WorldClient, chunks: int) -> None:
     for _ in range(chunks):
-        await client.next_chunk(timeout=10)
+        await client.next_chunk(timeout=30)
 
 
 async def test_session_streams_chunks_and_applies_events_in_order(client: WorldClient) -> None:
     info = await client.start(prompt="islands", seed=7)
     assert info.model["name"] == "procedural"
-    first = await client.next_chunk(timeout=10)
+    first = await client.next_chunk(timeout=30)
     assert first.chunk_index == 0
     assert first.frames.shape == (4, 48, 48, 3)
     acceptance = await client.send_event(controls=[keys("D")])
@@ -101,7 +101,7 @@ async def test_session_streams_chunks_and_applies_events_in_order(client: WorldC
     applied_in = None
     previous = first
     for _ in range(6):
-        chunk = await client.next_chunk(timeout=10)
+        chunk = await client.next_chunk(timeout=30)
         assert chunk.chunk_index == previous.chunk_index + 1
         if acceptance.event_id in chunk.applied_event_ids:
             applied_in = chunk
@@ -148,14 +148,14 @@ async def test_reset_and_close_report_dropped_events(server: RunningServer) -> N
 async def test_close_and_disconnect_release_the_session(server: RunningServer) -> None:
     async with WorldClient(server.ws) as world:
         await world.start(seed=1)
-        await world.next_chunk(timeout=10)
+        await world.next_chunk(timeout=30)
         await world.close()
     await healthz_sessions(server, 0)
 
     world = WorldClient(server.ws)
     await world.connect()
     await world.start(seed=2)
-    await world.next_chunk(timeout=10)
+    await world.next_chunk(timeout=30)
     _, body = http_get(server.http + "/healthz")
     assert json.loads(body)["sessions"] >= 1
     await world.disconnect()  # no session.close: the server must release it anyway
@@ -234,7 +234,7 @@ async def test_event_flood_is_rate_limited_without_hurting_the_session(client: W
             outcomes.append(error.code)
     assert "rate_limited" in outcomes
     assert "queue_full" in outcomes or outcomes.count("accepted") >= 40
-    chunk = await client.next_chunk(timeout=10)
+    chunk = await client.next_chunk(timeout=30)
     assert chunk.frames.shape[0] == 4
 
 
@@ -242,10 +242,10 @@ async def test_stale_events_and_start_image(client: WorldClient) -> None:
     image = np.zeros((48, 48, 3), dtype=np.uint8)
     image[:, :, 0] = 200
     await client.start(seed=6, image=image)
-    chunk = await client.next_chunk(timeout=10)
+    chunk = await client.next_chunk(timeout=30)
     assert np.array_equal(chunk.frames[0], image)
     accepted = await client.send_event(event_id=10, prompt="snow")
-    while accepted.event_id not in (await client.next_chunk(timeout=10)).applied_event_ids:
+    while accepted.event_id not in (await client.next_chunk(timeout=30)).applied_event_ids:
         pass
     with pytest.raises(WorldError) as stale:
         await client.send_event(event_id=3, prompt="late")
@@ -263,9 +263,9 @@ async def test_two_clients_are_isolated(server: RunningServer) -> None:
             await a.send_event(event_id=2, controls=[{"track": "keys", "schema": "worldserve.keys.v1", "data": {}}])
         ends = {}
         for name, world in (("a", a), ("b", b)):
-            chunk = await world.next_chunk(timeout=10)
+            chunk = await world.next_chunk(timeout=30)
             while 1 not in chunk.applied_event_ids:
-                chunk = await world.next_chunk(timeout=10)
+                chunk = await world.next_chunk(timeout=30)
             ends[name] = chunk.frames[-1]
         world_8 = World(8)
         assert np.array_equal(ends["a"], world_8.render(0, 8, 48, 48, "forest"))
@@ -311,8 +311,8 @@ async def test_http_endpoints_and_metrics(server: RunningServer, client: WorldCl
     assert json.loads(body)["data"][0]["controls"][0]["track"] in {"keys", "camera"}
     await client.start(seed=2)
     await client.send_event(controls=[keys("W")])
-    await client.next_chunk(timeout=10)
-    await client.next_chunk(timeout=10)
+    await client.next_chunk(timeout=30)
+    await client.next_chunk(timeout=30)
     status, body = http_get(server.http + "/metrics")
     text = body.decode()
     assert status == 200
@@ -337,7 +337,7 @@ async def test_failed_session_says_why_and_accepts_reset() -> None:
     try:
         async with WorldClient(running.ws) as first, WorldClient(running.ws) as second:
             await first.start(seed=1)
-            await first.next_chunk(timeout=10)
+            await first.next_chunk(timeout=30)
             # The paced generator is mostly between ticks (idle, evictable); while a tick of the
             # first session is in flight it cannot be evicted and the start is refused: retry.
             for _ in range(200):
@@ -359,7 +359,7 @@ async def test_failed_session_says_why_and_accepts_reset() -> None:
             assert refused.value.code == "invalid_state"
             await second.close()
             assert await first.reset() == 1
-            chunk = await first.next_chunk(timeout=10)
+            chunk = await first.next_chunk(timeout=30)
             assert chunk.chunk_index == 0
     finally:
         running.stop()
@@ -378,7 +378,7 @@ async def test_auth_and_origin() -> None:
             await websockets.connect(running.ws, additional_headers={"Authorization": "Bearer wrong"})
         async with WorldClient(running.ws, token=TOKEN) as world:
             await world.start(seed=1)
-            await world.next_chunk(timeout=10)
+            await world.next_chunk(timeout=30)
         # Browsers send the token as a subprotocol; origins must be allowed.
         protocols = [websockets.Subprotocol("worldserve.v1"), websockets.Subprotocol(f"bearer.{TOKEN}")]
         ws = await websockets.connect(
