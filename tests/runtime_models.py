@@ -6,14 +6,21 @@ tick's prompt (or, before any event set one, the session's start prompt):
 sleep ``slow_s`` first, ``garbage`` makes it return a wrong-shaped payload.
 ``atomic=False`` makes a raising step advance the states it got to first, like a model
 that cannot promise an untouched batch.
+
+``gate`` (a path) holds steps for as long as a test wants, whatever the machine's speed: a
+step whose batch holds a session marked ``gate`` writes ``<gate>.entered`` (the batch's
+session ids), waits until ``<gate>.open`` exists, then writes ``<gate>.left``. :class:`Gate`
+is the test's side. Files, so that it works in spawned worker processes too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,10 +39,11 @@ def keys(*held: str) -> ControlInput:
 
 
 class FaultyModel(ProceduralModel):
-    def __init__(self, *, atomic: bool = True, slow_s: float = 0.5, **options: Any) -> None:
+    def __init__(self, *, atomic: bool = True, slow_s: float = 0.5, gate: str | None = None, **options: Any) -> None:
         super().__init__(**options)
         self._faulty_spec = dataclasses.replace(super().spec, name="faulty", atomic_step=atomic)
         self._slow_s = slow_s
+        self._gate = None if gate is None else Gate(gate)
         self.steps = 0
 
     @property
@@ -51,6 +59,8 @@ class FaultyModel(ProceduralModel):
         self.steps += 1
         if any(self._marked(state, tick, "slow") for state, tick in batch):
             time.sleep(self._slow_s)
+        if self._gate is not None and any(self._marked(state, tick, "gate") for state, tick in batch):
+            self._gate.hold(tick.session_id for _, tick in batch)
         outputs: list[dict[str, Any]] = []
         for state, tick in batch:
             if self._marked(state, tick, "poison"):
@@ -63,6 +73,58 @@ class FaultyModel(ProceduralModel):
             if self._marked(state, tick, "garbage"):
                 outputs[index] = build_chunk_envelope(np.zeros((1, 2, 3), np.uint8), ChunkMetadata.from_tick(tick))
         return outputs
+
+
+class Gate:
+    """Holds a :class:`FaultyModel` step (see the module docstring) until the test opens it."""
+
+    #: A step never waits longer than this: a test that forgets to open fails instead of hanging.
+    LIMIT_S = 60.0
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _file(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    @property
+    def entered(self) -> bool:
+        return self._file(".entered").exists()
+
+    @property
+    def left(self) -> bool:
+        return self._file(".left").exists()
+
+    def batch(self) -> list[str]:
+        """The session ids of the step that entered last."""
+        return self._file(".entered").read_text().split()
+
+    def open(self) -> None:
+        self._file(".open").touch()
+
+    def hold(self, session_ids: Iterable[str]) -> None:
+        """In the model's step: say so, wait until the test opens the gate, say it left."""
+        self._file(".entered").write_text(" ".join(session_ids))
+        deadline = time.monotonic() + self.LIMIT_S
+        while not self._file(".open").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test never opened the gate {self.path}")
+            time.sleep(0.002)
+        self._file(".left").write_text(" ".join(session_ids))
+
+    async def wait_entered(self) -> None:
+        """Wait (on the event loop) until a gated step is inside the model."""
+        await until(lambda: self.entered, f"a step entered the gate {self.path}")
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` on the event loop until it holds; fail after a generous ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():  # noqa: ASYNC110 -- polls files and counters, nothing to await
+                await asyncio.sleep(0.002)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for: {what}") from None
 
 
 class Truth:

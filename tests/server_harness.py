@@ -47,7 +47,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_server(*args: str, token: str | None = None, timeout: float = 60.0) -> RunningServer:
+def start_server(*args: str, token: str | None = None, timeout: float = 180.0) -> RunningServer:
     """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers."""
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", delete=False)  # noqa: SIM115

@@ -4,16 +4,25 @@ The server runs the procedural model with raw frames, so every frame the page sh
 can be matched exactly against the world rendered at some view position: holding a
 key must move that position the right way, a prompt must switch the palette, and a
 reset must bring back the start view.
+
+Nothing here samples the canvas on a clock: a script added before the player loads
+(:data:`RECORDER`) records every frame the player draws, with the player's own ``epoch``
+and ``chunkIndex`` for it, every chunk header the page receives and every input event it
+sends. The tests wait on those records (an event applied in chunk k, chunk k drawn) and
+check the frames drawn one by one, in order, so they hold on a machine of any speed.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,12 +30,136 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from server_harness import RunningServer, start_server
-from worldserve.models.world import World
+from worldserve.models.world import Motion, World, style_for_prompt, velocity
+from worldserve.protocol import ControlInput
 
 CHROMIUM = os.environ.get("WORLDSERVE_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 SEED = 11
 SIZE = 48
+FRAMES_PER_CHUNK = 4  # procedural's and tinyworld's
+
+#: Added to the page before player.js runs; it leaves the player untouched. Each draw on the
+#: ``#screen`` canvas (putImageData or drawImage) is recorded with the canvas's pixels; the
+#: player's ``displayed``/``epoch``/``chunkIndex`` for that frame are read in a microtask,
+#: once the player's frame callback (which draws, then updates them) has returned. The page's
+#: WebSocket records each chunk header received and each input event sent.
+RECORDER = """
+(() => {
+  const LIMIT = 4000;
+  const log = { drawn: [], chunks: [], sent: [], last: { epoch: -1, chunk: -1 } };
+  window.__worldserveTest = log;
+  const keep = (list, item) => { list.push(item); if (list.length > LIMIT) list.shift(); };
+  const record = (context) => {
+    if (!context.canvas || context.canvas.id !== "screen") return;
+    const { width, height } = context.canvas;
+    const rgba = context.getImageData(0, 0, width, height).data;
+    let binary = "";
+    for (let i = 0; i < rgba.length; i += 4) {
+      binary += String.fromCharCode(rgba[i], rgba[i + 1], rgba[i + 2]);
+    }
+    const entry = { width, height, pixels: btoa(binary) };
+    keep(log.drawn, entry);
+    queueMicrotask(() => {
+      const player = window.worldserve;
+      entry.displayed = player.displayed;
+      entry.epoch = player.epoch;
+      entry.chunk = player.chunkIndex;
+      log.last = { epoch: entry.epoch, chunk: entry.chunk };
+    });
+  };
+  for (const name of ["putImageData", "drawImage"]) {
+    const original = CanvasRenderingContext2D.prototype[name];
+    CanvasRenderingContext2D.prototype[name] = function (...args) {
+      const result = original.apply(this, args);
+      record(this);
+      return result;
+    };
+  }
+  const NativeWebSocket = window.WebSocket;
+  window.WebSocket = class extends NativeWebSocket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (event) => {
+        if (typeof event.data !== "string") return;
+        const message = JSON.parse(event.data);
+        if (message.type === "chunk") {
+          keep(log.chunks, { seq: message.seq, epoch: message.epoch, chunk: message.chunk_index,
+                             applied: message.applied_event_ids });
+        }
+      });
+    }
+    send(data) {
+      if (typeof data === "string") {
+        const message = JSON.parse(data);
+        if (message.type === "input.event") keep(log.sent, message);
+      }
+      return super.send(data);
+    }
+  };
+})();
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """One frame the player drew: its number (the player's ``displayed``), epoch, chunk and pixels."""
+
+    number: int
+    epoch: int
+    chunk: int
+    frame: npt.NDArray[np.uint8]
+
+
+class Recording:
+    """The page's records (see :data:`RECORDER`), read from Python."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self._drawn: list[Drawn] = []
+
+    def drawn(self) -> list[Drawn]:
+        """Every frame drawn so far, in the order drawn."""
+        entries = self.page.evaluate("() => window.__worldserveTest.drawn.splice(0)")
+        for entry in entries:
+            pixels = np.frombuffer(base64.b64decode(entry["pixels"]), dtype=np.uint8)
+            frame = pixels.reshape(entry["height"], entry["width"], 3)
+            self._drawn.append(Drawn(entry["displayed"], entry["epoch"], entry["chunk"], frame))
+        return list(self._drawn)
+
+    def sent_event(self, condition: str) -> dict[str, Any]:
+        """The last input event sent that satisfies the JS predicate ``condition`` (waits for one)."""
+        handle = self.page.wait_for_function(
+            f"() => {{ const match = ({condition}); const found = window.__worldserveTest.sent.filter(match);"
+            " return found.length ? found[found.length - 1] : null; }",
+            timeout=TIMEOUT_MS,
+        )
+        event: dict[str, Any] = handle.json_value()
+        return event
+
+    def applied_in(self, event_id: int) -> tuple[int, int]:
+        """``(epoch, chunk_index)`` of the chunk that applied ``event_id`` (waits for it)."""
+        handle = self.page.wait_for_function(
+            f"() => {{ const c = window.__worldserveTest.chunks.find((c) => c.applied.includes({event_id}));"
+            " return c ? [c.epoch, c.chunk] : null; }",
+            timeout=TIMEOUT_MS,
+        )
+        epoch, chunk = handle.json_value()
+        return int(epoch), int(chunk)
+
+    def wait_drawn(self, epoch: int, chunk: int) -> None:
+        """Wait until the player has drawn every frame of ``chunk`` (the first frame of a later one)."""
+        wait_for(
+            self.page,
+            f"(() => {{ const last = window.__worldserveTest.last; return last.epoch > {epoch}"
+            f" || (last.epoch === {epoch} && last.chunk > {chunk}); }})()",
+        )
+
+
+TIMEOUT_MS = 180_000  # generous: a busy CPU may generate far slower than real time
+
+#: A real browser and server: generous, so that a slow or busy CPU passes too.
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +171,7 @@ def server() -> Iterator[RunningServer]:
 
 @contextlib.contextmanager
 def open_page(server: RunningServer) -> Iterator[Page]:
-    """The player page of ``server`` in Debian's headless Chromium."""
+    """The player page of ``server`` in Debian's headless Chromium, with :data:`RECORDER` added."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}; `make test` installs Debian's chromium package.")
     with sync_playwright() as playwright:
@@ -56,6 +189,7 @@ def open_page(server: RunningServer) -> Iterator[Page]:
             ],
         )
         page = browser.new_page()
+        page.add_init_script(RECORDER)
         page.goto(server.http + "/")
         yield page
         browser.close()
@@ -85,62 +219,159 @@ def locate(frame: npt.NDArray[np.uint8], style: str, xs: range, ys: range) -> tu
     return None
 
 
-def wait_for(page: Page, condition: str, timeout: float = 20.0) -> None:
+def wait_for(page: Page, condition: str, timeout: float = TIMEOUT_MS / 1000) -> None:
     page.wait_for_function(condition, timeout=timeout * 1000)
 
 
+def assert_in_chunk_order(drawn: list[Drawn]) -> None:
+    """Every frame drawn once, in order: consecutive numbers, chunks in order, whole chunks."""
+    assert [d.number for d in drawn] == list(range(1, len(drawn) + 1)), "a drawn frame was not recorded"
+    keys = [(d.epoch, d.chunk) for d in drawn]
+    assert keys == sorted(keys), keys
+    for epoch in sorted({d.epoch for d in drawn}):
+        chunks = [d.chunk for d in drawn if d.epoch == epoch]
+        runs = [chunks.count(c) for c in sorted(set(chunks))]
+        assert sorted(set(chunks)) == list(range(chunks[0], chunks[-1] + 1)), chunks  # no chunk skipped
+        # Whole chunks, except the last: still playing, or cut short by a reset.
+        assert all(n == FRAMES_PER_CHUNK for n in runs[:-1]), chunks
+        assert runs[-1] <= FRAMES_PER_CHUNK, chunks
+
+
+def replay(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[tuple[int, int, str]]:
+    """Where each drawn frame must show the world, and in which style, by the events applied.
+
+    The procedural world's rules replayed on the page's records: each chunk applies its
+    ``applied_event_ids`` in order (a prompt replaces the prompt, a control replaces its
+    track's), then the view moves by :func:`velocity` each frame; a reset starts over from
+    the start view, the start prompt and no controls.
+    """
+    sent = recording.page.evaluate("() => window.__worldserveTest.sent")
+    chunks = recording.page.evaluate("() => window.__worldserveTest.chunks")
+    events = {event["event_id"]: event for event in sent}
+    applied = {(c["epoch"], c["chunk"]): c["applied"] for c in chunks}
+    expected: list[tuple[int, int, str]] = []
+    for epoch in sorted({d.epoch for d in drawn}):
+        motion, prompt, controls = Motion(), start_prompt, dict[str, ControlInput]()
+        shown = [d for d in drawn if d.epoch == epoch]
+        for chunk in range(shown[-1].chunk + 1):
+            for event_id in applied[(epoch, chunk)]:
+                event = events[event_id]
+                prompt = event.get("prompt", prompt)
+                for control in event.get("controls", ()):
+                    controls[control["track"]] = ControlInput(control["track"], control["schema"], control["data"])
+            positions = motion.advance(*velocity(list(controls.values())), FRAMES_PER_CHUNK)
+            count = sum(1 for d in shown if d.chunk == chunk)
+            expected += [(x, y, style_for_prompt(prompt)) for x, y in positions[:count]]
+    return expected
+
+
+def assert_replayed(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[tuple[int, int]]:
+    """Every drawn frame is exactly the world where :func:`replay` puts it; returns the positions."""
+    world = World(SEED)
+    expected = replay(recording, drawn, start_prompt)
+    assert len(expected) == len(drawn)
+    for d, (x, y, style) in zip(drawn, expected, strict=True):
+        if not np.array_equal(world.render(x, y, SIZE, SIZE, style), d.frame):
+            found = locate(d.frame, style, range(x - 40, x + 41), range(y - 8, y + 9))
+            raise AssertionError(
+                f"frame {d.number} (epoch {d.epoch}, chunk {d.chunk}) should be the {style} world at {(x, y)};"
+                f" it is at {found} (None: not that style near there)"
+            )
+    return [(x, y) for x, y, _ in expected]
+
+
+def keys_event(held: str) -> str:
+    return f"(e) => e.controls && e.controls[0].track === 'keys' && e.controls[0].data.held.join() === '{held}'"
+
+
 def test_player_moves_switches_style_and_resets(page: Page) -> None:
+    recording = Recording(page)
     page.fill("#prompt", "islands")
     page.fill("#seed", str(SEED))
     page.click("#start")
     wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
     # No keys held: the view stays at the start position.
-    assert locate(canvas(page), "islands", range(0, 1), range(0, 1)) == (0, 0)
+    assert all(locate(d.frame, "islands", range(0, 1), range(0, 1)) == (0, 0) for d in recording.drawn())
 
+    # Holding D moves the view right by KEY_SPEED (2 px) every frame, from the chunk that applied
+    # it to the chunk that applied its release; never back, never skipping a frame.
     page.click("#screen")
     page.keyboard.down("KeyD")
-    positions = []
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        found = locate(canvas(page), "islands", range(0, 400, 2), range(0, 1))
-        assert found is not None, "the canvas shows something that is not the world"
-        positions.append(found[0])
-        time.sleep(0.1)
+    _, pressed = recording.applied_in(recording.sent_event(keys_event("D"))["event_id"])
+    recording.wait_drawn(0, pressed + 2)
     page.keyboard.up("KeyD")
-    assert positions[-1] > positions[0] + 10, positions  # D moves the view right
-    assert positions == sorted(positions), positions  # and never back
+    _, released = recording.applied_in(recording.sent_event(keys_event(""))["event_id"])
+    recording.wait_drawn(0, released + 1)
+    drawn = recording.drawn()
+    assert_in_chunk_order(drawn)
+    positions = assert_replayed(recording, drawn, "islands")
+    steps = [(b[0] - a[0], b[1] - a[1], d.chunk) for a, b, d in zip(positions, positions[1:], drawn[1:], strict=False)]
+    assert all((dx, dy) == ((2, 0) if pressed <= chunk < released else (0, 0)) for dx, dy, chunk in steps), steps
+    stopped = positions[-1]
+    assert stopped[0] >= 2 * FRAMES_PER_CHUNK * 3, positions  # D took effect in 3 chunks at least
 
-    wait_for(page, "window.worldserve.displayed > 0")
-    time.sleep(0.6)
-    stopped = locate(canvas(page), "islands", range(0, 600, 2), range(0, 1))
-    assert stopped is not None
+    # A prompt switches the palette from the chunk that applied it on, at the same view.
+    before = len(drawn)
     page.fill("#prompt", "a snowy tundra")
     page.click("#apply-prompt")
-    time.sleep(1.2)
-    assert locate(canvas(page), "snow", range(stopped[0], stopped[0] + 1), range(0, 1)) == stopped
+    _, switched = recording.applied_in(recording.sent_event("(e) => e.prompt === 'a snowy tundra'")["event_id"])
+    recording.wait_drawn(0, switched + 1)
+    drawn = recording.drawn()
+    assert_in_chunk_order(drawn)
+    assert_replayed(recording, drawn, "islands")
+    for d in drawn[before:]:
+        style = "snow" if d.chunk >= switched else "islands"
+        assert locate(d.frame, style, range(stopped[0], stopped[0] + 1), range(0, 1)) == stopped, (d.chunk, switched)
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-player.png"))
 
     page.click("#reset")
-    wait_for(page, "window.worldserve.epoch === 1 && window.worldserve.chunkIndex === 0")
-    time.sleep(0.3)
+    recording.wait_drawn(1, 1)
+    drawn = recording.drawn()
+    assert_in_chunk_order(drawn)
     # After a reset the world starts over: start view, start prompt's style.
-    assert locate(canvas(page), "islands", range(0, 1), range(0, 1)) == (0, 0)
+    restarted = [d for d in drawn if d.epoch == 1]
+    assert restarted
+    assert all(locate(d.frame, "islands", range(0, 1), range(0, 1)) == (0, 0) for d in restarted)
 
-    # Dragging grabs the world: pulling it to the right pans the camera left.
+    # Dragging grabs the world: pulling it to the right pans the camera left. The drag goes on,
+    # at a person's pace, until a chunk after the one that applied its first pan has been
+    # generated, so the pan lasts a whole chunk whatever the machine's speed.
+    first_drag_event = 1 + max(int(e["event_id"]) for e in page.evaluate("() => window.__worldserveTest.sent"))
     box = page.locator("#screen").bounding_box()
     assert box is not None
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x, y)
+    x0, y0 = box["x"] + 8, box["y"] + box["height"] / 2
+    panned_on = f"""() => {{
+        const log = window.__worldserveTest;
+        const pan = log.sent.find((e) => e.event_id >= {first_drag_event} && e.controls
+                                         && e.controls[0].track === "camera" && e.controls[0].data.dx < 0);
+        const chunk = pan && log.chunks.find((c) => c.applied.includes(pan.event_id));
+        return Boolean(chunk) && log.chunks.some((c) => c.epoch === chunk.epoch && c.chunk > chunk.chunk);
+    }}"""
+    viewport = page.viewport_size
+    assert viewport is not None
+    page.mouse.move(x0, y0)
     page.mouse.down()
-    for step in range(1, 13):
-        page.mouse.move(x + step * 12, y)
-        time.sleep(0.05)
+    step = 0
+    while not page.evaluate(panned_on):
+        step += 1
+        assert x0 + step * 6 < viewport["width"], "the drag reached the page's edge before a pan was applied"
+        page.mouse.move(x0 + step * 6, y0)
+        time.sleep(0.05)  # a person's drag: 6 screen px per 50 ms
     page.mouse.up()
-    time.sleep(1.2)
-    dragged = locate(canvas(page), "islands", range(-300, 1), range(0, 1))
-    assert dragged is not None
-    assert dragged[0] < -4, dragged
-    time.sleep(0.6)
-    assert locate(canvas(page), "islands", range(dragged[0], dragged[0] + 1), range(0, 1)) == dragged  # stopped
+    release = recording.sent_event(
+        f"(e) => e.event_id >= {first_drag_event} && e.controls && e.controls[0].track === 'camera'"
+        " && e.controls[0].data.dx === 0 && e.controls[0].data.dy === 0"
+    )
+    _, stop = recording.applied_in(release["event_id"])
+    recording.wait_drawn(1, stop + 1)
+    drawn = recording.drawn()
+    assert_in_chunk_order(drawn)
+    restarted = [d for d in drawn if d.epoch == 1]
+    positions = assert_replayed(recording, restarted, "islands")
+    xs = [x for x, _ in positions]
+    assert all(y == 0 for _, y in positions), positions  # a horizontal drag
+    assert xs == sorted(xs, reverse=True), xs  # the camera pans left, never back
+    assert xs[-1] < 0, xs
+    assert len({p for p, d in zip(positions, restarted, strict=True) if d.chunk >= stop}) == 1, positions  # stopped

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.timeout(60)
+#: Subprocesses doing real work: generous, so that a slow or busy CPU passes too.
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_readme_python_example_runs(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     assert code is not None
     script = tmp_path / "example.py"
     script.write_text(code.group(1))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, check=False)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "0 (1,) (4, 48, 48, 3)"
@@ -30,16 +31,15 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
 
 def test_runtime_benchmark_smoke() -> None:
     command = [sys.executable, "bench/runtime.py", "--step-ms", "3", "--seconds", "0.2", "--sessions", "1", "8"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=50, check=False)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stderr
     assert "chunks/s" in done.stdout
     assert re.search(r"batching at 8 sessions: [\d.]+x", done.stdout), done.stdout
 
 
-@pytest.mark.timeout(150)
 def test_tinyworld_benchmark_smoke() -> None:
     command = [sys.executable, "bench/tinyworld.py", "--chunks", "4", "--repeats", "1"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=140, check=False)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stderr
     assert re.search(r"\| 1 session, frames/s +\| [\d.]+ ", done.stdout), done.stdout
     assert re.search(r"8 sessions batched, aggregate frames/s \| [\d.]+ \([\d.]+x one session\)", done.stdout)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from runtime_models import Truth, keys
+from runtime_models import Gate, Truth, keys, until
 from worldserve import SessionError, SessionEvent, SessionStatus, WorkerLifecycle
 from worldserve.models import SessionOptions
 from worldserve.protocol import TickRequest
@@ -28,13 +28,13 @@ from worldserve.runtime.config import parse_bytes
 from worldserve.runtime.metrics import Capacity
 from worldserve.runtime.scheduler import BatchQueue
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(120)
 
 
-def runtime(*, slow_s: float = 0.5, **options: object) -> Runtime:
+def runtime(*, slow_s: float = 0.5, gate: str | None = None, **options: object) -> Runtime:
     """An in-process runtime (the FaultyModel unless ``model=`` says otherwise)."""
     if "model" not in options:
-        options.update(model="runtime_models:FaultyModel", model_options={"slow_s": slow_s})
+        options.update(model="runtime_models:FaultyModel", model_options={"slow_s": slow_s, "gate": gate})
     return Runtime(executor="inprocess", **options)
 
 
@@ -54,60 +54,73 @@ def test_batch_queue_rule() -> None:
 
 
 async def test_ready_ticks_of_different_sessions_run_as_one_step() -> None:
-    async with runtime(model="procedural", batch_wait_s=0.5) as rt:
+    async with runtime(model="procedural", batch_wait_s=10.0) as rt:
         sessions = [await rt.create_session(seed=seed) for seed in range(4)]
         chunks = await asyncio.gather(*(session.next_chunk() for session in sessions))
         assert [chunk.batch_size for chunk in chunks] == [4, 4, 4, 4]
-        assert max(chunk.queued_s for chunk in chunks) < 0.25  # complete: no wait for more company
+        assert max(chunk.queued_s for chunk in chunks) < 10.0  # complete: no wait for more company
         for seed, chunk in enumerate(chunks):
             assert np.array_equal(chunk.frames, Truth(seed).next(None, ()))
         stats = rt.stats().engine
         assert (stats.batches, stats.chunks, stats.mean_batch_size) == (1, 4, 4.0)
 
 
-async def test_ticks_arriving_during_a_step_go_together_when_it_ends() -> None:
-    async with runtime(slow_s=0.3, batch_wait_s=0.0) as rt:
-        slow = await rt.create_session(prompt="slow")
+async def test_ticks_arriving_during_a_step_go_together_when_it_ends(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
+    async with runtime(gate=str(gate.path), batch_wait_s=0.0) as rt:
+        held = await rt.create_session(prompt="gate")
         others = [await rt.create_session(seed=seed) for seed in range(3)]
-        first = asyncio.ensure_future(slow.next_chunk())
-        await asyncio.sleep(0.05)  # the slow step is running
-        chunks = await asyncio.gather(*(session.next_chunk() for session in others))
+        first = asyncio.ensure_future(held.next_chunk())
+        await gate.wait_entered()  # the held step is running
+        later = asyncio.gather(*(session.next_chunk() for session in others))
+        await until(lambda: rt.stats().engine.queued_ticks == 3, "the three ticks queued behind the step")
+        loop = asyncio.get_running_loop()
+        queued_by = loop.time()
+        await asyncio.sleep(0.05)  # hold the step a little longer: the ticks wait at least this
+        held_until = loop.time()
+        gate.open()
+        chunks = await later
         assert (await first).batch_size == 1
         assert [chunk.batch_size for chunk in chunks] == [3, 3, 3]
-        assert min(chunk.queued_s for chunk in chunks) > 0.15
+        assert min(chunk.queued_s for chunk in chunks) >= held_until - queued_by  # they waited for the step
 
 
 async def test_a_lone_tick_waits_at_most_batch_wait_for_company() -> None:
-    async with runtime(model="procedural", batch_wait_s=0.15) as rt:
+    async with runtime(model="procedural", batch_wait_s=1.0) as rt:
         alone = await rt.create_session()
-        assert (await alone.next_chunk()).queued_s < 0.05  # the only session on its worker: no wait
+        assert (await alone.next_chunk()).queued_s < 1.0  # the only session on its worker: no wait
         await rt.create_session()  # idle company that never ticks
         chunk = await alone.next_chunk()
-        assert 0.14 <= chunk.queued_s < 0.3
+        # It waits for company until batch_wait_s, then goes alone (not until the company ticks).
+        assert 0.99 <= chunk.queued_s < 10.0
         assert chunk.batch_size == 1
 
 
-async def test_deadline_fails_the_session_closed_without_waiting_for_the_step() -> None:
-    async with runtime(slow_s=0.6, tick_deadline_s=0.1) as rt:
+async def test_deadline_fails_the_session_closed_without_waiting_for_the_step(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
+    async with runtime(gate=str(gate.path), tick_deadline_s=0.5) as rt:
         session = await rt.create_session(seed=5)
-        await session.accept_event(SessionEvent(1, prompt="slow desert"))
-        began = time.perf_counter()
-        with pytest.raises(DeadlineExceededError, match=r"missed its 0\.1 s deadline") as caught:
+        await session.accept_event(SessionEvent(1, prompt="gate desert"))
+        with pytest.raises(DeadlineExceededError, match=r"missed its 0\.5 s deadline") as caught:
             await session.next_chunk()
-        assert time.perf_counter() - began < 0.4
+        assert gate.entered
+        assert not gate.left  # failed while the step is still held: the caller did not wait for it
         assert caught.value.code == "deadline_exceeded"
         assert session.status is SessionStatus.FAILED
         assert rt.engine.worker_of(session.session_id) is None  # released on failure
-        # Its only worker is stalled in the late step: a reset is refused at once, not queued behind it.
+        # Its only worker is stalled in the held step: a reset is refused at once, not queued behind it.
         with pytest.raises(AdmissionRefusedError, match="stalled in a step"):
             await session.reset()
         assert session.failure_code == "admission_refused"
-        while rt.engine.executor.is_alive(0):  # the step ends (the worker is no longer stalled) ...
+        assert not gate.left
+        gate.open()
+        await until(lambda: rt.engine.stats().queued_ticks == 0 and gate.left, "the held step to end")
+        while True:  # the step's result reaches the engine: the worker is no longer stalled
             try:
-                await session.reset()  # ... and then a fresh state
+                await session.reset()  # then a fresh state
                 break
             except AdmissionRefusedError:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
         chunk = await session.next_chunk()
         assert chunk.metadata.chunk_index == 0
         assert np.array_equal(chunk.frames, Truth(5).next(None, ()))

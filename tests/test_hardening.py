@@ -23,7 +23,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from runtime_models import keys
+from runtime_models import Gate, keys
 from server_harness import RunningServer, start_server
 from worldserve import SessionEvent
 from worldserve.errors import AdmissionRefusedError, DeadlineExceededError
@@ -198,12 +198,13 @@ async def test_a_replacement_killed_while_starting_is_started_again() -> None:
 # -- defect 3: a stalled worker took new sessions ---------------------------------------------------
 
 
-async def test_a_stalled_worker_gets_no_new_sessions() -> None:
+async def test_a_stalled_worker_gets_no_new_sessions(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
     async with Runtime(
         "runtime_models:FaultyModel",
         workers=2,
         executor="inprocess",
-        model_options={"slow_s": 2.0},
+        model_options={"gate": str(gate.path)},
         tick_deadline_s=0.2,
     ) as rt:
         late = await rt.create_session(seed=1)
@@ -211,17 +212,17 @@ async def test_a_stalled_worker_gets_no_new_sessions() -> None:
         stalled = rt.engine.worker_of(late.session_id)
         assert stalled is not None
         assert rt.engine.worker_of(other.session_id) == 1 - stalled
-        await late.accept_event(SessionEvent(1, prompt="slow"))
+        await late.accept_event(SessionEvent(1, prompt="gate"))
         with pytest.raises(DeadlineExceededError):
             await late.next_chunk()
-        # The late session's state is released: its worker now looks least loaded, but its step runs on.
+        # The late session's state is released: its worker now looks least loaded, but its step is held.
         assert rt.engine.worker_of(late.session_id) is None
         fresh = await rt.create_session(seed=3)
         assert rt.engine.worker_of(fresh.session_id) == 1 - stalled
         await late.reset()
         assert rt.engine.worker_of(late.session_id) == 1 - stalled
-        assert rt.engine.stats().queued_ticks == 0
-        assert rt.engine._workers[stalled].running is not None  # all of this while the step still ran
+        assert not gate.left  # all of this while the step was still held
+        gate.open()
         for session in (late, fresh, other):
             assert (await session.next_chunk()).metadata.chunk_index == 0
 

@@ -8,11 +8,13 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from runtime_models import CAMERA, Truth, keys
+from runtime_models import CAMERA, Gate, Truth, keys, until
 from worldserve import ControlInput, Session, SessionEvent, SessionStatus
 from worldserve.runtime import (
     AdmissionRefusedError,
@@ -25,7 +27,7 @@ from worldserve.runtime import (
     WorkerDiedError,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)  # spawned workers: generous on a slow or busy CPU
 
 FAULTY = "runtime_models:FaultyModel"
 
@@ -124,8 +126,9 @@ async def test_reset_and_close_reach_the_worker() -> None:
         assert [s.session_id for s in rt.manager] == ["s3"]
 
 
-async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once() -> None:
-    async with Runtime(FAULTY, model_options={"slow_s": 0.6}, workers=1, max_sessions_per_worker=2) as rt:
+async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
+    async with Runtime(FAULTY, model_options={"gate": str(gate.path)}, workers=1, max_sessions_per_worker=2) as rt:
         a = await rt.create_session(seed=1)
         b = await rt.create_session(seed=2)
         await a.next_chunk()  # b is now the least recently used
@@ -137,34 +140,51 @@ async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once()
         assert b.status is SessionStatus.FAILED
         await b.reset()  # comes back (evicting a, now the idle one)
         assert np.array_equal((await b.next_chunk()).frames, Truth(2).next(None, ()))
-        # Both resident sessions busy with slow ticks: nothing can be evicted.
-        await b.accept_event(SessionEvent(1, prompt="slow"))
-        await c.accept_event(SessionEvent(1, prompt="slow"))
+        # Both resident sessions busy with held ticks: nothing can be evicted.
+        await b.accept_event(SessionEvent(1, prompt="gate"))
+        await c.accept_event(SessionEvent(1, prompt="gate"))
         busy = asyncio.gather(b.next_chunk(), c.next_chunk())
-        await asyncio.sleep(0.05)
-        began = time.perf_counter()
+        await gate.wait_entered()
+        await until(lambda: rt.engine.stats().queued_ticks + len(gate.batch()) == 2, "both ticks in the engine")
         with pytest.raises(AdmissionRefusedError, match="no worker can make room") as refused:
             await rt.create_session(seed=4)
-        assert time.perf_counter() - began < 0.25  # at once, not after the steps (>= 0.5 s away)
+        assert not gate.left  # refused at once, while the step still holds the worker
         assert refused.value.code == "admission_refused"
+        gate.open()
         await busy
         assert rt.stats().engine.admissions_refused == 1
         with pytest.raises(SessionEvictedError):
             await a.next_chunk()
 
 
-async def test_a_session_with_a_tick_waiting_is_never_evicted_even_when_least_recently_used() -> None:
-    async with Runtime(FAULTY, model_options={"slow_s": 0.3}, workers=1, max_sessions_per_worker=3) as rt:
+async def test_a_session_with_a_tick_waiting_is_never_evicted_even_when_least_recently_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(tmp_path / "gate")
+    async with Runtime(FAULTY, model_options={"gate": str(gate.path)}, workers=1, max_sessions_per_worker=3) as rt:
         x = await rt.create_session(seed=1)
         y = await rt.create_session(seed=2)
-        w = await rt.create_session(prompt="slow", seed=3)
+        w = await rt.create_session(prompt="gate", seed=3)
         await x.next_chunk()
         await y.next_chunk()  # least recently used first: w, x, y
         busy = asyncio.ensure_future(w.next_chunk())  # w's step holds the worker (and w becomes most recent)
-        await asyncio.sleep(0.05)
+        await gate.wait_entered()
         waiting = asyncio.ensure_future(x.next_chunk())  # queued in the engine behind w's step
-        await asyncio.sleep(0.01)
-        z = await rt.create_session(seed=4)  # decided after w's step: x is the LRU, but its tick is waiting
+        await until(lambda: rt.engine.stats().queued_ticks == 1, "x's tick queued behind w's step")
+        admits: list[tuple[Any, ...]] = []
+        call = rt.engine.executor.call
+
+        def spy(index: int, method: str, args: tuple[Any, ...]) -> Any:
+            if method == "admit":
+                admits.append(args)
+            return call(index, method, args)
+
+        monkeypatch.setattr(rt.engine.executor, "call", spy)
+        admitting = asyncio.ensure_future(rt.create_session(seed=4))  # x is the LRU, but its tick is waiting
+        await until(lambda: bool(admits), "z's admission sent to the worker")
+        assert not gate.left  # decided while w's step holds the worker and x's tick waits behind it
+        gate.open()
+        z = await admitting
         assert (await waiting).metadata.chunk_index == 1
         await busy
         with pytest.raises(SessionEvictedError):
@@ -173,24 +193,28 @@ async def test_a_session_with_a_tick_waiting_is_never_evicted_even_when_least_re
         assert rt.stats().engine.evictions == 1
 
 
-async def test_a_worker_killed_mid_tick_fails_only_its_sessions_and_is_replaced() -> None:
-    async with Runtime(FAULTY, model_options={"slow_s": 1.0}, workers=2) as rt:
-        a = await rt.create_session(prompt="slow", seed=1)  # worker 0
+async def test_a_worker_killed_mid_tick_fails_only_its_sessions_and_is_replaced(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
+    async with Runtime(FAULTY, model_options={"gate": str(gate.path)}, workers=2) as rt:
+        a = await rt.create_session(prompt="gate", seed=1)  # worker 0
         b = await rt.create_session(seed=2)  # worker 1
         c = await rt.create_session(seed=3)  # worker 0
         assert [rt.engine.worker_of(s.session_id) for s in (a, b, c)] == [0, 1, 0]
         victim = rt.engine.executor.pid(0)
         assert victim is not None
         ticks = [asyncio.ensure_future(s.next_chunk()) for s in (a, b, c)]
-        await asyncio.sleep(0.2)  # worker 0 is inside the slow step of a and c
+        await gate.wait_entered()  # worker 0 is inside the held step of a and c
+        assert sorted(gate.batch()) == sorted([a.session_id, c.session_id])
         os.kill(victim, signal.SIGKILL)
-        results = await asyncio.wait_for(asyncio.gather(*ticks, return_exceptions=True), 0.7)
+        # The gate never opens: the held tick can only end by the worker's death being noticed.
+        results = await asyncio.wait_for(asyncio.gather(*ticks, return_exceptions=True), 30)
         for result in (results[0], results[2]):
             assert isinstance(result, WorkerDiedError), result
             assert result.code == "worker_died"
             assert f"worker 0 (pid {victim}) died (killed by SIGKILL)" in str(result)
         assert isinstance(results[1], Chunk)
         assert np.array_equal((await b.next_chunk()).frames[0], Truth(2).next(None, ())[0])  # unaffected
+        await until(lambda: rt.stats().engine.worker_restarts == 1, "worker 0 replaced")
         await rt.engine.wait_workers_ready(timeout=30)
         assert rt.engine.executor.pid(0) not in (None, victim)
         await c.reset()
@@ -202,20 +226,22 @@ async def test_a_worker_killed_mid_tick_fails_only_its_sessions_and_is_replaced(
         assert a.status is SessionStatus.FAILED
 
 
-async def test_a_tick_past_its_deadline_fails_closed_and_a_hung_worker_is_replaced() -> None:
-    options = {"tick_deadline_s": 0.2, "hang_timeout_s": 0.6}
-    async with Runtime(FAULTY, model_options={"slow_s": 30.0}, workers=1, **options) as rt:
-        stuck = await rt.create_session(prompt="slow", seed=1)
-        began = time.perf_counter()
+async def test_a_tick_past_its_deadline_fails_closed_and_a_hung_worker_is_replaced(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")  # never opened: the step hangs until the worker is killed
+    options = {"tick_deadline_s": 1.0, "hang_timeout_s": 2.0}
+    async with Runtime(FAULTY, model_options={"gate": str(gate.path)}, workers=1, **options) as rt:
+        stuck = await rt.create_session(prompt="gate", seed=1)
         with pytest.raises(DeadlineExceededError, match="running on worker 0") as late:
             await stuck.next_chunk()
-        assert time.perf_counter() - began < 0.5  # the caller is not held by the step
+        assert gate.entered  # the caller is not held by the step, which cannot end
         assert late.value.code == "deadline_exceeded"
         assert stuck.status is SessionStatus.FAILED
-        await asyncio.sleep(0.6)  # the hang timeout kills the worker; a fresh one starts
+        # The hang timeout kills the worker; a fresh one starts.
+        await until(lambda: rt.stats().engine.worker_restarts == 1, "the hung worker killed and replaced")
         await rt.engine.wait_workers_ready(timeout=30)
         stats = rt.stats().engine
         assert (stats.deadline_exceeded, stats.workers_killed_hung, stats.worker_restarts) == (1, 1, 1)
+        assert not gate.left
         fine = await rt.create_session(seed=2)
         assert np.array_equal((await fine.next_chunk()).frames, Truth(2).next(None, ()))
 
@@ -237,48 +263,50 @@ async def test_one_failing_session_of_a_batch_fails_alone() -> None:
         assert [s.chunk_index for s in good] == [1, 1]
 
 
-async def loop_stalls(work: Callable[[], Awaitable[object]], accept: Callable[[int], Awaitable[object]]) -> list[float]:
-    """Spin the event loop while ``work`` runs, accepting an event each millisecond; return the gaps."""
-    loop = asyncio.get_running_loop()
+async def events_accepted_inside(
+    work: Callable[[], Awaitable[object]], gate: Gate, accept: Callable[[int], Awaitable[object]], count: int
+) -> int:
+    """Run ``work``; once its step is inside the gate, accept ``count`` events (one per loop turn)
+    and open the gate. Returns how many were accepted while the step was still inside: all of
+    them when the step runs off the event loop, none when it blocks the loop."""
     task = asyncio.ensure_future(work())
-    gaps: list[float] = []
-    last = next_event = loop.time()
-    event_id = 0
-    while not task.done():
+    await gate.wait_entered()
+    inside = 0
+    for event_id in range(1, count + 1):
+        await accept(event_id)
         await asyncio.sleep(0)
-        now = loop.time()
-        if now >= next_event:
-            event_id += 1
-            await accept(event_id)
-            next_event = now + 0.001
-        now = loop.time()
-        gaps.append(now - last)
-        last = now
+        inside += not gate.left
+    gate.open()
     await task
-    return gaps
+    return inside
 
 
 @pytest.mark.parametrize("executor", ["multiprocess", "inprocess"])
-async def test_a_slow_forward_does_not_stall_the_event_loop(executor: str) -> None:
+async def test_a_slow_forward_does_not_stall_the_event_loop(executor: str, tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate")
     config = {"executor": executor, "max_pending_events": 10_000}
-    async with Runtime(FAULTY, model_options={"slow_s": 0.3}, **config) as rt:
-        session = await rt.create_session(prompt="slow")
+    async with Runtime(FAULTY, model_options={"gate": str(gate.path)}, **config) as rt:
+        session = await rt.create_session(prompt="gate")
 
         async def accept(event_id: int) -> None:
             await session.accept_event(SessionEvent(event_id, controls=(keys("D"),)))
 
-        gaps = sorted(await loop_stalls(session.next_chunk, accept))
-        assert len(gaps) > 100
-        assert gaps[len(gaps) // 2] < 0.001
-        assert gaps[int(len(gaps) * 0.99)] < 0.001, gaps[-5:]
-        # The step takes 0.3 s: had it run on the loop, one gap would be that long. (The bound
-        # tolerates the OS descheduling this process on a shared machine, seen up to ~55 ms.)
-        assert gaps[-1] < 0.15, gaps[-5:]
+        # The step is held until the test opens the gate: had it run on the loop, nothing could
+        # run until it ended (and the gate could not open).
+        assert await events_accepted_inside(session.next_chunk, gate, accept, 200) == 200
 
-        async def blocking() -> None:  # the same probe catches a forward run on the loop
-            time.sleep(0.1)  # noqa: ASYNC251 -- deliberately blocking the loop
+    # The same probe catches a forward run on the loop: a step that blocks it until it is done.
+    blocking_gate = Gate(tmp_path / "blocking")
 
-        assert max(await loop_stalls(blocking, accept)) >= 0.1
+    async def blocking() -> None:
+        blocking_gate.path.with_name("blocking.entered").touch()
+        time.sleep(0.1)  # noqa: ASYNC251 -- deliberately blocking the loop
+        blocking_gate.path.with_name("blocking.left").touch()
+
+    async def count(_: int) -> None:
+        return None
+
+    assert await events_accepted_inside(blocking, blocking_gate, count, 20) == 0
 
 
 async def test_worker_processes_share_the_cpu_threads() -> None:

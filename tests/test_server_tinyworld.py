@@ -19,10 +19,13 @@ from server_harness import RunningServer, start_server
 from worldserve.client import ClientChunk, WorldClient, keys
 from worldserve.models.tinyworld.eval import StyleClassifier, phase_shift
 
+#: CPU-bound model work: generous, so that a slow or busy CPU (e.g. float32 without AVX-512) passes too.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    running = start_server("--workers", "1", timeout=120.0)
+    running = start_server("--workers", "1", timeout=300.0)
     yield running
     running.stop()
 
@@ -31,7 +34,7 @@ async def chunks_after(client: WorldClient, event_id: int, count: int) -> list[C
     """The chunk that applies ``event_id`` and the ``count - 1`` chunks after it."""
     collected: list[ClientChunk] = []
     for _ in range(60):
-        chunk = await client.next_chunk(timeout=30)
+        chunk = await client.next_chunk(timeout=60)
         if collected or event_id in chunk.applied_event_ids:
             collected.append(chunk)
         if len(collected) == count:
@@ -50,7 +53,7 @@ async def test_a_session_on_tinyworld_follows_keys_and_prompt(server: RunningSer
     async with WorldClient(server.ws) as client:
         info = await client.start(prompt="desert dunes", seed=1_000_123)
         assert info.model["name"] == "tinyworld"
-        first = await client.next_chunk(timeout=30)
+        first = await client.next_chunk(timeout=60)
         assert first.frames.shape == (4, 48, 48, 3)
         assert first.frames.dtype == np.uint8
 

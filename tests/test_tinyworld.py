@@ -28,6 +28,9 @@ from worldserve.models.world import STYLES, World  # noqa: E402
 KEYS = "worldserve.keys.v1"
 CAMERA = "worldserve.camera.v1"
 
+#: CPU-bound model work: generous, so that a slow or busy CPU (e.g. float32 without AVX-512) passes too.
+pytestmark = pytest.mark.timeout(600)
+
 
 def keys(*held: str) -> ControlInput:
     return ControlInput("keys", KEYS, {"held": list(held)})
