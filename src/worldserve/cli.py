@@ -33,6 +33,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be zero or positive")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worldserve",
@@ -62,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--idle-timeout", type=_positive_float, default=300.0, help="close idle connections after (s)")
     serve.add_argument("--max-lag-chunks", type=_positive_int, default=3, help="un-acked chunks before pausing")
+    serve.add_argument(
+        "--resume-grace-s",
+        type=_non_negative_float,
+        default=30.0,
+        help="keep a session whose connection dropped this long for session.resume (0: off; %(default)s)",
+    )
+    serve.add_argument(
+        "--replay-chunks", type=_positive_int, default=8, help="chunks kept to re-send on resume (%(default)s)"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
 
@@ -104,6 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
         event_burst=args.event_burst,
         idle_timeout=args.idle_timeout,
         max_lag_chunks=args.max_lag_chunks,
+        resume_grace_s=args.resume_grace_s,
+        replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
