@@ -33,6 +33,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be zero or positive")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -91,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=_positive_float, default=60.0, help="seconds per client")
     bench.add_argument("--event-interval", type=_positive_float, default=0.25, help="mean seconds between events")
     bench.add_argument("--token", default=None)
+    bench.add_argument(
+        "--viewers",
+        type=_non_negative_int,
+        default=0,
+        help="viewers joined to each session; runs the load without viewers first and compares (%(default)s)",
+    )
+    bench.add_argument(
+        "--drop-resume",
+        action="store_true",
+        help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
+    )
 
     record = commands.add_parser(
         "record",
@@ -140,15 +158,38 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from worldserve.loadtest import format_table, run_bench
+    from worldserve.loadtest import format_table, format_viewers_table, run_bench, run_viewers_bench
 
-    result = asyncio.run(
-        run_bench(
-            args.url, clients=args.clients, duration=args.duration, event_interval=args.event_interval, token=args.token
+    if args.viewers > 0:
+        alone, shared = asyncio.run(
+            run_viewers_bench(
+                args.url,
+                clients=args.clients,
+                duration=args.duration,
+                event_interval=args.event_interval,
+                viewers=args.viewers,
+                token=args.token,
+                drop_resume=args.drop_resume,
+            )
         )
-    )
-    print(format_table(result))
-    return 0 if all(r.lost == 0 and not r.errors for r in result.reports) else 1
+        print(format_viewers_table(alone, shared))
+        results = [alone, shared]
+    else:
+        result = asyncio.run(
+            run_bench(
+                args.url,
+                clients=args.clients,
+                duration=args.duration,
+                event_interval=args.event_interval,
+                token=args.token,
+                drop_resume=args.drop_resume,
+            )
+        )
+        print(format_table(result))
+        results = [result]
+    reports = [report for result in results for report in result.reports]
+    ok = all(r.lost == 0 and r.applied_twice == 0 and r.seq_gaps == 0 and not r.errors for r in reports)
+    return 0 if ok else 1
 
 
 def _record(args: argparse.Namespace) -> int:

@@ -4,7 +4,12 @@ Owns: a scripted client (start, steer with held-key and prompt events at a stead
 rate, consume and acknowledge chunks), the books that prove no event was lost (each
 accepted event is applied in exactly one chunk or reported in ``input.dropped``),
 and the summary table: time to first chunk, frames/s, event->applied latency
-percentiles against the bound of one chunk period plus one chunk's compute.
+percentiles against the bound of one chunk period plus one chunk's compute. With
+``viewers``, each session is shared and that many viewers join it (a run without
+viewers goes first, so one table compares the server's CPU time per chunk and the
+frames/s of both sides, read from the server's ``/metrics``); with ``drop_resume``,
+every client loses its socket mid-run and resumes, and the books must still close
+(0 lost, 0 applied twice across the resumes).
 
 Must not know: the server's internals (it is a plain client over the socket).
 """
@@ -16,12 +21,23 @@ import contextlib
 import random
 import statistics
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-from worldserve.client import WorldClient, WorldError, keys
+from worldserve.client import SessionInfo, WorldClient, WorldClientError, WorldError, keys
 
-__all__ = ["BenchResult", "ClientReport", "format_table", "run_bench"]
+__all__ = [
+    "BenchResult",
+    "ClientReport",
+    "ServerSample",
+    "ViewerReport",
+    "format_table",
+    "format_viewers_table",
+    "run_bench",
+    "run_viewers_bench",
+]
 
 _HELD_CHOICES = ((), ("W",), ("A",), ("S",), ("D",), ("W", "D"), ("S", "A"))
 _PROMPTS = ("islands", "desert dunes", "deep forest", "snowy tundra")
@@ -51,6 +67,28 @@ class ClientReport:
     model: list[float] = field(default_factory=list)  # of that: inside the model's step, seconds
     batch_sizes: list[int] = field(default_factory=list)  # sessions in the step that made each chunk
     chunk_period: float = 0.0
+    resumes: int = 0
+    seq_gaps: int = 0  # chunks missing from the seq sequence (across resumes too)
+
+
+@dataclass
+class ViewerReport:
+    """What one viewer joined to a session saw."""
+
+    frames: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    skipped: int = 0  # chunks the server skipped for it (chunk.skipped)
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """The server process's CPU seconds and its counters, read from ``/metrics``."""
+
+    cpu_seconds: float
+    chunks: float
+    frames_sent: float
 
 
 @dataclass
@@ -58,10 +96,76 @@ class BenchResult:
     clients: int
     duration: float
     reports: list[ClientReport]
+    viewers: list[ViewerReport] = field(default_factory=list)
+    viewers_per_session: int = 0
+    server: tuple[ServerSample, ServerSample] | None = None  # before, after
+
+
+def _metrics_url(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}/metrics"
+
+
+def _read_sample(url: str, token: str | None) -> ServerSample | None:
+    request = urllib.request.Request(_metrics_url(url))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("process_cpu_seconds_total", "worldserve_chunks_total", "worldserve_frames_sent_total"):
+            values[name] = float(value)
+    if "process_cpu_seconds_total" not in values:
+        return None
+    return ServerSample(
+        values["process_cpu_seconds_total"],
+        values.get("worldserve_chunks_total", 0.0),
+        values.get("worldserve_frames_sent_total", 0.0),
+    )
+
+
+async def _run_viewer(url: str, token: str | None, session: SessionInfo, stop: asyncio.Event) -> ViewerReport:
+    report = ViewerReport()
+    assert session.viewer_token is not None
+    try:
+        async with WorldClient(url, token=token) as client:
+            await client.join(session.session_id, session.viewer_token)
+            started = time.monotonic()
+
+            async def consume() -> None:
+                async for chunk in client.chunks():
+                    report.chunks += 1
+                    report.frames += int(chunk.frames.shape[0])
+
+            consumer = asyncio.create_task(consume())
+            await stop.wait()
+            report.seconds = time.monotonic() - started
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+            report.skipped = sum(last - first + 1 for first, last in client.skipped)
+    except (WorldError, WorldClientError, OSError) as error:
+        report.errors[getattr(error, "code", type(error).__name__)] += 1
+    return report
 
 
 async def _run_client(
-    url: str, token: str | None, duration: float, event_interval: float, seed: int, settle: float
+    url: str,
+    token: str | None,
+    duration: float,
+    event_interval: float,
+    seed: int,
+    settle: float,
+    *,
+    viewers: int = 0,
+    drop_resume: bool = False,
+    viewer_reports: list[ViewerReport] | None = None,
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -71,14 +175,30 @@ async def _run_client(
     try:
         async with WorldClient(url, token=token) as client:
             started = time.monotonic()
-            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media="raw")
+            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media="raw", share_viewers=viewers > 0)
             report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
+            stop_viewers = asyncio.Event()
+            viewer_tasks = [asyncio.create_task(_run_viewer(url, token, info, stop_viewers)) for _ in range(viewers)]
 
             progress = asyncio.Event()
+            connected = asyncio.Event()
+            connected.set()
+            last_seq: int | None = None
 
             async def consume() -> None:
-                async for chunk in client.chunks():
+                nonlocal last_seq
+                while True:
+                    try:
+                        chunk = await client.next_chunk()
+                    except WorldClientError:
+                        if connected.is_set():
+                            return  # closed for good
+                        await connected.wait()  # dropped: the resume brings the chunks back
+                        continue
                     progress.set()
+                    if last_seq is not None and chunk.seq > last_seq + 1:
+                        report.seq_gaps += chunk.seq - last_seq - 1
+                    last_seq = chunk.seq
                     if report.ttfc is None:
                         report.ttfc = chunk.received_at - started
                     report.chunks += 1
@@ -99,7 +219,16 @@ async def _run_client(
             consumer = asyncio.create_task(consume())
             event_id = 0
             deadline = started + duration
+            drop_at = started + duration * rng.uniform(0.3, 0.7) if drop_resume else None
             while time.monotonic() < deadline:
+                if drop_at is not None and time.monotonic() >= drop_at:
+                    drop_at = None
+                    connected.clear()
+                    await client.drop()  # no close handshake: the server parks the session
+                    await asyncio.sleep(report.chunk_period)  # the chunk in flight commits meanwhile
+                    await client.resume()
+                    connected.set()
+                    report.resumes += 1
                 await asyncio.sleep(event_interval * rng.uniform(0.5, 1.5))
                 event_id += 1
                 prompt = rng.choice(_PROMPTS) if rng.random() < 0.1 else None
@@ -123,12 +252,16 @@ async def _run_client(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(progress.wait(), remaining)
             report.seconds = time.monotonic() - started
+            stop_viewers.set()
+            reports = await asyncio.gather(*viewer_tasks)
+            if viewer_reports is not None:
+                viewer_reports.extend(reports)
             await client.close()
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
             dropped = {event for notice in client.dropped for event in notice.event_ids}
-    except (WorldError, OSError) as error:
+    except (WorldError, WorldClientError, OSError) as error:
         report.errors[getattr(error, "code", type(error).__name__)] += 1
         return report
     report.accepted = len(accepted)
@@ -147,12 +280,63 @@ async def run_bench(
     event_interval: float = 0.25,
     token: str | None = None,
     settle: float = 5.0,
+    viewers: int = 0,
+    drop_resume: bool = False,
 ) -> BenchResult:
-    """Run ``clients`` concurrent sessions for ``duration`` seconds each."""
+    """Run ``clients`` concurrent sessions for ``duration`` seconds each (``viewers`` joined to each)."""
+    before = await asyncio.to_thread(_read_sample, url, token)
+    viewer_reports: list[ViewerReport] = []
     reports = await asyncio.gather(
-        *(_run_client(url, token, duration, event_interval, seed, settle) for seed in range(clients))
+        *(
+            _run_client(
+                url,
+                token,
+                duration,
+                event_interval,
+                seed,
+                settle,
+                viewers=viewers,
+                drop_resume=drop_resume,
+                viewer_reports=viewer_reports,
+            )
+            for seed in range(clients)
+        )
     )
-    return BenchResult(clients=clients, duration=duration, reports=list(reports))
+    after = await asyncio.to_thread(_read_sample, url, token)
+    return BenchResult(
+        clients=clients,
+        duration=duration,
+        reports=list(reports),
+        viewers=viewer_reports,
+        viewers_per_session=viewers,
+        server=None if before is None or after is None else (before, after),
+    )
+
+
+async def run_viewers_bench(
+    url: str,
+    *,
+    clients: int,
+    duration: float,
+    event_interval: float,
+    viewers: int,
+    token: str | None = None,
+    drop_resume: bool = False,
+) -> tuple[BenchResult, BenchResult]:
+    """The same load without viewers, then with ``viewers`` joined to each session: the two sides of one table."""
+    alone = await run_bench(
+        url, clients=clients, duration=duration, event_interval=event_interval, token=token, drop_resume=drop_resume
+    )
+    shared = await run_bench(
+        url,
+        clients=clients,
+        duration=duration,
+        event_interval=event_interval,
+        token=token,
+        viewers=viewers,
+        drop_resume=drop_resume,
+    )
+    return alone, shared
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -229,9 +413,79 @@ def format_table(result: BenchResult) -> str:
             f"{sum(r.applied_once for r in reports)} / {sum(r.dropped for r in reports)}",
         ),
         ("lost / applied twice", f"{sum(r.lost for r in reports)} / {sum(r.applied_twice for r in reports)}"),
+        (
+            "drops resumed / chunks missing from seq",
+            f"{sum(r.resumes for r in reports)} / {sum(r.seq_gaps for r in reports)}",
+        ),
         ("errors", ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 24}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def _server_cost(result: BenchResult) -> tuple[str, str, str]:
+    """Server CPU ms per chunk made, frames sent per chunk, CPU us per frame sent."""
+    if result.server is None:
+        return "-", "-", "-"
+    before, after = result.server
+    chunks = after.chunks - before.chunks
+    frames = after.frames_sent - before.frames_sent
+    cpu = after.cpu_seconds - before.cpu_seconds
+    if chunks <= 0 or frames <= 0:
+        return "-", "-", "-"
+    return f"{cpu / chunks * 1000:.2f}", f"{frames / chunks:.1f}", f"{cpu / frames * 1e6:.0f}"
+
+
+def format_viewers_table(alone: BenchResult, shared: BenchResult) -> str:
+    """Both sides of a ``--viewers`` run: the same sessions without viewers and with them."""
+
+    def fps(values: list[float]) -> str:
+        return f"{statistics.mean(values):.1f} / {min(values):.1f}" if values else "-"
+
+    def side(result: BenchResult) -> list[str]:
+        host_fps = [r.frames / r.seconds for r in result.reports if r.seconds > 0]
+        viewer_fps = [v.frames / v.seconds for v in result.viewers if v.seconds > 0]
+        cpu, per_chunk, per_frame = _server_cost(result)
+        errors: Counter[str] = Counter()
+        for report in result.reports:
+            errors.update(report.errors)
+        for viewer in result.viewers:
+            errors.update(viewer.errors)
+        return [
+            f"{result.viewers_per_session}",
+            fps(host_fps),
+            fps(viewer_fps),
+            f"{sum(v.skipped for v in result.viewers)}",
+            cpu,
+            per_chunk,
+            per_frame,
+            f"{sum(r.lost for r in result.reports)} / {sum(r.applied_twice for r in result.reports)}",
+            ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0",
+        ]
+
+    names = [
+        "viewers per session",
+        "host frames/s (mean / min)",
+        "viewer frames/s (mean / min)",
+        "chunks skipped for viewers",
+        "server CPU ms per chunk made",
+        "frames sent per chunk made",
+        "server CPU us per frame sent",
+        "lost / applied twice",
+        "errors",
+    ]
+    a, b = side(alone), side(shared)
+    cost = "-"
+    if alone.server is not None and shared.server is not None and shared.viewers_per_session > 0:
+        try:
+            extra = (float(b[4]) - float(a[4])) / shared.viewers_per_session
+            cost = f"{extra:.2f}"
+        except ValueError:
+            pass
+    width = max(len(name) for name in [*names, "server CPU ms per chunk, per extra viewer"])
+    lines = [f"{'metric':<{width}}  {'no viewers':>16}  {'with viewers':>16}", f"{'-' * width}  {'-' * 16}  {'-' * 16}"]
+    lines += [f"{name:<{width}}  {x:>16}  {y:>16}" for name, x, y in zip(names, a, b, strict=True)]
+    lines.append(f"{'server CPU ms per chunk, per extra viewer':<{width}}  {'':>16}  {cost:>16}")
     return "\n".join(lines)
