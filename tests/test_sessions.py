@@ -240,3 +240,22 @@ async def test_a_viewer_that_never_reads_or_acks_does_not_slow_the_host(server: 
                         assert json.loads(message)["seq"] == skipped["to_seq"] + 1
                         break
         await host.close()
+
+
+async def test_bench_smoke_with_viewers_and_drop_resume(server: RunningServer) -> None:
+    from worldserve.loadtest import format_viewers_table, run_viewers_bench
+
+    alone, shared = await run_viewers_bench(
+        server.ws, clients=1, duration=1.5, event_interval=0.2, viewers=2, drop_resume=True
+    )
+    table = format_viewers_table(alone, shared)
+    assert "server CPU ms per chunk, per extra viewer" in table
+    for result in (alone, shared):
+        for report in result.reports:
+            assert report.resumes == 1
+            assert report.errors == {}
+            assert (report.lost, report.applied_twice, report.seq_gaps) == (0, 0, 0)
+            assert report.accepted == report.applied_once + report.dropped
+    assert len(shared.viewers) == 2
+    assert all(viewer.chunks > 0 and not viewer.errors for viewer in shared.viewers)
+    assert shared.server is not None  # the server's /metrics carries its CPU time

@@ -121,8 +121,9 @@ def create_app(
         async with runtime_factory() as runtime:
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
-            state["hosts"] = WorldHosts()
+            state["hosts"] = hosts = WorldHosts()
             yield
+            await hosts.shutdown()
             state.clear()
 
     return Starlette(

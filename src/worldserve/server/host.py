@@ -304,14 +304,18 @@ class WorldHost:
 
     async def _leave(self, member: Member) -> None:
         if member.role is Role.HOST:
-            await self._stop_generator(grace=0)
-            try:
-                await self._backend.close_session(self.session_id)
-            except Exception:
-                log.exception("releasing session %s after its host left failed", self.session_id)
-            self._finish("host_left", requester=None, message_id=None)
+            await self.shutdown("host_left")
         else:
             self.remove(member)
+
+    async def shutdown(self, reason: str) -> None:
+        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release."""
+        await self._stop_generator(grace=0)
+        try:
+            await self._backend.close_session(self.session_id)
+        except Exception:
+            log.exception("releasing session %s (%s) failed", self.session_id, reason)
+        self._finish(reason, requester=None, message_id=None)
 
     def remove(self, member: Member) -> None:
         """A joiner leaves (``session.close``, or its grace ran out); the world goes on."""
@@ -456,7 +460,7 @@ class WorldHost:
             if member is requester:
                 member.post(SessionClosed(id=message_id, reason=reason))
             else:
-                member.post(SessionClosed(reason="host_left"))
+                member.post(SessionClosed(reason="host_left" if reason != "shutdown" else reason))
             member.gone = True
             if member.expiry is not None:
                 member.expiry.cancel()
@@ -622,3 +626,8 @@ class WorldHosts:
 
     def __len__(self) -> int:
         return len(self._hosts)
+
+    async def shutdown(self) -> None:
+        """The server stops: end every world still open (parked ones included)."""
+        for host in list(self._hosts.values()):
+            await host.shutdown("shutdown")
