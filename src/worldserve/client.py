@@ -148,8 +148,10 @@ class WorldClient:
         self.session: SessionInfo | None = None
         #: Every ``input.dropped`` notice received, in order.
         self.dropped: list[Dropped] = []
-        #: Every ``chunk.skipped`` notice received, as (from_seq, to_seq) inclusive.
+        #: Every ``chunk.skipped`` notice received, as (from_seq, to_seq) inclusive ...
         self.skipped: list[tuple[int, int]] = []
+        #: ... and this client's event ids that those skipped chunks applied, in order.
+        self.skipped_applied: list[int] = []
         #: The last chunk seq received (what ``resume()`` tells the server); -1 before any.
         self.last_seq = -1
 
@@ -391,6 +393,7 @@ class WorldClient:
                     self._chunks.put_nowait(chunk)
                 elif kind == "chunk.skipped":
                     self.skipped.append((message["from_seq"], message["to_seq"]))
+                    self.skipped_applied.extend(message.get("applied_event_ids", ()))
                     self.last_seq = max(self.last_seq, message["to_seq"])
                 elif kind == "input.dropped":
                     self.dropped.append(

@@ -261,6 +261,9 @@ async def _run_client(
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
             dropped = {event for notice in client.dropped for event in notice.event_ids}
+            for event_id in client.skipped_applied:  # applied in chunks this client never got
+                applied[event_id] += 1
+            report.seq_gaps -= sum(last - first + 1 for first, last in client.skipped)  # told, so not missing
     except (WorldError, WorldClientError, OSError) as error:
         report.errors[getattr(error, "code", type(error).__name__)] += 1
         return report

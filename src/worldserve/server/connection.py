@@ -369,8 +369,7 @@ class Connection:
                 message_id=message.id,
             )
             return
-        last_seq = min(message.last_seq - member.seq_base, host.seq)
-        host.resume(member, last_seq, self)
+        last_seq = host.resume(member, message.last_seq - member.seq_base, self)
         self._member = member
         self.post(
             (

@@ -96,13 +96,15 @@ class Member:
     outlet: Outlet | None = None
     gone: bool = False  # left, or the world ended
     seq_base: int = 0  # wire seq = session seq + seq_base (a connection's seq never repeats)
+    joined_seq: int = -1  # the world's last chunk when it joined: nothing before it is its own
     acked_seq: int = -1
     sent_seq: int = -1
     floor: int = -1  # highest of its wire ids applied or dropped
     sid_of: dict[int, int] = field(default_factory=dict)  # pending: wire id -> session id
     wire_of: dict[int, int] = field(default_factory=dict)  # pending: session id -> wire id
     recent: OrderedDict[int, None] = field(default_factory=OrderedDict)  # wire ids accepted lately
-    applied: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # seq -> its ids, latencies
+    # seq -> its ids applied in that chunk, and their latencies; kept until acked (or told in chunk.skipped)
+    applied: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
     held: list[tuple[BaseModel, ...]] = field(default_factory=list)  # notices while parked
     skipped_from: int | None = None
     failure_reported: tuple[int, str | None, str | None] | None = None
@@ -150,7 +152,17 @@ class _Made:
 
 
 def _skipped(member: Member, first: int, last: int) -> ChunkSkipped:
-    return ChunkSkipped(from_seq=first + member.seq_base, to_seq=last + member.seq_base)
+    """The notice of chunks ``first``..``last`` not sent to ``member``, with its own events they applied."""
+    applied: list[int] = []
+    for seq in sorted(member.applied):
+        if first <= seq <= last:
+            applied.extend(member.applied.pop(seq)[0])
+    return ChunkSkipped(from_seq=first + member.seq_base, to_seq=last + member.seq_base, applied_event_ids=applied)
+
+
+def _forget_acked(member: Member) -> None:
+    for seq in [seq for seq in member.applied if seq <= member.acked_seq]:
+        del member.applied[seq]
 
 
 def _token() -> str:
@@ -211,7 +223,16 @@ class WorldHost:
     # -- members -------------------------------------------------------------------
 
     def _add(self, role: Role, outlet: Outlet, seq_base: int) -> Member:
-        member = Member(self, role, _token(), outlet=outlet, seq_base=seq_base, acked_seq=self._seq, sent_seq=self._seq)
+        member = Member(
+            self,
+            role,
+            _token(),
+            outlet=outlet,
+            seq_base=seq_base,
+            joined_seq=self._seq,
+            acked_seq=self._seq,
+            sent_seq=self._seq,
+        )
         self.members.append(member)
         self._wake.set()
         return member
@@ -240,19 +261,24 @@ class WorldHost:
                 found = member
         return None if self.closed else found
 
-    def resume(self, member: Member, last_seq: int, outlet: Outlet) -> None:
-        """Rebind ``member`` to ``outlet`` (``last_seq`` in session seq); the caller replies, then :meth:`replay`."""
+    def resume(self, member: Member, last_seq: int, outlet: Outlet) -> int:
+        """Rebind ``member`` to ``outlet``; the caller replies, then :meth:`replay` from the seq returned.
+
+        ``last_seq`` (session seq) is clamped to what the member could have received.
+        """
         if member.outlet is not None and member.outlet is not outlet:
             member.outlet.detach()
         if member.expiry is not None:
             member.expiry.cancel()
             member.expiry = None
         member.outlet = outlet
-        last = min(last_seq, self._seq)
+        last = max(min(last_seq, self._seq), member.joined_seq)
         member.acked_seq = max(member.acked_seq, last)
+        _forget_acked(member)
         member.sent_seq = last
         member.skipped_from = None
         self._metrics.sessions_resumed.inc()
+        return last
 
     def buffered_after(self, last_seq: int) -> int:
         """How many buffered chunks a resume from ``last_seq`` gets re-sent."""
@@ -332,6 +358,7 @@ class WorldHost:
         seq = wire_seq - member.seq_base
         if seq > member.acked_seq:
             member.acked_seq = min(seq, self._seq)
+            _forget_acked(member)
             if member.can_control:
                 self._wake.set()
 
@@ -430,7 +457,8 @@ class WorldHost:
         """Reset the world (a controller asked); raises as ``Session.reset`` does."""
         await self.session.reset()
         for member in self.members:
-            member.acked_seq = member.sent_seq = self._seq  # nothing of the old epoch counts as lag any more
+            if member.outlet is not None:  # nothing of the old epoch counts as lag any more
+                member.acked_seq = member.sent_seq = self._seq
         self._wake.set()
         self.forward_dropped()
 
@@ -560,7 +588,6 @@ class WorldHost:
                     latencies.append(latency[sid])
             if wires:
                 member.applied[seq] = (wires, latencies)
-            member.applied.pop(seq - self._config.replay_chunks, None)
         self._metrics.chunk_latency.observe(tick_seconds)
         made = _Made(
             seq=seq,

@@ -219,6 +219,9 @@ class ChunkSkipped(_ServerMessage):
     type: Literal["chunk.skipped"] = "chunk.skipped"
     from_seq: int
     to_seq: int
+    applied_event_ids: list[int] = Field(
+        default_factory=list, description="This connection's events that the skipped chunks applied."
+    )
 
 
 class InputAccepted(_ServerMessage):
