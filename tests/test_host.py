@@ -53,15 +53,20 @@ class _Backend:
 
 
 class _Outlet:
-    def __init__(self) -> None:
+    def __init__(self, backlog: int = 0) -> None:
         self.posted: list[BaseModel] = []
         self.detached = False
+        self.unwritten = backlog
 
     def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
         self.posted.extend(messages)
 
     def detach(self) -> None:
         self.detached = True
+
+    @property
+    def backlog(self) -> int:
+        return self.unwritten
 
     def of(self, kind: type[Any]) -> list[Any]:
         return [m for m in self.posted if isinstance(m, kind)]
@@ -150,4 +155,28 @@ async def test_a_parked_host_resumes_with_the_chunks_it_missed() -> None:
     # The event was applied in a chunk past the buffer: the skip notice says so.
     assert skipped[0].applied_event_ids == [1]
     assert all(m.applied_event_ids == [] for m in replayed)
+    await host.shutdown("test")
+
+
+async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten() -> None:
+    host, _ = _world(max_lag_chunks=2)
+    a, v = _Outlet(), _Outlet(backlog=2)
+    owner = host.attach_host(a)
+    assert host.viewer_token is not None
+    viewer = host.join(host.viewer_token, Role.VIEWER, v)
+    assert viewer is not None
+    host.start()
+    for seq in range(4):
+        await _chunks(a, seq + 1)
+        host.ack(owner, seq)
+        host.ack(viewer, seq)  # acks everything, yet its socket has 2 chunks unwritten
+    assert v.of(ChunkMessage) == []  # so it skips, however it acks
+    a.unwritten = 2  # the host's own socket backs up the same way: generation stops
+    made = host.seq
+    host.ack(owner, made)
+    await asyncio.sleep(0.05)
+    assert host.seq == made
+    a.unwritten = 0
+    host.wake()  # the connection's writer does this as its socket drains
+    await _chunks(a, made + 2)
     await host.shutdown("test")

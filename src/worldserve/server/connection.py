@@ -106,12 +106,20 @@ class Connection:
         self._clean_close = False
         self._closing: asyncio.Task[None] | None = None
         self._seq_base = 0  # the next chunk seq this connection may use: seq never repeats on a connection
+        self._backlog = 0
 
     # -- the world's side (Outlet) -------------------------------------------------
 
     def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
         """Queue messages and their binary frames; the writer sends them contiguously, in order."""
+        if binary:
+            self._backlog += 1
         self._outbox.put_nowait((messages, binary, None))
+
+    @property
+    def backlog(self) -> int:
+        """Chunks queued and not yet written."""
+        return self._backlog
 
     def detach(self) -> None:
         """Another connection resumed our member: stop speaking for it and close this socket."""
@@ -133,6 +141,10 @@ class Connection:
                     await self._ws.send_text(message.model_dump_json(by_alias=True, exclude_none=True))
                 for payload in binary:
                     await self._ws.send_bytes(payload)
+                if binary:
+                    self._backlog -= 1
+                    if self._member is not None and self._member.can_control:
+                        self._member.host.wake()
             except Exception:
                 if done is not None and not done.done():
                     done.set_result(None)

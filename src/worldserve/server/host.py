@@ -85,6 +85,10 @@ class Outlet(Protocol):
     def detach(self) -> None:
         """Another connection resumed this member: this one no longer speaks for it."""
 
+    @property
+    def backlog(self) -> int:
+        """Chunks posted and not yet written to the socket (a client that acks without reading shows here)."""
+
 
 @dataclass(eq=False)
 class Member:
@@ -158,6 +162,10 @@ def _skipped(member: Member, first: int, last: int) -> ChunkSkipped:
         if first <= seq <= last:
             applied.extend(member.applied.pop(seq)[0])
     return ChunkSkipped(from_seq=first + member.seq_base, to_seq=last + member.seq_base, applied_event_ids=applied)
+
+
+def _backlog(member: Member) -> int:
+    return 0 if member.outlet is None else member.outlet.backlog
 
 
 def _forget_acked(member: Member) -> None:
@@ -354,6 +362,10 @@ class WorldHost:
             self.members.remove(member)
         self._wake.set()
 
+    def wake(self) -> None:
+        """Something the pacing depends on changed (a socket drained): look again."""
+        self._wake.set()
+
     def ack(self, member: Member, wire_seq: int) -> None:
         seq = wire_seq - member.seq_base
         if seq > member.acked_seq:
@@ -516,8 +528,14 @@ class WorldHost:
         return (m for m in self.members if m.can_control and m.outlet is not None)
 
     def _held_back(self) -> bool:
-        """Backpressure: nobody controlling is connected, or the slowest of them lags ``max_lag_chunks``."""
-        lag = max((self._seq - member.acked_seq for member in self._drivers()), default=None)
+        """Backpressure: nobody controlling is connected, or the slowest of them lags ``max_lag_chunks``.
+
+        Lag is un-acked chunks, or chunks not yet written to its socket, whichever is more.
+        """
+        lag = max(
+            (max(self._seq - member.acked_seq, _backlog(member)) for member in self._drivers()),
+            default=None,
+        )
         return lag is None or lag >= self._config.max_lag_chunks
 
     async def _wait(self, timeout: float | None) -> None:
@@ -622,7 +640,8 @@ class WorldHost:
         outlet = member.outlet
         if outlet is None:
             return  # parked: the replay buffer keeps it for a resume
-        if member.role is Role.VIEWER and member.sent_seq - member.acked_seq >= self._config.max_lag_chunks:
+        lag = max(member.sent_seq - member.acked_seq, outlet.backlog)
+        if member.role is Role.VIEWER and lag >= self._config.max_lag_chunks:
             if member.skipped_from is None:
                 member.skipped_from = made.seq
             self._metrics.chunks_skipped.inc()
