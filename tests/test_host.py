@@ -174,8 +174,13 @@ async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten()
     a.unwritten = 2  # the host's own socket backs up the same way: generation stops
     made = host.seq
     host.ack(owner, made)
-    await asyncio.sleep(0.05)
-    assert host.seq == made
+    for _ in range(100):  # at most the tick in flight still commits; then nothing moves
+        before = host.seq
+        await asyncio.sleep(0.05)
+        if host.seq == before:
+            break
+    assert host.seq <= made + 1
+    made = host.seq
     a.unwritten = 0
     host.wake()  # the connection's writer does this as its socket drains
     await _chunks(a, made + 2)
