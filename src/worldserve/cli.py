@@ -33,6 +33,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be zero or positive")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be zero or positive")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worldserve",
@@ -69,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="on: sessions on one worker issue ticks at shared instants, so they batch; "
         "off: each session paces alone (%(default)s)",
     )
+    serve.add_argument(
+        "--resume-grace-s",
+        type=_non_negative_float,
+        default=30.0,
+        help="keep a session whose connection dropped this long for session.resume (0: off; %(default)s)",
+    )
+    serve.add_argument(
+        "--replay-chunks", type=_positive_int, default=8, help="chunks kept to re-send on resume (%(default)s)"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
 
@@ -103,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--max-clients", type=_positive_int, default=64, help="--find-capacity: the most to try")
     bench.add_argument("--seed", type=int, default=0, help="seed of the start offsets and arrivals")
+    bench.add_argument(
+        "--viewers",
+        type=_non_negative_int,
+        default=0,
+        help="viewers joined to each session; runs the load without viewers first and compares (%(default)s)",
+    )
+    bench.add_argument(
+        "--drop-resume",
+        action="store_true",
+        help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
+    )
 
     record = commands.add_parser(
         "record",
@@ -146,6 +180,8 @@ def _serve(args: argparse.Namespace) -> int:
         idle_timeout=args.idle_timeout,
         max_lag_chunks=args.max_lag_chunks,
         chunk_clock=args.chunk_clock == "on",
+        resume_grace_s=args.resume_grace_s,
+        replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
@@ -164,7 +200,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from worldserve.loadtest import find_capacity, format_capacity_table, format_table, run_bench
+    from worldserve.loadtest import (
+        find_capacity,
+        format_capacity_table,
+        format_table,
+        format_viewers_table,
+        run_bench,
+        run_viewers_bench,
+    )
 
     if args.find_capacity:
         capacity, steps = asyncio.run(
@@ -181,21 +224,40 @@ def _bench(args: argparse.Namespace) -> int:
         )
         print(format_capacity_table(capacity, steps))
         return 0 if all(r.lost == 0 for step in steps for r in step.result.reports) else 1
-    result = asyncio.run(
-        run_bench(
-            args.url,
-            clients=args.clients,
-            duration=args.duration,
-            event_interval=args.event_interval,
-            token=args.token,
-            stagger=args.stagger,
-            arrival_rate=args.arrival_rate,
-            session_seconds=args.session_seconds,
-            seed=args.seed,
+    if args.viewers > 0:
+        alone, shared = asyncio.run(
+            run_viewers_bench(
+                args.url,
+                clients=args.clients,
+                duration=args.duration,
+                event_interval=args.event_interval,
+                viewers=args.viewers,
+                token=args.token,
+                drop_resume=args.drop_resume,
+            )
         )
-    )
-    print(format_table(result))
-    return 0 if all(r.lost == 0 and not r.errors for r in result.reports) else 1
+        print(format_viewers_table(alone, shared))
+        results = [alone, shared]
+    else:
+        result = asyncio.run(
+            run_bench(
+                args.url,
+                clients=args.clients,
+                duration=args.duration,
+                event_interval=args.event_interval,
+                token=args.token,
+                drop_resume=args.drop_resume,
+                stagger=args.stagger,
+                arrival_rate=args.arrival_rate,
+                session_seconds=args.session_seconds,
+                seed=args.seed,
+            )
+        )
+        print(format_table(result))
+        results = [result]
+    reports = [report for result in results for report in result.reports]
+    ok = all(r.lost == 0 and r.applied_twice == 0 and r.seq_gaps == 0 and not r.errors for r in reports)
+    return 0 if ok else 1
 
 
 def _record(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,10 @@ class SessionInfo:
     media: str
     max_pending_events: int
     max_lag_chunks: int
+    role: str = "host"  # "host", "controller" or "viewer"
+    resume_token: str | None = None  # for resume() after a dropped connection (None: the server has it off)
+    viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
+    controller_token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,12 @@ class WorldClient:
         self.session: SessionInfo | None = None
         #: Every ``input.dropped`` notice received, in order.
         self.dropped: list[Dropped] = []
+        #: Every ``chunk.skipped`` notice received, as (from_seq, to_seq) inclusive ...
+        self.skipped: list[tuple[int, int]] = []
+        #: ... and this client's event ids that those skipped chunks applied, in order.
+        self.skipped_applied: list[int] = []
+        #: The last chunk seq received (what ``resume()`` tells the server); -1 before any.
+        self.last_seq = -1
 
     # -- connection ----------------------------------------------------------------
 
@@ -171,14 +181,73 @@ class WorldClient:
         await self.disconnect()
 
     async def disconnect(self) -> None:
-        """Drop the connection (the server releases the session as on ``close``)."""
+        """Close the connection cleanly (the server releases the session as on ``close``)."""
         if self._ws is not None:
             await self._ws.close()
+        await self._stop_reader()
+
+    async def drop(self) -> None:
+        """Lose the connection abruptly, as a network failure would (no close handshake).
+
+        The server parks the session for its resume grace period; :meth:`resume` takes it back.
+        """
+        if self._ws is not None:
+            self._ws.transport.abort()
+        await self._stop_reader()
+
+    async def _stop_reader(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(BaseException):
                 await self._reader
         self._ws = self._reader = None
+        # Drop the end-of-connection marker: a resume goes on with the same queue of chunks.
+        kept = []
+        while not self._chunks.empty():
+            item = self._chunks.get_nowait()
+            if item is not _CLOSED:
+                kept.append(item)
+        for item in kept:
+            self._chunks.put_nowait(item)
+
+    async def resume(self) -> SessionInfo:
+        """Reconnect and take this client's session back after :meth:`drop` (or a lost connection).
+
+        Chunks after the last one received are re-sent (a ``chunk.skipped`` notice in
+        :attr:`skipped` names any the server no longer had); event ids go on as before.
+        Raises :class:`WorldError` ``resume_refused`` once the grace period is over.
+        """
+        info = self.session
+        if info is None or info.resume_token is None:
+            raise WorldClientError("no resumable session (start or join one; the server may have resume off).")
+        if self._ws is not None:
+            await self.drop()
+        await self.connect()
+        reply = await self._request(
+            {
+                "type": "session.resume",
+                "session_id": info.session_id,
+                "token": info.resume_token,
+                "last_seq": self.last_seq,
+            }
+        )
+        self.session = replace(info, role=reply["role"])
+        return self.session
+
+    async def join(self, session_id: str, token: str, *, role: str = "viewer") -> SessionInfo:
+        """Open a shared world (``role``: ``viewer`` or ``controller``) with a token from its host."""
+        reply = await self._request({"type": "session.join", "session_id": session_id, "token": token, "role": role})
+        self.last_seq = int(reply["seq"])
+        self.session = SessionInfo(
+            session_id=reply["session_id"],
+            model=reply["model"],
+            media=reply["media"],
+            max_pending_events=reply["max_pending_events"],
+            max_lag_chunks=reply["max_lag_chunks"],
+            role=reply["role"],
+            resume_token=reply.get("resume_token"),
+        )
+        return self.session
 
     # -- requests ------------------------------------------------------------------
 
@@ -208,13 +277,20 @@ class WorldClient:
         media: str = "raw",
         quality: int = 90,
         model: str | None = None,
+        share_viewers: bool = False,
+        share_controllers: bool = False,
     ) -> SessionInfo:
-        """Start this connection's session; ``image`` is an optional start image."""
+        """Start this connection's session; ``image`` is an optional start image.
+
+        ``share_viewers`` / ``share_controllers`` ask for tokens others can :meth:`join` with.
+        """
         message: dict[str, Any] = {
             "type": "session.start",
             "seed": seed,
             "options": {"media": media, "quality": quality},
         }
+        if share_viewers or share_controllers:
+            message["share"] = {"viewers": share_viewers, "controllers": share_controllers}
         if prompt is not None:
             message["prompt"] = prompt
         if model is not None:
@@ -232,6 +308,9 @@ class WorldClient:
             media=reply["media"],
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
+            resume_token=reply.get("resume_token"),
+            viewer_token=(reply.get("share") or {}).get("viewer"),
+            controller_token=(reply.get("share") or {}).get("controller"),
         )
         return self.session
 
@@ -311,7 +390,13 @@ class WorldClient:
                 message = json.loads(raw)
                 kind = message.get("type")
                 if kind == "chunk":
-                    self._chunks.put_nowait(await self._read_chunk(message))
+                    chunk = await self._read_chunk(message)
+                    self.last_seq = max(self.last_seq, chunk.seq)
+                    self._chunks.put_nowait(chunk)
+                elif kind == "chunk.skipped":
+                    self.skipped.append((message["from_seq"], message["to_seq"]))
+                    self.skipped_applied.extend(message.get("applied_event_ids", ()))
+                    self.last_seq = max(self.last_seq, message["to_seq"])
                 elif kind == "input.dropped":
                     self.dropped.append(
                         Dropped(tuple(message["event_ids"]), message["reason"], message.get("detail", ""))
@@ -320,6 +405,9 @@ class WorldClient:
                     future = self._replies[message["id"]]
                     if not future.done():
                         future.set_result(message)
+                elif kind == "session.closed":  # not ours to close: the host ended the world
+                    self.session = None
+                    self._chunks.put_nowait(WorldClientError(f"session closed ({message.get('reason')})."))
                 elif kind == "session.failed":
                     self._chunks.put_nowait(SessionFailedError(message["code"], message["message"]))
                 elif kind == "error":

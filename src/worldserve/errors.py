@@ -70,6 +70,9 @@ class ErrorCode(StrEnum):
     SESSION_EXISTS = "session_exists"
     UNKNOWN_MODEL = "unknown_model"
     INVALID_IMAGE = "invalid_image"
+    RESUME_REFUSED = "resume_refused"
+    JOIN_REFUSED = "join_refused"
+    NOT_CONTROLLER = "not_controller"
     # The control plane (the seed's errors).
     SESSION_ERROR = "session_error"
     INVALID_STATE = "invalid_state"
@@ -171,6 +174,23 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             "the start image is not base64 PNG/JPEG/raw RGB of the frame size (its header is checked before "
             "any decoding)",
             "send an image of the model's frame size",
+        ),
+        ErrorCode.RESUME_REFUSED: _info(
+            _C,
+            "message",
+            "`session.resume` with an unknown, closed or expired session, or a wrong token (which of these is not "
+            "said)",
+            "start a new session",
+        ),
+        ErrorCode.JOIN_REFUSED: _info(
+            _C,
+            "message",
+            "`session.join` with an unknown or closed session, or a token that does not grant the role (which of "
+            "these is not said)",
+            "ask the host for a share link",
+        ),
+        ErrorCode.NOT_CONTROLLER: _info(
+            _C, "message event", "a viewer sent `input.event` or `session.reset`", "join as a controller"
         ),
         ErrorCode.SESSION_ERROR: _info(
             _S, "lifecycle api", "a worker lifecycle RPC is unsupported or failed", "close the session"

@@ -9,7 +9,12 @@ session), arrivals (all at once, staggered by uniform random offsets, or open-lo
 rate with a lifetime each), the capacity search (the most sessions held at <= 1 % late
 chunks, by stepping the client count), and the summary tables: time to first chunk,
 frames/s, late chunks, mean batch, event->applied latency percentiles against the bound
-of one chunk period plus one chunk's compute.
+of one chunk period plus one chunk's compute. With
+``viewers``, each session is shared and that many viewers join it (a run without
+viewers goes first, so one table compares the server's CPU time per chunk and the
+frames/s of both sides, read from the server's ``/metrics``); with ``drop_resume``,
+every client loses its socket mid-run and resumes, and the books must still close
+(0 lost, 0 applied twice across the resumes).
 
 Must not know: the server's internals (it is a plain client over the socket).
 """
@@ -21,21 +26,27 @@ import contextlib
 import random
 import statistics
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-from worldserve.client import WorldClient, WorldError, keys
+from worldserve.client import SessionInfo, WorldClient, WorldClientError, WorldError, keys
 
 __all__ = [
     "BenchResult",
     "CapacityStep",
     "ClientReport",
+    "ServerSample",
+    "ViewerReport",
     "find_capacity",
     "format_capacity_table",
     "format_table",
+    "format_viewers_table",
     "held",
     "playout_lateness",
     "run_bench",
+    "run_viewers_bench",
 ]
 
 #: A session is held when at most this share of its chunks arrive after their playout instant.
@@ -69,6 +80,8 @@ class ClientReport:
     model: list[float] = field(default_factory=list)  # of that: inside the model's step, seconds
     batch_sizes: list[int] = field(default_factory=list)  # sessions in the step that made each chunk
     chunk_period: float = 0.0
+    resumes: int = 0
+    seq_gaps: int = 0  # chunks missing from the seq sequence (across resumes too)
     arrivals: list[float] = field(default_factory=list)  # when each chunk arrived (client clock)
     started_at: float | None = None  # when this client began (after its start offset)
 
@@ -84,10 +97,33 @@ class ClientReport:
 
 
 @dataclass
+class ViewerReport:
+    """What one viewer joined to a session saw."""
+
+    frames: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    skipped: int = 0  # chunks the server skipped for it (chunk.skipped)
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """The server process's CPU seconds and its counters, read from ``/metrics``."""
+
+    cpu_seconds: float
+    chunks: float
+    frames_sent: float
+
+
+@dataclass
 class BenchResult:
     clients: int
     duration: float
     reports: list[ClientReport]
+    viewers: list[ViewerReport] = field(default_factory=list)
+    viewers_per_session: int = 0
+    server: tuple[ServerSample, ServerSample] | None = None  # before, after
     arrivals: str = "all at once"
 
 
@@ -111,32 +147,112 @@ def playout_lateness(arrivals: list[float], period: float) -> tuple[int, float]:
     return late, stall
 
 
-async def _run_client(
-    url: str, token: str | None, duration: float, event_interval: float, seed: int, settle: float, delay: float = 0.0
-) -> ClientReport:
-    report = ClientReport()
-    rng = random.Random(seed)
-    sent_at: dict[int, float] = {}
-    applied: Counter[int] = Counter()
-    accepted: set[int] = set()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    report.started_at = time.monotonic()
+def _metrics_url(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}/metrics"
+
+
+def _read_sample(url: str, token: str | None) -> ServerSample | None:
+    request = urllib.request.Request(_metrics_url(url))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("process_cpu_seconds_total", "worldserve_chunks_total", "worldserve_frames_sent_total"):
+            values[name] = float(value)
+    if "process_cpu_seconds_total" not in values:
+        return None
+    return ServerSample(
+        values["process_cpu_seconds_total"],
+        values.get("worldserve_chunks_total", 0.0),
+        values.get("worldserve_frames_sent_total", 0.0),
+    )
+
+
+async def _run_viewer(url: str, token: str | None, session: SessionInfo, stop: asyncio.Event) -> ViewerReport:
+    report = ViewerReport()
+    assert session.viewer_token is not None
     try:
         async with WorldClient(url, token=token) as client:
+            await client.join(session.session_id, session.viewer_token)
             started = time.monotonic()
-            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media="raw")
-            report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
-
-            progress = asyncio.Event()
 
             async def consume() -> None:
                 async for chunk in client.chunks():
+                    report.chunks += 1
+                    report.frames += int(chunk.frames.shape[0])
+
+            consumer = asyncio.create_task(consume())
+            await stop.wait()
+            report.seconds = time.monotonic() - started
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+            report.skipped = sum(last - first + 1 for first, last in client.skipped)
+    except (WorldError, WorldClientError, OSError) as error:
+        report.errors[getattr(error, "code", type(error).__name__)] += 1
+    return report
+
+
+async def _run_client(
+    url: str,
+    token: str | None,
+    duration: float,
+    event_interval: float,
+    seed: int,
+    settle: float,
+    *,
+    viewers: int = 0,
+    drop_resume: bool = False,
+    viewer_reports: list[ViewerReport] | None = None,
+    delay: float = 0.0,
+) -> ClientReport:
+    report = ClientReport()
+    rng = random.Random(seed)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    report.started_at = time.monotonic()
+    sent_at: dict[int, float] = {}
+    applied: Counter[int] = Counter()
+    accepted: set[int] = set()
+    try:
+        async with WorldClient(url, token=token) as client:
+            started = time.monotonic()
+            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media="raw", share_viewers=viewers > 0)
+            report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
+            stop_viewers = asyncio.Event()
+            viewer_tasks = [asyncio.create_task(_run_viewer(url, token, info, stop_viewers)) for _ in range(viewers)]
+
+            progress = asyncio.Event()
+            connected = asyncio.Event()
+            connected.set()
+            last_seq: int | None = None
+
+            async def consume() -> None:
+                nonlocal last_seq
+                while True:
+                    try:
+                        chunk = await client.next_chunk()
+                    except WorldClientError:
+                        if connected.is_set():
+                            return  # closed for good
+                        await connected.wait()  # dropped: the resume brings the chunks back
+                        continue
                     progress.set()
+                    report.arrivals.append(chunk.received_at)
+                    if last_seq is not None and chunk.seq > last_seq + 1:
+                        report.seq_gaps += chunk.seq - last_seq - 1
+                    last_seq = chunk.seq
                     if report.ttfc is None:
                         report.ttfc = chunk.received_at - started
                     report.chunks += 1
-                    report.arrivals.append(chunk.received_at)
                     report.frames += int(chunk.frames.shape[0])
                     tick = chunk.timings.get("tick_ms", 0.0) / 1000.0
                     report.compute.append(tick)
@@ -154,7 +270,16 @@ async def _run_client(
             consumer = asyncio.create_task(consume())
             event_id = 0
             deadline = started + duration
+            drop_at = started + duration * rng.uniform(0.3, 0.7) if drop_resume else None
             while time.monotonic() < deadline:
+                if drop_at is not None and time.monotonic() >= drop_at:
+                    drop_at = None
+                    connected.clear()
+                    await client.drop()  # no close handshake: the server parks the session
+                    await asyncio.sleep(report.chunk_period)  # the chunk in flight commits meanwhile
+                    await client.resume()
+                    connected.set()
+                    report.resumes += 1
                 await asyncio.sleep(event_interval * rng.uniform(0.5, 1.5))
                 event_id += 1
                 prompt = rng.choice(_PROMPTS) if rng.random() < 0.1 else None
@@ -178,12 +303,19 @@ async def _run_client(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(progress.wait(), remaining)
             report.seconds = time.monotonic() - started
+            stop_viewers.set()
+            reports = await asyncio.gather(*viewer_tasks)
+            if viewer_reports is not None:
+                viewer_reports.extend(reports)
             await client.close()
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
             dropped = {event for notice in client.dropped for event in notice.event_ids}
-    except (WorldError, OSError) as error:
+            for event_id in client.skipped_applied:  # applied in chunks this client never got
+                applied[event_id] += 1
+            report.seq_gaps -= sum(last - first + 1 for first, last in client.skipped)  # told, so not missing
+    except (WorldError, WorldClientError, OSError) as error:
         report.errors[getattr(error, "code", type(error).__name__)] += 1
         return report
     report.accepted = len(accepted)
@@ -202,23 +334,26 @@ async def run_bench(
     event_interval: float = 0.25,
     token: str | None = None,
     settle: float = 5.0,
+    viewers: int = 0,
+    drop_resume: bool = False,
     stagger: float = 0.0,
     arrival_rate: float | None = None,
     session_seconds: float | None = None,
     seed: int = 0,
 ) -> BenchResult:
-    """Run sessions against ``url`` and gather what each client saw.
+    """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
     Closed loop (the default): ``clients`` sessions of ``duration`` seconds each, each
     starting after a uniform random offset in ``[0, stagger]``. Open loop
     (``arrival_rate``): sessions arrive at that rate (exponential gaps) for ``duration``
-    seconds and each lives ``session_seconds`` (default: ``duration``).
+    seconds and each lives ``session_seconds`` (default: ``duration``). ``viewers`` join
+    each session; with ``drop_resume`` every client loses its socket once and resumes.
     """
     rng = random.Random(seed)
+    lifetime = session_seconds if session_seconds is not None else duration
     if arrival_rate is not None:
         if not arrival_rate > 0:
             raise ValueError(f"arrival_rate must be positive; got {arrival_rate!r}.")
-        lifetime = session_seconds if session_seconds is not None else duration
         offsets: list[float] = []
         at = rng.expovariate(arrival_rate)
         while at < duration:
@@ -226,16 +361,37 @@ async def run_bench(
             at += rng.expovariate(arrival_rate)
         arrivals = f"open loop: {arrival_rate:g} sessions/s for {duration:g} s, {lifetime:g} s each"
     else:
-        lifetime = session_seconds if session_seconds is not None else duration
         offsets = [rng.uniform(0.0, stagger) if stagger > 0 else 0.0 for _ in range(clients)]
         arrivals = f"staggered: uniform offsets in [0, {stagger:g}] s" if stagger > 0 else "all at once"
+    before = await asyncio.to_thread(_read_sample, url, token)
+    viewer_reports: list[ViewerReport] = []
     reports = await asyncio.gather(
         *(
-            _run_client(url, token, lifetime, event_interval, index, settle, offset)
+            _run_client(
+                url,
+                token,
+                lifetime,
+                event_interval,
+                index,
+                settle,
+                viewers=viewers,
+                drop_resume=drop_resume,
+                viewer_reports=viewer_reports,
+                delay=offset,
+            )
             for index, offset in enumerate(offsets)
         )
     )
-    return BenchResult(clients=len(offsets), duration=lifetime, reports=list(reports), arrivals=arrivals)
+    after = await asyncio.to_thread(_read_sample, url, token)
+    return BenchResult(
+        clients=len(offsets),
+        duration=lifetime,
+        reports=list(reports),
+        viewers=viewer_reports,
+        viewers_per_session=viewers,
+        server=None if before is None or after is None else (before, after),
+        arrivals=arrivals,
+    )
 
 
 def held(result: BenchResult, limit: float = LATE_LIMIT) -> bool:
@@ -305,6 +461,32 @@ async def find_capacity(
     return good, steps
 
 
+async def run_viewers_bench(
+    url: str,
+    *,
+    clients: int,
+    duration: float,
+    event_interval: float,
+    viewers: int,
+    token: str | None = None,
+    drop_resume: bool = False,
+) -> tuple[BenchResult, BenchResult]:
+    """The same load without viewers, then with ``viewers`` joined to each session: the two sides of one table."""
+    alone = await run_bench(
+        url, clients=clients, duration=duration, event_interval=event_interval, token=token, drop_resume=drop_resume
+    )
+    shared = await run_bench(
+        url,
+        clients=clients,
+        duration=duration,
+        event_interval=event_interval,
+        token=token,
+        viewers=viewers,
+        drop_resume=drop_resume,
+    )
+    return alone, shared
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -339,6 +521,7 @@ def format_table(result: BenchResult) -> str:
         ("clients", f"{result.clients} ({result.arrivals})"),
         ("duration per client (s)", f"{result.duration:.0f}"),
         ("chunks received", f"{sum(r.chunks for r in reports)}"),
+        ("frames/s per client (mean / min)", f"{statistics.mean(fps):.1f} / {min(fps):.1f}" if fps else "-"),
         (
             "late chunks % (mean / worst session); sessions over 1 %",
             f"{statistics.mean(late) * 100:.2f} / {max(late) * 100:.2f}; "
@@ -352,7 +535,6 @@ def format_table(result: BenchResult) -> str:
         ),
         ("mean batch size (of the chunks received)", f"{statistics.mean(batch_sizes):.2f}" if batch_sizes else "-"),
         ("sessions refused (admission_refused)", f"{refused}"),
-        ("frames/s per client (mean / min)", f"{statistics.mean(fps):.1f} / {min(fps):.1f}" if fps else "-"),
         (
             "time to first chunk ms (p50 / p99)",
             f"{_percentile(ttfc, 0.5) * 1000:.0f} / {_percentile(ttfc, 0.99) * 1000:.0f}" if ttfc else "-",
@@ -395,11 +577,81 @@ def format_table(result: BenchResult) -> str:
             f"{sum(r.applied_once for r in reports)} / {sum(r.dropped for r in reports)}",
         ),
         ("lost / applied twice", f"{sum(r.lost for r in reports)} / {sum(r.applied_twice for r in reports)}"),
+        (
+            "drops resumed / chunks missing from seq",
+            f"{sum(r.resumes for r in reports)} / {sum(r.seq_gaps for r in reports)}",
+        ),
         ("errors", ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 24}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def _server_cost(result: BenchResult) -> tuple[str, str, str]:
+    """Server CPU ms per chunk made, frames sent per chunk, CPU us per frame sent."""
+    if result.server is None:
+        return "-", "-", "-"
+    before, after = result.server
+    chunks = after.chunks - before.chunks
+    frames = after.frames_sent - before.frames_sent
+    cpu = after.cpu_seconds - before.cpu_seconds
+    if chunks <= 0 or frames <= 0:
+        return "-", "-", "-"
+    return f"{cpu / chunks * 1000:.2f}", f"{frames / chunks:.1f}", f"{cpu / frames * 1e6:.0f}"
+
+
+def format_viewers_table(alone: BenchResult, shared: BenchResult) -> str:
+    """Both sides of a ``--viewers`` run: the same sessions without viewers and with them."""
+
+    def fps(values: list[float]) -> str:
+        return f"{statistics.mean(values):.1f} / {min(values):.1f}" if values else "-"
+
+    def side(result: BenchResult) -> list[str]:
+        host_fps = [r.frames / r.seconds for r in result.reports if r.seconds > 0]
+        viewer_fps = [v.frames / v.seconds for v in result.viewers if v.seconds > 0]
+        cpu, per_chunk, per_frame = _server_cost(result)
+        errors: Counter[str] = Counter()
+        for report in result.reports:
+            errors.update(report.errors)
+        for viewer in result.viewers:
+            errors.update(viewer.errors)
+        return [
+            f"{result.viewers_per_session}",
+            fps(host_fps),
+            fps(viewer_fps),
+            f"{sum(v.skipped for v in result.viewers)}",
+            cpu,
+            per_chunk,
+            per_frame,
+            f"{sum(r.lost for r in result.reports)} / {sum(r.applied_twice for r in result.reports)}",
+            ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0",
+        ]
+
+    names = [
+        "viewers per session",
+        "host frames/s (mean / min)",
+        "viewer frames/s (mean / min)",
+        "chunks skipped for viewers",
+        "server CPU ms per chunk made",
+        "frames sent per chunk made",
+        "server CPU us per frame sent",
+        "lost / applied twice",
+        "errors",
+    ]
+    a, b = side(alone), side(shared)
+    cost = "-"
+    if alone.server is not None and shared.server is not None and shared.viewers_per_session > 0:
+        try:
+            extra = (float(b[4]) - float(a[4])) / shared.viewers_per_session
+            cost = f"{extra:.2f}"
+        except ValueError:
+            pass
+    width = max(len(name) for name in [*names, "server CPU ms per chunk, per extra viewer"])
+    lines = [f"{'metric':<{width}}  {'no viewers':>16}  {'with viewers':>16}", f"{'-' * width}  {'-' * 16}  {'-' * 16}"]
+    lines += [f"{name:<{width}}  {x:>16}  {y:>16}" for name, x, y in zip(names, a, b, strict=True)]
+    lines.append(f"{'server CPU ms per chunk, per extra viewer':<{width}}  {'':>16}  {cost:>16}")
     return "\n".join(lines)
 
 

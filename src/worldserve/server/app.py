@@ -3,7 +3,8 @@
 Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/models``,
 ``GET /metrics`` and ``WS /v1/world``; the optional bearer token (header, or the
 ``bearer.<token>`` WebSocket subprotocol browsers can send); the origin allow-list.
-Each WebSocket gets one :class:`~worldserve.server.connection.Connection`.
+Each WebSocket gets one :class:`~worldserve.server.connection.Connection`; the worlds
+they start, join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
 
 Must not know: how sessions, engines or models work.
 """
@@ -27,6 +28,7 @@ from starlette.websockets import WebSocket
 from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
+from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
 
 __all__ = ["PROTOCOL_NAME", "create_app"]
@@ -120,14 +122,16 @@ def create_app(
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        await Connection(websocket, backend(), config, metrics()).run()
+        await Connection(websocket, backend(), config, metrics(), state["hosts"]).run()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with runtime_factory() as runtime:
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
+            state["hosts"] = hosts = WorldHosts()
             yield
+            await hosts.shutdown()
             state.clear()
 
     return Starlette(

@@ -33,6 +33,11 @@ class ServerConfig:
     #: Issue each session's ticks at the instants of its worker's chunk clock, so sessions
     #: sharing a worker batch (False: each session paces alone, from its own first chunk).
     chunk_clock: bool = True
+    #: A session whose connection drops (without a clean close) waits this long for ``session.resume``
+    #: (seconds; 0: it closes at once, as a clean close does).
+    resume_grace_s: float = 30.0
+    #: The last chunks a session keeps, encoded, to re-send after a resume (at least ``max_lag_chunks``).
+    replay_chunks: int = 8
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():
@@ -45,3 +50,7 @@ class ServerConfig:
             raise ValueError("idle_timeout must be positive.")
         if self.max_lag_chunks < 1 or self.lead_chunks < 0:
             raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")
+        if self.resume_grace_s < 0:
+            raise ValueError("resume_grace_s must be non-negative.")
+        if self.replay_chunks < self.max_lag_chunks:
+            raise ValueError("replay_chunks must be at least max_lag_chunks.")

@@ -1,15 +1,16 @@
-"""One WebSocket connection: its session, its message handling and its paced generation loop.
+"""One WebSocket connection: parsing client messages, replies, and writing in order.
 
 Owns, per connection: parsing and answering client messages (typed errors, never an
-exception out of the loop), the one session it started, a generation task that calls
-``next_chunk()`` paced to playback (at most ``lead_chunks`` ahead of real time, and
-paused whenever ``max_lag_chunks`` chunks are un-acked), with
-each tick issued at an instant of its worker's chunk clock (``chunk_clock``: so the
-ticks of sessions sharing a worker arrive together and run as one batch), frame
-encoding off the event loop, forwarding of dropped-event records, and the release of
-the session on ``session.close``, on idle timeout and on disconnect.
+exception out of the loop), its rate limit, its one writer task (everything this
+connection sends goes through one queue, in order, so a world can post to it without
+waiting: a slow reader never holds up the world or other members), and which member
+of which world (:class:`~worldserve.server.host.WorldHost`) it speaks for: it starts
+one (``session.start``), joins one (``session.join``) or resumes one
+(``session.resume``). On disconnect it tells its world whether the close was clean
+(the world then parks the member for a resume, or lets it go).
 
-Must not know: HTTP routing, how the runtime reaches its workers, what controls mean.
+Must not know: HTTP routing, how the runtime reaches its workers, what controls mean,
+how generation is paced.
 """
 
 from __future__ import annotations
@@ -19,42 +20,42 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.errors import AdmissionRefusedError, ErrorCode
-from worldserve.models.base import ModelSpec
 from worldserve.protocol import ControlInput
-from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
-from worldserve.server.encoding import decode_start_image, encode_frames
+from worldserve.server.encoding import decode_start_image
+from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldHosts
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import (
     ChunkAck,
-    ChunkFrames,
-    ChunkMessage,
     ClientMessageError,
     ErrorMessage,
     InputAccepted,
-    InputDropped,
     InputEvent,
     Ping,
     Pong,
     SessionClose,
     SessionClosed,
     SessionFailed,
+    SessionJoin,
+    SessionJoined,
     SessionReset,
     SessionResetDone,
+    SessionResume,
+    SessionResumed,
     SessionStart,
     SessionStarted,
+    ShareTokens,
     parse_client_message,
 )
 from worldserve.server.metrics import ServerMetrics
 from worldserve.session import (
     EventAcceptanceStatus,
-    Session,
     SessionError,
     SessionEvent,
     SessionStateError,
@@ -65,22 +66,8 @@ __all__ = ["Connection", "WorldBackend"]
 
 log = logging.getLogger("worldserve.server")
 
-
-class WorldBackend(Protocol):
-    """What a connection needs from the runtime."""
-
-    @property
-    def spec(self) -> ModelSpec: ...
-
-    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]: ...
-
-    async def close_session(self, session_id: str) -> None: ...
-
-    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
-        """When the session's next tick should go, on its worker's chunk clock (``want``: when
-        playback pacing would send it; None: the first tick of an epoch; ``eager``: it builds
-        the lead and may go at once)."""
-        ...
+#: Close codes of a clean, intended close: the member leaves at once (others park it for a resume).
+_CLEAN_CLOSE = frozenset({1000, 1001})
 
 
 def _wire_code(error: SessionError, fallback: ErrorCode) -> ErrorCode:
@@ -91,8 +78,11 @@ def _wire_code(error: SessionError, fallback: ErrorCode) -> ErrorCode:
         return fallback
 
 
+_Item = tuple[tuple[BaseModel, ...], tuple[bytes, ...], "asyncio.Future[None] | None"]
+
+
 class Connection:
-    """Serves one WebSocket until it closes; at most one live session at a time."""
+    """Serves one WebSocket until it closes; speaks for at most one member of one world at a time."""
 
     def __init__(
         self,
@@ -100,43 +90,81 @@ class Connection:
         backend: WorldBackend,
         config: ServerConfig,
         metrics: ServerMetrics,
+        hosts: WorldHosts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ws = websocket
         self._backend = backend
         self._config = config
         self._metrics = metrics
+        self._hosts = hosts if hosts is not None else WorldHosts()
         self._clock = clock
-        self._send_lock = asyncio.Lock()
         self._events = TokenBucket(config.event_rate, config.event_burst, clock)
-        self._session: Session[Chunk] | None = None
-        self._media = "jpeg"
-        self._quality = 90
-        self._generator: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._wake = asyncio.Event()
-        self._sent_seq = -1
-        self._acked_seq = -1
-        self._started_at = 0.0
-        self._first_chunk_sent = False
-        self._accepted_at: dict[int, float] = {}  # pending event id -> when it was accepted
-        self._failure_reported: tuple[int, str | None, str | None] | None = None  # the last failure sent
-        self._reported_dropped: set[int] = set()  # pending ids already reported dropped with it
+        self._member: Member | None = None
+        self._outbox: asyncio.Queue[_Item] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._clean_close = False
+        self._closing: asyncio.Task[None] | None = None
+        self._seq_base = 0  # the next chunk seq this connection may use: seq never repeats on a connection
+        self._backlog = 0
+
+    # -- the world's side (Outlet) -------------------------------------------------
+
+    def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
+        """Queue messages and their binary frames; the writer sends them contiguously, in order."""
+        if binary:
+            self._backlog += 1
+        self._outbox.put_nowait((messages, binary, None))
+
+    @property
+    def backlog(self) -> int:
+        """Chunks queued and not yet written."""
+        return self._backlog
+
+    def detach(self) -> None:
+        """Another connection resumed our member: stop speaking for it and close this socket."""
+        self._forget()
+        self._closing = asyncio.create_task(self._close_socket(4000, "resumed elsewhere"))
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        await self._flush()
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=code, reason=reason)
 
     # -- sending -------------------------------------------------------------------
 
-    async def _send(self, message: BaseModel, *binary: bytes) -> None:
-        """Send one JSON message and, contiguously, its binary frames."""
-        await self._send_all((message,), binary)
+    async def _write(self) -> None:
+        while True:
+            messages, binary, done = await self._outbox.get()
+            try:
+                for message in messages:
+                    await self._ws.send_text(message.model_dump_json(by_alias=True, exclude_none=True))
+                for payload in binary:
+                    await self._ws.send_bytes(payload)
+                if binary:
+                    self._backlog -= 1
+                    if self._member is not None and self._member.can_control:
+                        self._member.host.wake()
+            except Exception:
+                if done is not None and not done.done():
+                    done.set_result(None)
+                return  # the socket is gone; the reader sees the disconnect
+            if done is not None and not done.done():
+                done.set_result(None)
 
-    async def _send_all(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
-        """Send JSON messages and binary frames contiguously: nothing else gets between them."""
-        texts = [message.model_dump_json(by_alias=True, exclude_none=True) for message in messages]
-        async with self._send_lock:
-            for text in texts:
-                await self._ws.send_text(text)
-            for payload in binary:
-                await self._ws.send_bytes(payload)
+    async def _flush(self) -> None:
+        """Wait until everything queued so far is written (or the socket is gone)."""
+        writer = self._writer
+        if writer is None or writer.done():
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.put_nowait(((), (), done))
+        await asyncio.wait({done, writer}, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _send(self, message: BaseModel, *binary: bytes) -> None:
+        """Send one reply (after everything queued before it) and wait until it is written."""
+        self.post((message,), binary)
+        await self._flush()
 
     async def _error(
         self,
@@ -152,60 +180,43 @@ class Connection:
             ErrorMessage(id=message_id, code=code, message=message, event_id=event_id, retry_after_ms=retry_after_ms)
         )
 
-    async def _forward_dropped(self, session: Session[Chunk]) -> None:
-        """Tell the client of discarded events, except those already reported with ``session.failed``."""
-        for record in session.take_dropped():
-            event_ids = [event_id for event_id in record.event_ids if event_id not in self._reported_dropped]
-            self._reported_dropped.difference_update(record.event_ids)
-            for event_id in event_ids:
-                self._accepted_at.pop(event_id, None)
-            if event_ids:
-                await self._send(InputDropped(event_ids=event_ids, reason=record.reason.value, detail=record.detail))
-
-    async def _report_failure(self, session: Session[Chunk], *, message_id: str | None = None) -> None:
-        """Send ``session.failed`` once per failure, with the events it can no longer apply.
-
-        The failed session keeps its pending events until a reset or close discards them
-        (the seed's behaviour), but it can never apply them: they are reported dropped
-        (``failed``) right behind ``session.failed``, in one contiguous send, and not again
-        when the reset or close discards them. Called by the generator when a tick fails,
-        and by any reply that refers to the failure, so that reply never overtakes it.
-        """
-        failure = session.failure
-        key = (session.epoch, session.failure_code, failure)
-        if session.status is not SessionStatus.FAILED or failure is None or key == self._failure_reported:
-            return
-        self._failure_reported = key
-        code = session.failure_code or ErrorCode.TICK_FAILED
-        self._metrics.session_failures.labels(code=code).inc()
-        messages: list[BaseModel] = [SessionFailed(id=message_id, code=code, message=failure)]
-        pending = session.pending_event_ids
-        if pending:
-            self._reported_dropped.update(pending)
-            for event_id in pending:
-                self._accepted_at.pop(event_id, None)
-            messages.append(InputDropped(event_ids=list(pending), reason="failed", detail=failure))
-        await self._send_all(tuple(messages))
-
     # -- the connection's life -----------------------------------------------------
 
     async def run(self) -> None:
         """Read and answer messages until the client goes away or idles out."""
+        self._writer = asyncio.create_task(self._write(), name="connection-writer")
         try:
             while True:
                 try:
                     message = await asyncio.wait_for(self._ws.receive(), timeout=self._config.idle_timeout)
                 except TimeoutError:
-                    await self._close_session("idle_timeout", message_id=None)
+                    await self._end("idle_timeout", message_id=None)
+                    await self._flush()
+                    self._clean_close = True
                     await self._ws.close(code=1000, reason="idle timeout")
                     return
                 if message["type"] == "websocket.disconnect":
+                    self._clean_close = message.get("code", 1000) in _CLEAN_CLOSE
                     return
                 await self._handle_frame(message)
-        except WebSocketDisconnect:
+        except WebSocketDisconnect as disconnect:
+            self._clean_close = disconnect.code in _CLEAN_CLOSE
             return
         finally:
             await self._release()
+
+    def _current(self) -> Member | None:
+        member = self._member
+        if member is not None and member.gone:
+            self._forget()
+            member = None
+        return member
+
+    def _forget(self) -> None:
+        """Stop speaking for our member; a later session's seq goes on after its last."""
+        member, self._member = self._member, None
+        if member is not None:
+            self._seq_base = max(self._seq_base, member.seq_base + member.sent_seq + 1)
 
     async def _handle_frame(self, message: Mapping[str, Any]) -> None:
         text = message.get("text")
@@ -233,6 +244,8 @@ class Connection:
             SessionClose: self._on_close,
             Ping: self._on_ping,
             ChunkAck: self._on_ack,
+            SessionResume: self._on_resume,
+            SessionJoin: self._on_join,
         }
         try:
             await handlers[type(parsed)](parsed)
@@ -243,21 +256,25 @@ class Connection:
             await self._error(ErrorCode.INTERNAL_ERROR, "internal server error.", message_id=parsed.id)
 
     async def _release(self) -> None:
-        """On disconnect: stop generating at once and release the worker's state."""
-        await self._stop_generator(grace=0)
-        session, self._session = self._session, None
-        if session is not None:
-            try:
-                await self._backend.close_session(session.session_id)
-            except Exception:
-                log.exception("releasing session %s after disconnect failed", session.session_id)
-            finally:
-                self._metrics.sessions_active.dec()
+        """On disconnect: the world parks our member for a resume, or lets it go (a clean close)."""
+        member = self._current()
+        self._member = None
+        try:
+            if member is not None:
+                try:
+                    await member.host.disconnected(member, self, clean=self._clean_close)
+                except Exception:
+                    log.exception("releasing session %s after disconnect failed", member.host.session_id)
+        finally:
+            if self._writer is not None:
+                self._writer.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._writer
 
     # -- client messages -----------------------------------------------------------
 
     async def _on_start(self, message: SessionStart) -> None:
-        if self._session is not None:
+        if self._current() is not None:
             await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
             return
         spec = self._backend.spec
@@ -289,34 +306,114 @@ class Connection:
         except ValueError as error:  # options the model cannot take
             await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id)
             return
-        self._session = session
-        self._failure_reported = None
-        self._reported_dropped.clear()
-        self._accepted_at.clear()  # event ids are the session's own
-        self._media = message.options.media
-        self._quality = message.options.quality
-        self._stopping = False
-        self._started_at = self._clock()
-        self._first_chunk_sent = False
+        host = WorldHost(
+            session,
+            backend=self._backend,
+            config=self._config,
+            metrics=self._metrics,
+            registry=self._hosts,
+            media=message.options.media,
+            quality=message.options.quality,
+            share_viewers=message.share.viewers,
+            share_controllers=message.share.controllers,
+            clock=self._clock,
+        )
+        member = self._member = host.attach_host(self, self._seq_base)
         self._metrics.sessions_started.inc()
         self._metrics.sessions_active.inc()
+        share = None
+        if host.viewer_token is not None or host.controller_token is not None:
+            share = ShareTokens(viewer=host.viewer_token, controller=host.controller_token)
         await self._send(
             SessionStarted(
                 id=message.id,
                 session_id=session.session_id,
                 model=spec.to_dict(),
-                media=self._media,
+                media="jpeg" if host.media == "jpeg" else "raw",
                 max_pending_events=session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
+                resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                share=share,
             )
         )
-        self._generator = asyncio.create_task(self._generate(session), name=f"generate-{session.session_id}")
+        host.start()
+
+    async def _on_join(self, message: SessionJoin) -> None:
+        if self._current() is not None:
+            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+            return
+        host = self._hosts.get(message.session_id)
+        role = Role(message.role)
+        member = None if host is None else host.join(message.token, role, self, self._seq_base)
+        if host is None or member is None:
+            await self._error(
+                ErrorCode.JOIN_REFUSED, "cannot join: unknown session or wrong token.", message_id=message.id
+            )
+            return
+        self._member = member
+        await self._send(
+            SessionJoined(
+                id=message.id,
+                session_id=host.session_id,
+                role="controller" if role is Role.CONTROLLER else "viewer",
+                model=self._backend.spec.to_dict(),
+                media="jpeg" if host.media == "jpeg" else "raw",
+                max_pending_events=host.session.max_pending_events,
+                max_lag_chunks=self._config.max_lag_chunks,
+                seq=host.seq + member.seq_base,
+                resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+            )
+        )
+        host.report_failure(member)
+
+    async def _on_resume(self, message: SessionResume) -> None:
+        if self._current() is not None:
+            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+            return
+        host = self._hosts.get(message.session_id)
+        member = None
+        if host is not None and self._config.resume_grace_s > 0:
+            member = host.find_resumable(message.token)
+        if host is None or member is None:
+            await self._error(
+                ErrorCode.RESUME_REFUSED,
+                "cannot resume: unknown or expired session, or wrong token.",
+                message_id=message.id,
+            )
+            return
+        last_seq = host.resume(member, message.last_seq - member.seq_base, self)
+        self._member = member
+        self.post(
+            (
+                SessionResumed(
+                    id=message.id,
+                    session_id=host.session_id,
+                    role=member.role.value,
+                    model=self._backend.spec.to_dict(),
+                    media="jpeg" if host.media == "jpeg" else "raw",
+                    max_pending_events=host.session.max_pending_events,
+                    max_lag_chunks=self._config.max_lag_chunks,
+                    seq=host.seq + member.seq_base,
+                    replayed=host.buffered_after(last_seq),
+                ),
+            )
+        )
+        host.replay(member, last_seq)
+        await self._flush()
 
     async def _on_event(self, message: InputEvent) -> None:
-        session = self._session
-        if session is None:
+        member = self._current()
+        if member is None:
             await self._error(
                 ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id, event_id=message.event_id
+            )
+            return
+        if not member.can_control:
+            await self._error(
+                ErrorCode.NOT_CONTROLLER,
+                "viewers cannot send events.",
+                message_id=message.id,
+                event_id=message.event_id,
             )
             return
         if not self._events.take():
@@ -336,14 +433,14 @@ class Connection:
         except ValueError as error:
             await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id, event_id=message.event_id)
             return
+        host = member.host
+        session = host.session
         try:
-            acceptance = await session.accept_event(event)
-            if acceptance.status is EventAcceptanceStatus.ACCEPTED:
-                self._accepted_at[acceptance.event_id] = self._clock()
+            acceptance = await host.accept(member, event)
         except SessionError as error:
             code = _wire_code(error, ErrorCode.INVALID_STATE)
             if code is ErrorCode.INVALID_STATE and session.status is SessionStatus.FAILED:
-                await self._report_failure(session)  # the failure goes out before the reply that names it
+                host.report_failure(member)  # the failure goes out before the reply that names it
                 detail = f"session failed ({session.failure}); send session.reset."
             else:
                 detail = str(error)
@@ -353,175 +450,59 @@ class Connection:
             InputAccepted(
                 id=message.id,
                 event_id=acceptance.event_id,
-                status=acceptance.status.value,
+                status="accepted" if acceptance.status is EventAcceptanceStatus.ACCEPTED else "duplicate",
                 pending=acceptance.pending_event_count,
             )
         )
 
     async def _on_reset(self, message: SessionReset) -> None:
-        session = self._session
-        if session is None:
+        member = self._current()
+        if member is None:
             await self._error(ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id)
             return
+        if not member.can_control:
+            await self._error(ErrorCode.NOT_CONTROLLER, "viewers cannot reset the world.", message_id=message.id)
+            return
+        host = member.host
         try:
-            await session.reset()
+            await host.reset()
         except SessionStateError as error:
             await self._error(ErrorCode.INVALID_STATE, str(error), message_id=message.id)
             return
         except Exception:
-            await self._report_failure(session, message_id=message.id)  # failed: reset_failed or its own code
+            host.report_failure(member, message.id)  # failed: reset_failed or its own code
+            await self._flush()
             return
-        self._acked_seq = self._sent_seq  # nothing of the old epoch counts as lag any more
-        self._wake.set()
-        await self._forward_dropped(session)
-        await self._send(SessionResetDone(id=message.id, epoch=session.epoch))
+        await self._send(SessionResetDone(id=message.id, epoch=host.session.epoch))
 
     async def _on_close(self, message: SessionClose) -> None:
-        if self._session is None:
+        if self._current() is None:
             await self._error(ErrorCode.NO_SESSION, "there is no session to close.", message_id=message.id)
             return
-        await self._close_session("closed", message_id=message.id)
+        await self._end("closed", message_id=message.id)
 
-    async def _close_session(self, reason: str, *, message_id: str | None) -> None:
-        """Stop generating after the chunk in flight, release the session, tell the client."""
-        session = self._session
-        if session is None:
+    async def _end(self, reason: str, *, message_id: str | None) -> None:
+        """The host ends its world for everyone; a joiner leaves it. Either way the reply is ``session.closed``."""
+        member = self._current()
+        if member is None:
             return
-        self._stopping = True
-        self._wake.set()
-        try:
-            # Waits for the tick in flight; the generator then sends that last chunk and stops.
-            await self._backend.close_session(session.session_id)
-        except Exception as error:
+        host = member.host
+        if member.role is not Role.HOST:
+            host.remove(member)
+            self._forget()
+            await self._send(SessionClosed(id=message_id, reason=reason))
+            return
+        error = await host.close(reason, requester=member, message_id=message_id)
+        if error is not None:
             await self._send(SessionFailed(id=message_id, code=ErrorCode.CLEANUP_FAILED, message=str(error)))
             return
-        await self._stop_generator(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
-        self._session = None
-        self._metrics.sessions_active.dec()
-        await self._forward_dropped(session)
-        await self._send(SessionClosed(id=message_id, reason=reason))
-
-    async def _stop_generator(self, grace: float) -> None:
-        """Let the generation task finish within ``grace`` seconds, else cancel it."""
-        self._stopping = True
-        self._wake.set()
-        generator = self._generator
-        if generator is None:
-            return
-        if grace > 0:
-            await asyncio.wait({generator}, timeout=grace)
-        if not generator.done():
-            generator.cancel()
-            with contextlib.suppress(BaseException):
-                await generator
-        self._generator = None
+        self._forget()
+        await self._flush()
 
     async def _on_ping(self, message: Ping) -> None:
         await self._send(Pong(id=message.id))
 
     async def _on_ack(self, message: ChunkAck) -> None:
-        if message.seq > self._acked_seq:
-            self._acked_seq = min(message.seq, self._sent_seq)
-            self._wake.set()
-
-    # -- generation ----------------------------------------------------------------
-
-    async def _wait(self, timeout: float | None) -> None:
-        """Sleep until woken (ack, reset, close) or ``timeout`` passes."""
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
-
-    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool) -> float:
-        """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
-        if self._config.chunk_clock:
-            try:
-                return self._backend.tick_due(session.session_id, want, eager=eager)
-            except Exception:  # the runtime is going away: pace alone; the tick reports why
-                log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
-        return self._clock() if want is None else want
-
-    async def _generate(self, session: Session[Chunk]) -> None:
-        """Produce chunks paced to playback, with client backpressure, until stopped."""
-        period = self._backend.spec.chunk_seconds
-        lead = self._config.lead_chunks
-        anchor: float | None = None  # when chunk 0 of this epoch was ready
-        produced = 0  # chunks of this epoch so far
-        epoch = session.epoch
-        while not self._stopping:
-            if session.status is not SessionStatus.ACTIVE:
-                await self._wait(None)  # failed: wait for a reset (or close)
-                continue
-            if self._sent_seq - self._acked_seq >= self._config.max_lag_chunks:
-                await self._wait(None)  # backpressure: the client lags
-                continue
-            if session.epoch != epoch:
-                epoch, anchor, produced = session.epoch, None, 0
-            want: float | None = None  # playback pacing: chunk k starts `lead` periods before it is due
-            if anchor is not None:
-                want = anchor + (produced - lead) * period
-                behind = self._clock() - want
-                if behind > period:  # fell behind real time: re-anchor playback
-                    anchor += behind
-                    want += behind
-            target = self._tick_target(session, want, eager=0 < produced <= lead)
-            if target > self._clock():
-                await self._wait(target - self._clock())
-                if self._stopping or session.epoch != epoch:
-                    continue
-                if self._clock() < target:
-                    continue  # woken early (an ack): wait out the rest
-            started = self._clock()
-            try:
-                chunk = await session.next_chunk()
-            except SessionStateError:
-                continue  # a reset or close got in first
-            except Exception:
-                await self._report_failure(session)
-                continue
-            chunk_epoch = session.epoch
-            finished = self._clock()
-            if anchor is None or chunk_epoch != epoch:
-                epoch, anchor, produced = chunk_epoch, finished, 0
-            produced += 1
-            await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
-
-    async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:
-        tick_seconds = committed - started
-        frames = chunk.frames
-        metadata = chunk.metadata
-        payloads = await asyncio.to_thread(encode_frames, frames, self._media, self._quality)
-        self._sent_seq += 1
-        applied_latency = [
-            (committed - self._accepted_at.pop(event_id, committed)) * 1000.0 for event_id in metadata.applied_event_ids
-        ]
-        self._metrics.chunk_latency.observe(tick_seconds)
-        self._metrics.frames_sent.inc(len(payloads))
-        await self._send(
-            ChunkMessage(
-                seq=self._sent_seq,
-                epoch=epoch,
-                chunk_index=metadata.chunk_index,
-                request_id=metadata.request_id,
-                applied_event_ids=list(metadata.applied_event_ids),
-                frames=ChunkFrames(
-                    count=len(payloads),
-                    media="jpeg" if self._media == "jpeg" else "raw",
-                    width=int(frames.shape[2]),
-                    height=int(frames.shape[1]),
-                    sizes=[len(payload) for payload in payloads],
-                ),
-                timings={
-                    "tick_ms": tick_seconds * 1000.0,
-                    "queued_ms": chunk.queued_s * 1000.0,
-                    "model_ms": chunk.compute_s * 1000.0,
-                    "engine_ms": chunk.roundtrip_s * 1000.0,
-                },
-                batch_size=chunk.batch_size,
-                applied_latency_ms=applied_latency,
-            ),
-            *payloads,
-        )
-        if not self._first_chunk_sent:
-            self._first_chunk_sent = True
-            self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)
+        member = self._current()
+        if member is not None:
+            member.host.ack(member, message.seq)

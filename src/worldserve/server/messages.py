@@ -25,6 +25,7 @@ __all__ = [
     "ChunkAck",
     "ChunkFrames",
     "ChunkMessage",
+    "ChunkSkipped",
     "ClientMessage",
     "ClientMessageError",
     "ControlModel",
@@ -39,8 +40,14 @@ __all__ = [
     "SessionClose",
     "SessionClosed",
     "SessionFailed",
+    "SessionJoin",
+    "SessionJoined",
     "SessionReset",
     "SessionResetDone",
+    "SessionResume",
+    "SessionResumed",
+    "ShareOptions",
+    "ShareTokens",
     "SessionStart",
     "SessionStarted",
     "StartOptions",
@@ -86,6 +93,13 @@ class StartOptions(_Message):
     quality: Annotated[int, Field(ge=1, le=100)] = 90
 
 
+class ShareOptions(_Message):
+    """Who else may open this world: ``session.started`` then carries a token for each."""
+
+    viewers: bool = Field(default=False, description="Give a viewer token: joiners receive every chunk.")
+    controllers: bool = Field(default=False, description="Give a controller token: joiners may also send events.")
+
+
 class SessionStart(_ClientMessage):
     """Start this connection's session (one per connection)."""
 
@@ -101,6 +115,29 @@ class SessionStart(_ClientMessage):
         ),
     ] = None
     options: StartOptions = StartOptions()
+    share: ShareOptions = ShareOptions()
+
+
+_TOKEN = Annotated[str, Field(min_length=1, max_length=128)]
+_SESSION_ID = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class SessionResume(_ClientMessage):
+    """Take a parked session back after a dropped connection (within ``--resume-grace-s``)."""
+
+    type: Literal["session.resume"]
+    session_id: _SESSION_ID
+    token: _TOKEN = Field(description="The resume_token of session.started (or session.joined).")
+    last_seq: Annotated[int, Field(ge=-1, description="The last chunk seq received; -1 for none.")]
+
+
+class SessionJoin(_ClientMessage):
+    """Open a shared world as a viewer or a controller, with a token from its host's session.started."""
+
+    type: Literal["session.join"]
+    session_id: _SESSION_ID
+    token: _TOKEN
+    role: Literal["viewer", "controller"]
 
 
 class InputEvent(_ClientMessage):
@@ -132,13 +169,18 @@ class ChunkAck(_ClientMessage):
 
 
 ClientMessage = Annotated[
-    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck,
+    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | SessionResume | SessionJoin,
     Field(discriminator="type"),
 ]
 
 
 class _ServerMessage(_Message):
     id: str | None = None
+
+
+class ShareTokens(_Message):
+    viewer: str | None = None
+    controller: str | None = None
 
 
 class SessionStarted(_ServerMessage):
@@ -148,6 +190,45 @@ class SessionStarted(_ServerMessage):
     media: Literal["jpeg", "raw"]
     max_pending_events: int
     max_lag_chunks: int
+    resume_token: str | None = Field(
+        default=None, description="Send it with session.resume after a dropped connection (absent: resume is off)."
+    )
+    share: ShareTokens | None = Field(default=None, description="Tokens for session.join, as share asked.")
+
+
+class SessionJoined(_ServerMessage):
+    type: Literal["session.joined"] = "session.joined"
+    session_id: str
+    role: Literal["viewer", "controller"]
+    model: dict[str, Any]
+    media: Literal["jpeg", "raw"]
+    max_pending_events: int
+    max_lag_chunks: int
+    seq: int = Field(description="The world's last chunk seq; the next chunk this connection gets is later.")
+    resume_token: str | None = None
+
+
+class SessionResumed(_ServerMessage):
+    type: Literal["session.resumed"] = "session.resumed"
+    session_id: str
+    role: Literal["host", "viewer", "controller"]
+    model: dict[str, Any]
+    media: Literal["jpeg", "raw"]
+    max_pending_events: int
+    max_lag_chunks: int
+    seq: int = Field(description="The world's last chunk seq now.")
+    replayed: int = Field(description="Buffered chunks after last_seq that follow this message.")
+
+
+class ChunkSkipped(_ServerMessage):
+    """Chunks ``from_seq`` to ``to_seq`` (inclusive) were made but will not be sent to this connection."""
+
+    type: Literal["chunk.skipped"] = "chunk.skipped"
+    from_seq: int
+    to_seq: int
+    applied_event_ids: list[int] = Field(
+        default_factory=list, description="This connection's events that the skipped chunks applied."
+    )
 
 
 class InputAccepted(_ServerMessage):
@@ -236,6 +317,9 @@ class Pong(_ServerMessage):
 
 ServerMessage = Annotated[
     SessionStarted
+    | SessionJoined
+    | SessionResumed
+    | ChunkSkipped
     | InputAccepted
     | ChunkMessage
     | InputDropped
@@ -249,7 +333,16 @@ ServerMessage = Annotated[
 
 _CLIENT_ADAPTER: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
 _SERVER_ADAPTER: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
-_CLIENT_TYPES = ("session.start", "input.event", "session.reset", "session.close", "ping", "chunk.ack")
+_CLIENT_TYPES = (
+    "session.start",
+    "input.event",
+    "session.reset",
+    "session.close",
+    "ping",
+    "chunk.ack",
+    "session.resume",
+    "session.join",
+)
 
 
 class ClientMessageError(ValueError):
@@ -269,7 +362,9 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_client_message(text: str) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck:
+def parse_client_message(
+    text: str,
+) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | SessionResume | SessionJoin:
     """Parse one text message; raise :class:`ClientMessageError` with a stable code."""
     try:
         raw = json.loads(text)

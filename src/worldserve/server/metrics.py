@@ -1,9 +1,10 @@
 """Prometheus metrics of one server (prometheus-client), in a registry of its own.
 
 Owns: the server's own instruments (sessions started/active, time to first chunk,
-chunk latency, frames sent, client errors and session failures by code) and a
-collector that reads, at scrape time, the control plane's counters and latency
-histogram (``SessionManager.stats()``), its queue depth, and the engine's counters.
+chunk latency, frames sent, resumes, joins, skipped chunks, the process's CPU time,
+client errors and session failures by code) and a collector that reads, at scrape
+time, the control plane's counters and latency histogram (``SessionManager.stats()``),
+its queue depth, and the engine's counters.
 Nothing is counted twice: the control plane's and the engine's counters stay where
 they are kept and are only read here.
 
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -141,6 +142,22 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.sessions_resumed = Counter(
+            "worldserve_sessions_resumed", "Members that resumed after a dropped connection.", registry=self.registry
+        )
+        self.members_joined = Counter(
+            "worldserve_members_joined",
+            "Connections that joined a shared world, by role.",
+            ["role"],
+            registry=self.registry,
+        )
+        for role in ("viewer", "controller"):
+            self.members_joined.labels(role=role)
+        self.chunks_skipped = Counter(
+            "worldserve_chunks_skipped",
+            "Chunks not sent to a lagging viewer (or lost past a resume's buffer).",
+            registry=self.registry,
+        )
         self.frames_sent = Counter("worldserve_frames_sent", "Frames sent to clients.", registry=self.registry)
         self.client_errors = Counter(
             "worldserve_client_errors", "Error messages sent to clients, by code.", ["code"], registry=self.registry
@@ -158,6 +175,8 @@ class ServerMetrics:
         for code in codes_at(Surface.TICK) + codes_at(Surface.LIFECYCLE):
             self.session_failures.labels(code=code.value)
         self.registry.register(_RuntimeCollector(manager, engine_stats))
+        # This process's CPU time (Linux /proc; absent elsewhere): `worldserve bench` reads it per chunk.
+        ProcessCollector(registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,5 +1,6 @@
 // worldserve browser player: one WebSocket session, frames played at the model's rate,
-// keyboard and mouse-drag controls sent as input events, an overlay of live figures.
+// keyboard and mouse-drag controls sent as input events, an overlay of live figures;
+// share links (?join=SESSION&token=TOKEN&role=viewer|controller) and resume after a drop.
 // Plain JS, no build step. Protocol: docs/protocol.md.
 "use strict";
 
@@ -17,6 +18,10 @@
     ws: null,
     spec: null,
     sessionId: null,
+    role: null, // "host", "controller" or "viewer"
+    resumeToken: null,
+    lastSeq: -1, // the last chunk received: what a resume asks to go on from
+    join: null, // {session, token, role} from a share link
     status: "idle",
     epoch: 0,
     nextMessageId: 1,
@@ -38,6 +43,8 @@
   window.worldserve = {
     get status() { return state.status; },
     get sessionId() { return state.sessionId; },
+    get role() { return state.role; },
+    get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
     get chunkIndex() { return state.chunkIndex; },
     get displayed() { return state.displayed; },
@@ -61,7 +68,38 @@
     const live = status === "live" || status === "failed";
     $("reset").disabled = !live;
     $("close").disabled = !live;
-    $("apply-prompt").disabled = status !== "live";
+    $("apply-prompt").disabled = status !== "live" || state.role === "viewer";
+    $("reset").disabled = !live || state.role === "viewer";
+  }
+
+  function shareLink(token, role) {
+    if (!token) return "";
+    const url = new URL(location.href);
+    url.search = new URLSearchParams({ join: state.sessionId, token, role }).toString();
+    return url.toString();
+  }
+
+  function showShare(share) {
+    $("share-viewer").value = shareLink(share && share.viewer, "viewer");
+    $("share-controller").value = shareLink(share && share.controller, "controller");
+    $("share").hidden = !(share && (share.viewer || share.controller));
+  }
+
+  function enterWorld(message, role) {
+    state.spec = message.model;
+    state.sessionId = message.session_id;
+    state.role = role;
+    state.resumeToken = message.resume_token || null;
+    state.epoch = 0;
+    state.queue = [];
+    canvas.width = message.model.width;
+    canvas.height = message.model.height;
+    $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
+    $("model-name").title = message.model.description || "";
+    renderPresets(message.model.styles || []);
+    setStatus("live", role === "host" ? "live" : `live (${role})`);
+    if (message.model.description) log(message.model.description);
+    canvas.focus();
   }
 
   function send(message) {
@@ -72,7 +110,7 @@
   }
 
   function sendEvent(fields) {
-    if (state.status !== "live") return;
+    if (state.status !== "live" || state.role === "viewer") return;
     const eventId = state.nextEventId++;
     state.sentAt.set(eventId, performance.now());
     send({ type: "input.event", event_id: eventId, ...fields });
@@ -90,7 +128,7 @@
     sendEvent({ controls: [{ track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } }] });
   }
 
-  function connect() {
+  function connect(resume) {
     if (state.ws) state.ws.close();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const protocols = ["worldserve.v1"];
@@ -101,9 +139,23 @@
     state.ws = ws;
     setStatus("connecting", "connecting…");
     ws.onopen = () => {
+      if (resume) {
+        send({ type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq });
+        return;
+      }
+      if (state.join) {
+        send({ type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role });
+        return;
+      }
       const prompt = $("prompt").value.trim();
-      const message = { type: "session.start", seed: Number($("seed").value) || 0, options: { media: "raw" } };
+      const message = {
+        type: "session.start",
+        seed: Number($("seed").value) || 0,
+        options: { media: "raw" },
+        share: { viewers: true, controllers: true },
+      };
       if (prompt) message.prompt = prompt;
+      state.lastSeq = -1;
       send(message);
     };
     ws.onmessage = (event) => {
@@ -113,6 +165,12 @@
     ws.onclose = (event) => {
       if (state.ws !== ws) return;
       state.ws = null;
+      // A lost connection (not a clean close, not a refusal): take the session back once.
+      if (state.sessionId && state.resumeToken && !resume && ![1000, 1001, 1008, 4000].includes(event.code)) {
+        log("connection lost; resuming…", "error");
+        connect(true);
+        return;
+      }
       setStatus(event.code === 1008 ? "error" : "idle", event.code === 1008 ? "refused (token or origin)" : "disconnected");
     };
   }
@@ -120,19 +178,24 @@
   function onMessage(message) {
     switch (message.type) {
       case "session.started":
-        state.spec = message.model;
-        state.sessionId = message.session_id;
-        state.epoch = 0;
-        state.queue = [];
-        canvas.width = message.model.width;
-        canvas.height = message.model.height;
-        $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
-        $("model-name").title = message.model.description || "";
-        renderPresets(message.model.styles || []);
-        setStatus("live", "live");
+        state.lastSeq = -1;
+        enterWorld(message, "host");
+        showShare(message.share);
         log(`session ${message.session_id.slice(0, 8)}… started`);
-        if (message.model.description) log(message.model.description);
-        canvas.focus();
+        break;
+      case "session.joined":
+        state.lastSeq = message.seq;
+        enterWorld(message, message.role);
+        log(`joined session ${message.session_id.slice(0, 8)}… as ${message.role}`);
+        break;
+      case "session.resumed":
+        state.role = message.role;
+        setStatus("live", message.role === "host" ? "live" : `live (${message.role})`);
+        log(`resumed (${message.replayed} chunks re-sent)`);
+        break;
+      case "chunk.skipped":
+        state.lastSeq = Math.max(state.lastSeq, message.to_seq);
+        log(`chunks ${message.from_seq}–${message.to_seq} skipped (this view lagged)`);
         break;
       case "chunk":
         state.header = message;
@@ -158,10 +221,16 @@
         break;
       case "session.closed":
         state.sessionId = null;
+        state.resumeToken = null;
+        showShare(null);
         setStatus("idle", "closed");
         log(`session closed (${message.reason})`);
         break;
       case "error":
+        if (message.code === "resume_refused" || message.code === "join_refused") {
+          state.sessionId = null;
+          setStatus("error", message.code === "join_refused" ? "cannot join" : "cannot resume");
+        }
         log(`error ${message.code}: ${message.message}`, "error");
         break;
       default:
@@ -188,6 +257,7 @@
 
   function finishChunk() {
     const header = state.header;
+    state.lastSeq = Math.max(state.lastSeq, header.seq);
     const pending = state.frames;
     state.header = null;
     state.frames = [];
@@ -318,8 +388,16 @@
 
   $("start-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    connect();
+    state.join = null;
+    connect(false);
   });
+  for (const role of ["viewer", "controller"]) {
+    $(`copy-${role}`).addEventListener("click", () => {
+      const link = $(`share-${role}`).value;
+      if (navigator.clipboard && link) navigator.clipboard.writeText(link).catch(() => {});
+      $(`share-${role}`).select();
+    });
+  }
   $("apply-prompt").addEventListener("click", () => {
     const prompt = $("prompt").value.trim();
     if (prompt) sendEvent({ prompt });
@@ -339,4 +417,12 @@
 
   setStatus("idle", "not connected");
   requestAnimationFrame(play);
+
+  // A share link opens that world at once: ?join=SESSION&token=TOKEN&role=viewer|controller.
+  const params = new URLSearchParams(location.search);
+  if (params.get("join") && params.get("token")) {
+    const role = params.get("role") === "controller" ? "controller" : "viewer";
+    state.join = { session: params.get("join"), token: params.get("token"), role };
+    connect(false);
+  }
 })();

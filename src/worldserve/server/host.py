@@ -1,0 +1,696 @@
+"""One world on the server and the connections attached to it: resume and multiplayer.
+
+Owns, per session: the session itself, the paced generation task (moved here unchanged
+from the connection: at most ``lead_chunks`` ahead of real time, paused while the
+controlling connections lag ``max_lag_chunks`` chunks), the session's chunk ``seq``,
+frame encoding (once per chunk, shared by every member), a replay buffer of the last
+``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
+each with its own event-id mapping (wire ids are per member; the session sees one
+increasing sequence), its ack state, its resume token, and what it missed while parked.
+:class:`WorldHosts` is the registry of the server's worlds by session id.
+
+Sans-I/O towards sockets: members are reached through :class:`Outlet` (``post`` never
+blocks; a connection writes in its own task), so a slow viewer never holds up anyone.
+
+Must not know: sockets, message parsing, HTTP, how the runtime reaches its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from worldserve.errors import ErrorCode, StaleEventError
+from worldserve.models.base import ModelSpec
+from worldserve.runtime.chunk import Chunk
+from worldserve.server.config import ServerConfig
+from worldserve.server.encoding import encode_frames
+from worldserve.server.messages import (
+    ChunkFrames,
+    ChunkMessage,
+    ChunkSkipped,
+    InputDropped,
+    SessionClosed,
+    SessionFailed,
+)
+from worldserve.server.metrics import ServerMetrics
+from worldserve.session import (
+    EventAcceptance,
+    EventAcceptanceStatus,
+    Session,
+    SessionEvent,
+    SessionStateError,
+    SessionStatus,
+)
+
+__all__ = ["Member", "Outlet", "Role", "WorldBackend", "WorldHost", "WorldHosts"]
+
+log = logging.getLogger("worldserve.server")
+
+
+class WorldBackend(Protocol):
+    """What a world needs from the runtime."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
+        """When the session's next tick should be issued (its worker's chunk clock)."""
+        ...
+
+
+class Role(StrEnum):
+    HOST = "host"  # started the world; it ends with the host
+    CONTROLLER = "controller"  # joined; may send events and reset
+    VIEWER = "viewer"  # joined; receives chunks only
+
+
+class Outlet(Protocol):
+    """How a world reaches one member's connection."""
+
+    def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
+        """Queue messages (and their binary frames, contiguously) for sending; never blocks."""
+
+    def detach(self) -> None:
+        """Another connection resumed this member: this one no longer speaks for it."""
+
+    @property
+    def backlog(self) -> int:
+        """Chunks posted and not yet written to the socket (a client that acks without reading shows here)."""
+
+
+@dataclass(eq=False)
+class Member:
+    """One participant of a world; outlives its connection while parked."""
+
+    host: WorldHost
+    role: Role
+    resume_token: str
+    outlet: Outlet | None = None
+    gone: bool = False  # left, or the world ended
+    seq_base: int = 0  # wire seq = session seq + seq_base (a connection's seq never repeats)
+    joined_seq: int = -1  # the world's last chunk when it joined: nothing before it is its own
+    acked_seq: int = -1
+    sent_seq: int = -1
+    floor: int = -1  # highest of its wire ids applied or dropped
+    sid_of: dict[int, int] = field(default_factory=dict)  # pending: wire id -> session id
+    wire_of: dict[int, int] = field(default_factory=dict)  # pending: session id -> wire id
+    recent: OrderedDict[int, None] = field(default_factory=OrderedDict)  # wire ids accepted lately
+    # seq -> its ids applied in that chunk, and their latencies; kept until acked (or told in chunk.skipped)
+    applied: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+    held: list[tuple[BaseModel, ...]] = field(default_factory=list)  # notices while parked
+    skipped_from: int | None = None
+    failure_reported: tuple[int, str | None, str | None] | None = None
+    reported_dropped: set[int] = field(default_factory=set)  # session ids reported with session.failed
+    expiry: asyncio.Task[None] | None = None
+
+    @property
+    def can_control(self) -> bool:
+        return self.role is not Role.VIEWER
+
+    def post(self, *messages: BaseModel) -> None:
+        """Send notices now, or hold them for a resume while parked."""
+        if self.outlet is not None:
+            self.outlet.post(messages)
+        elif not self.gone:
+            self.held.append(messages)
+
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """One chunk as the world made it: encoded once, shared by every member's header."""
+
+    seq: int
+    epoch: int
+    chunk_index: int
+    request_id: str
+    frames: ChunkFrames
+    timings: dict[str, float]
+    batch_size: int
+    payloads: tuple[bytes, ...]
+
+    def header(self, member: Member) -> ChunkMessage:
+        event_ids, latencies = member.applied.get(self.seq, ([], []))
+        return ChunkMessage(
+            seq=self.seq + member.seq_base,
+            epoch=self.epoch,
+            chunk_index=self.chunk_index,
+            request_id=self.request_id,
+            applied_event_ids=event_ids,
+            frames=self.frames,
+            timings=self.timings,
+            batch_size=self.batch_size,
+            applied_latency_ms=latencies,
+        )
+
+
+def _skipped(member: Member, first: int, last: int) -> ChunkSkipped:
+    """The notice of chunks ``first``..``last`` not sent to ``member``, with its own events they applied."""
+    applied: list[int] = []
+    for seq in sorted(member.applied):
+        if first <= seq <= last:
+            applied.extend(member.applied.pop(seq)[0])
+    return ChunkSkipped(from_seq=first + member.seq_base, to_seq=last + member.seq_base, applied_event_ids=applied)
+
+
+def _backlog(member: Member) -> int:
+    return 0 if member.outlet is None else member.outlet.backlog
+
+
+def _forget_acked(member: Member) -> None:
+    for seq in [seq for seq in member.applied if seq <= member.acked_seq]:
+        del member.applied[seq]
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def _matches(expected: str | None, offered: str) -> bool:
+    return expected is not None and hmac.compare_digest(expected.encode(), offered.encode())
+
+
+class WorldHost:
+    """A session served to one or more connections; see the module docstring."""
+
+    def __init__(
+        self,
+        session: Session[Chunk],
+        *,
+        backend: WorldBackend,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        registry: WorldHosts,
+        media: str,
+        quality: int,
+        share_viewers: bool = False,
+        share_controllers: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.session_id = session.session_id
+        self._backend = backend
+        self._config = config
+        self._metrics = metrics
+        self._registry = registry
+        self._clock = clock
+        self.media = media
+        self._quality = quality
+        self.viewer_token = _token() if share_viewers else None
+        self.controller_token = _token() if share_controllers else None
+        self.members: list[Member] = []
+        self.closed = False
+        self._seq = -1
+        self._replay: deque[_Made] = deque(maxlen=config.replay_chunks)
+        self._accepted_at: dict[int, float] = {}  # pending session event id -> when it was accepted
+        self._next_sid = 0
+        self._failure_key: tuple[int, str | None, str | None] | None = None
+        self._generator: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._started_at = clock()
+        self._first_chunk_sent = False
+        registry.add(self)
+
+    @property
+    def seq(self) -> int:
+        """The last chunk's seq (-1 before the first)."""
+        return self._seq
+
+    # -- members -------------------------------------------------------------------
+
+    def _add(self, role: Role, outlet: Outlet, seq_base: int) -> Member:
+        member = Member(
+            self,
+            role,
+            _token(),
+            outlet=outlet,
+            seq_base=seq_base,
+            joined_seq=self._seq,
+            acked_seq=self._seq,
+            sent_seq=self._seq,
+        )
+        self.members.append(member)
+        self._wake.set()
+        return member
+
+    def attach_host(self, outlet: Outlet, seq_base: int = 0) -> Member:
+        """The starting connection's member; then :meth:`start` generation."""
+        return self._add(Role.HOST, outlet, seq_base)
+
+    def start(self) -> None:
+        self._generator = asyncio.create_task(self._generate(self.session), name=f"generate-{self.session_id}")
+
+    def join(self, token: str, role: Role, outlet: Outlet, seq_base: int = 0) -> Member | None:
+        """A new viewer or controller, or None when ``token`` does not grant ``role``."""
+        viewer_ok = _matches(self.viewer_token, token) or _matches(self.controller_token, token)
+        allowed = _matches(self.controller_token, token) if role is Role.CONTROLLER else viewer_ok
+        if self.closed or not allowed or role is Role.HOST:
+            return None
+        self._metrics.members_joined.labels(role=role.value).inc()
+        return self._add(role, outlet, seq_base)
+
+    def find_resumable(self, token: str) -> Member | None:
+        """The member whose resume token this is (every token is compared, in constant time)."""
+        found = None
+        for member in self.members:
+            if hmac.compare_digest(member.resume_token.encode(), token.encode()) and not member.gone:
+                found = member
+        return None if self.closed else found
+
+    def resume(self, member: Member, last_seq: int, outlet: Outlet) -> int:
+        """Rebind ``member`` to ``outlet``; the caller replies, then :meth:`replay` from the seq returned.
+
+        ``last_seq`` (session seq) is clamped to what the member could have received.
+        """
+        if member.outlet is not None and member.outlet is not outlet:
+            member.outlet.detach()
+        if member.expiry is not None:
+            member.expiry.cancel()
+            member.expiry = None
+        member.outlet = outlet
+        last = max(min(last_seq, self._seq), member.joined_seq)
+        member.acked_seq = max(member.acked_seq, last)
+        _forget_acked(member)
+        member.sent_seq = last
+        member.skipped_from = None
+        self._metrics.sessions_resumed.inc()
+        return last
+
+    def buffered_after(self, last_seq: int) -> int:
+        """How many buffered chunks a resume from ``last_seq`` gets re-sent."""
+        return sum(1 for made in self._replay if made.seq > last_seq)
+
+    def replay(self, member: Member, last_seq: int) -> int:
+        """Post what ``member`` missed after ``last_seq`` (session seq): chunks (or ``chunk.skipped``), then notices."""
+        replayed = 0
+        outlet = member.outlet
+        if outlet is None:
+            return 0
+        missing_from = last_seq + 1
+        for made in self._replay:
+            if made.seq <= last_seq:
+                continue
+            if made.seq > missing_from:
+                outlet.post((_skipped(member, missing_from, made.seq - 1),))
+                self._metrics.chunks_skipped.inc(made.seq - missing_from)
+            outlet.post((made.header(member),), made.payloads)
+            self._metrics.frames_sent.inc(len(made.payloads))
+            missing_from = made.seq + 1
+            member.sent_seq = made.seq
+            replayed += 1
+        if missing_from <= self._seq:  # older than the replay buffer, and nothing newer buffered
+            outlet.post((_skipped(member, missing_from, self._seq),))
+        held, member.held = member.held, []
+        for messages in held:
+            outlet.post(messages)
+        self._report_failure()
+        self._wake.set()
+        return replayed
+
+    async def disconnected(self, member: Member, outlet: Outlet, *, clean: bool) -> None:
+        """``member``'s connection went away: park it for the grace period, or let it go."""
+        if member.outlet is not outlet or member.gone:
+            return  # resumed elsewhere meanwhile
+        member.outlet = None
+        grace = self._config.resume_grace_s
+        if grace > 0 and not clean and not self.closed:
+            member.expiry = asyncio.create_task(self._expire(member, grace), name=f"park-{self.session_id}")
+            return
+        await self._leave(member)
+
+    async def _expire(self, member: Member, grace: float) -> None:
+        await asyncio.sleep(grace)
+        member.expiry = None
+        if member.outlet is None and not member.gone:
+            await self._leave(member)
+
+    async def _leave(self, member: Member) -> None:
+        if member.role is Role.HOST:
+            await self.shutdown("host_left")
+        else:
+            self.remove(member)
+
+    async def shutdown(self, reason: str) -> None:
+        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release."""
+        await self._stop_generator(grace=0)
+        try:
+            await self._backend.close_session(self.session_id)
+        except Exception:
+            log.exception("releasing session %s (%s) failed", self.session_id, reason)
+        self._finish(reason, requester=None, message_id=None)
+
+    def remove(self, member: Member) -> None:
+        """A joiner leaves (``session.close``, or its grace ran out); the world goes on."""
+        member.gone = True
+        member.outlet = None
+        if member.expiry is not None:
+            member.expiry.cancel()
+            member.expiry = None
+        with contextlib.suppress(ValueError):
+            self.members.remove(member)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Something the pacing depends on changed (a socket drained): look again."""
+        self._wake.set()
+
+    def ack(self, member: Member, wire_seq: int) -> None:
+        seq = wire_seq - member.seq_base
+        if seq > member.acked_seq:
+            member.acked_seq = min(seq, self._seq)
+            _forget_acked(member)
+            if member.can_control:
+                self._wake.set()
+
+    # -- events ----------------------------------------------------------------------
+
+    def _floor(self, member: Member) -> int:
+        """The member's event floor: its last applied or dropped id, or its highest in the tick in flight."""
+        session_floor = self.session.event_floor
+        inflight = [wire for sid, wire in member.wire_of.items() if sid <= session_floor]
+        return max([member.floor, *inflight])
+
+    async def accept(self, member: Member, event: SessionEvent) -> EventAcceptance:
+        """Accept ``member``'s event (wire id) as the session's next event id; errors as the session's."""
+        session = self.session
+        wire = event.event_id
+        if session.status is SessionStatus.ACTIVE:
+            if wire in member.sid_of or wire in member.recent:
+                return EventAcceptance(
+                    self.session_id, wire, EventAcceptanceStatus.DUPLICATE, session.pending_event_count
+                )
+            floor = self._floor(member)
+            if wire <= floor:
+                raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
+        sid = max(self._next_sid, session.event_floor + 1)
+        acceptance = await session.accept_event(replace(event, event_id=sid))
+        self._next_sid = sid + 1
+        self._accepted_at[sid] = self._clock()
+        member.sid_of[wire] = sid
+        member.wire_of[sid] = wire
+        member.recent[wire] = None
+        if len(member.recent) > session.max_pending_events:
+            member.recent.popitem(last=False)
+        return replace(acceptance, event_id=wire)
+
+    def forward_dropped(self) -> None:
+        """Tell each member of its discarded events, except those already reported with ``session.failed``."""
+        for record in self.session.take_dropped():
+            for sid in record.event_ids:
+                self._accepted_at.pop(sid, None)
+            for member in self.members:
+                wires = []
+                for sid in record.event_ids:
+                    wire = member.wire_of.pop(sid, None)
+                    if wire is None:
+                        continue
+                    member.sid_of.pop(wire, None)
+                    member.floor = max(member.floor, wire)
+                    if sid in member.reported_dropped:
+                        member.reported_dropped.discard(sid)
+                    else:
+                        wires.append(wire)
+                if wires:
+                    member.post(InputDropped(event_ids=wires, reason=record.reason.value, detail=record.detail))
+
+    def _report_failure(self, *, requester: Member | None = None, message_id: str | None = None) -> None:
+        """Send ``session.failed`` once per failure to each member, with its events the world can no longer apply.
+
+        The failed session keeps its pending events until a reset or close discards them
+        (the seed's behaviour), but it can never apply them: they are reported dropped
+        (``failed``) right behind ``session.failed``, in one contiguous send, and not again
+        when the reset or close discards them. Called by the generator when a tick fails,
+        by any reply that refers to the failure (so that reply never overtakes it), and on
+        resume (a member parked meanwhile hears of it then).
+        """
+        session = self.session
+        failure = session.failure
+        key = (session.epoch, session.failure_code, failure)
+        if session.status is not SessionStatus.FAILED or failure is None:
+            return
+        code = session.failure_code or ErrorCode.TICK_FAILED
+        if key != self._failure_key:
+            self._failure_key = key
+            self._metrics.session_failures.labels(code=code).inc()
+        pending = session.pending_event_ids
+        for sid in pending:
+            self._accepted_at.pop(sid, None)
+        for member in self.members:
+            if member.failure_reported == key or member.outlet is None:
+                continue
+            member.failure_reported = key
+            messages: list[BaseModel] = [
+                SessionFailed(id=message_id if member is requester else None, code=code, message=failure)
+            ]
+            mine = [sid for sid in pending if sid in member.wire_of]
+            if mine:
+                member.reported_dropped.update(mine)
+                messages.append(
+                    InputDropped(event_ids=[member.wire_of[sid] for sid in mine], reason="failed", detail=failure)
+                )
+            member.outlet.post(tuple(messages))
+
+    def report_failure(self, requester: Member, message_id: str | None = None) -> None:
+        self._report_failure(requester=requester, message_id=message_id)
+
+    async def reset(self) -> None:
+        """Reset the world (a controller asked); raises as ``Session.reset`` does."""
+        await self.session.reset()
+        for member in self.members:
+            if member.outlet is not None:  # nothing of the old epoch counts as lag any more
+                member.acked_seq = member.sent_seq = self._seq
+        self._wake.set()
+        self.forward_dropped()
+
+    # -- the world's end -------------------------------------------------------------
+
+    async def close(self, reason: str, *, requester: Member, message_id: str | None) -> Exception | None:
+        """Stop after the chunk in flight, release the session, tell everyone; the error if cleanup failed."""
+        self._stopping = True
+        self._wake.set()
+        try:
+            # Waits for the tick in flight; the generator then sends that last chunk and stops.
+            await self._backend.close_session(self.session_id)
+        except Exception as error:
+            return error
+        await self._stop_generator(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
+        self._finish(reason, requester=requester, message_id=message_id)
+        return None
+
+    def _finish(self, reason: str, *, requester: Member | None, message_id: str | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._registry.remove(self)
+        self._metrics.sessions_active.dec()
+        self.forward_dropped()
+        for member in list(self.members):
+            if member is requester:
+                member.post(SessionClosed(id=message_id, reason=reason))
+            else:
+                member.post(SessionClosed(reason="host_left" if reason != "shutdown" else reason))
+            member.gone = True
+            if member.expiry is not None:
+                member.expiry.cancel()
+                member.expiry = None
+        self.members.clear()
+
+    async def _stop_generator(self, grace: float) -> None:
+        """Let the generation task finish within ``grace`` seconds, else cancel it."""
+        self._stopping = True
+        self._wake.set()
+        generator = self._generator
+        if generator is None:
+            return
+        if grace > 0:
+            await asyncio.wait({generator}, timeout=grace)
+        if not generator.done():
+            generator.cancel()
+            with contextlib.suppress(BaseException):
+                await generator
+        self._generator = None
+
+    # -- generation ----------------------------------------------------------------
+
+    def _drivers(self) -> Iterator[Member]:
+        return (m for m in self.members if m.can_control and m.outlet is not None)
+
+    def _held_back(self) -> bool:
+        """Backpressure: nobody controlling is connected, or the slowest of them lags ``max_lag_chunks``.
+
+        Lag is un-acked chunks, or chunks not yet written to its socket, whichever is more.
+        """
+        lag = max(
+            (max(self._seq - member.acked_seq, _backlog(member)) for member in self._drivers()),
+            default=None,
+        )
+        return lag is None or lag >= self._config.max_lag_chunks
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Sleep until woken (ack, reset, close, a member's arrival) or ``timeout`` passes."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool) -> float:
+        """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
+        if self._config.chunk_clock:
+            try:
+                return self._backend.tick_due(session.session_id, want, eager=eager)
+            except Exception:  # the runtime is going away: pace alone; the tick reports why
+                log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
+        return self._clock() if want is None else want
+
+    async def _generate(self, session: Session[Chunk]) -> None:
+        """Produce chunks paced to playback, with client backpressure, until stopped."""
+        period = self._backend.spec.chunk_seconds
+        lead = self._config.lead_chunks
+        anchor: float | None = None  # when chunk 0 of this epoch was ready
+        produced = 0  # chunks of this epoch so far
+        epoch = session.epoch
+        while not self._stopping:
+            if session.status is not SessionStatus.ACTIVE:
+                await self._wait(None)  # failed: wait for a reset (or close)
+                continue
+            if self._held_back():
+                await self._wait(None)  # backpressure: the controllers lag, or none is connected
+                continue
+            if session.epoch != epoch:
+                epoch, anchor, produced = session.epoch, None, 0
+            want: float | None = None  # playback pacing: chunk k starts `lead` periods before it is due
+            if anchor is not None:
+                want = anchor + (produced - lead) * period
+                behind = self._clock() - want
+                if behind > period:  # fell behind real time: re-anchor playback
+                    anchor += behind
+                    want += behind
+            target = self._tick_target(session, want, eager=0 < produced <= lead)
+            if target > self._clock():
+                await self._wait(target - self._clock())
+                if self._stopping or session.epoch != epoch:
+                    continue
+                if self._clock() < target:
+                    continue  # woken early (an ack): wait out the rest
+            started = self._clock()
+            try:
+                chunk = await session.next_chunk()
+            except SessionStateError:
+                continue  # a reset or close got in first
+            except Exception:
+                self._report_failure()
+                continue
+            chunk_epoch = session.epoch
+            finished = self._clock()
+            if anchor is None or chunk_epoch != epoch:
+                epoch, anchor, produced = chunk_epoch, finished, 0
+            produced += 1
+            await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
+
+    async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:
+        tick_seconds = committed - started
+        frames = chunk.frames
+        metadata = chunk.metadata
+        payloads = await asyncio.to_thread(encode_frames, frames, self.media, self._quality)
+        self._seq += 1
+        seq = self._seq
+        latency = {
+            sid: (committed - self._accepted_at.pop(sid, committed)) * 1000.0 for sid in metadata.applied_event_ids
+        }
+        for member in self.members:
+            wires, latencies = [], []
+            for sid in metadata.applied_event_ids:
+                wire = member.wire_of.pop(sid, None)
+                if wire is not None:
+                    member.sid_of.pop(wire, None)
+                    member.floor = max(member.floor, wire)
+                    wires.append(wire)
+                    latencies.append(latency[sid])
+            if wires:
+                member.applied[seq] = (wires, latencies)
+        self._metrics.chunk_latency.observe(tick_seconds)
+        made = _Made(
+            seq=seq,
+            epoch=epoch,
+            chunk_index=metadata.chunk_index,
+            request_id=metadata.request_id,
+            frames=ChunkFrames(
+                count=len(payloads),
+                media="jpeg" if self.media == "jpeg" else "raw",
+                width=int(frames.shape[2]),
+                height=int(frames.shape[1]),
+                sizes=[len(payload) for payload in payloads],
+            ),
+            timings={
+                "tick_ms": tick_seconds * 1000.0,
+                "queued_ms": chunk.queued_s * 1000.0,
+                "model_ms": chunk.compute_s * 1000.0,
+                "engine_ms": chunk.roundtrip_s * 1000.0,
+            },
+            batch_size=chunk.batch_size,
+            payloads=tuple(payloads),
+        )
+        self._replay.append(made)
+        for member in self.members:
+            self._deliver(member, made)
+        if not self._first_chunk_sent:
+            self._first_chunk_sent = True
+            self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)
+
+    def _deliver(self, member: Member, made: _Made) -> None:
+        """Post a chunk to a connected member; a viewer ``max_lag_chunks`` behind skips it instead."""
+        outlet = member.outlet
+        if outlet is None:
+            return  # parked: the replay buffer keeps it for a resume
+        lag = max(member.sent_seq - member.acked_seq, outlet.backlog)
+        if member.role is Role.VIEWER and lag >= self._config.max_lag_chunks:
+            if member.skipped_from is None:
+                member.skipped_from = made.seq
+            self._metrics.chunks_skipped.inc()
+            return
+        if member.skipped_from is not None:
+            outlet.post((_skipped(member, member.skipped_from, made.seq - 1),))
+            member.skipped_from = None
+        outlet.post((made.header(member),), made.payloads)
+        member.sent_seq = made.seq
+        self._metrics.frames_sent.inc(len(made.payloads))
+
+
+class WorldHosts:
+    """The server's worlds by session id."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, WorldHost] = {}
+
+    def add(self, host: WorldHost) -> None:
+        self._hosts[host.session_id] = host
+
+    def remove(self, host: WorldHost) -> None:
+        if self._hosts.get(host.session_id) is host:
+            del self._hosts[host.session_id]
+
+    def get(self, session_id: str) -> WorldHost | None:
+        return self._hosts.get(session_id)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    async def shutdown(self) -> None:
+        """The server stops: end every world still open (parked ones included)."""
+        for host in list(self._hosts.values()):
+            await host.shutdown("shutdown")

@@ -1,0 +1,187 @@
+"""``WorldHost`` without sockets (sans-I/O): members are plain outlets that record what was posted.
+
+A fake tick consumer makes chunks at once; the spec's chunk period is tiny, so pacing
+never waits long. The assertions are on what was posted, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from worldserve.models.base import ModelSpec
+from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
+from worldserve.runtime.chunk import Chunk
+from worldserve.server.config import ServerConfig
+from worldserve.server.host import Role, WorldHost, WorldHosts
+from worldserve.server.messages import ChunkMessage, ChunkSkipped, InputDropped
+from worldserve.server.metrics import ServerMetrics
+from worldserve.session import Session, SessionEvent, SessionManager
+
+SPEC = ModelSpec(
+    name="fake", frames_per_chunk=1, fps=1000.0, height=2, width=2, controls=(), max_batch_size=1, state_bytes=1
+)
+
+
+class _Backend:
+    """Tick consumer, lifecycle and world backend in one; records the session ids it was asked to apply."""
+
+    spec = SPEC
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, ...]] = []
+
+    async def execute_tick(self, tick: TickRequest) -> Chunk:
+        await asyncio.sleep(0)
+        self.applied.append(tick.applied_event_ids)
+        return Chunk(np.zeros((1, 2, 2, 3), np.uint8), ChunkMetadata.from_tick(tick), 0, 1, 0.0, 0.0, 0.0)
+
+    def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
+        return output.metadata
+
+    async def reset_session(self, session_id: str) -> None:
+        return None
+
+    async def close_session(self, session_id: str) -> None:
+        return None
+
+    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]:
+        raise AssertionError
+
+
+class _Outlet:
+    def __init__(self, backlog: int = 0) -> None:
+        self.posted: list[BaseModel] = []
+        self.detached = False
+        self.unwritten = backlog
+
+    def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
+        self.posted.extend(messages)
+
+    def detach(self) -> None:
+        self.detached = True
+
+    @property
+    def backlog(self) -> int:
+        return self.unwritten
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [m for m in self.posted if isinstance(m, kind)]
+
+
+def _world(**config: Any) -> tuple[WorldHost, _Backend]:
+    backend = _Backend()
+    session: Session[Chunk] = Session("s1", tick_consumer=backend, lifecycle=backend, max_pending_events=8)
+    metrics = ServerMetrics(SessionManager(tick_consumer=backend, lifecycle=backend, max_pending_events=8))
+    host = WorldHost(
+        session,
+        backend=backend,
+        config=ServerConfig(**config),
+        metrics=metrics,
+        registry=WorldHosts(),
+        media="raw",
+        quality=90,
+        share_viewers=True,
+        share_controllers=True,
+    )
+    return host, backend
+
+
+def _keys(event_id: int) -> SessionEvent:
+    return SessionEvent(event_id, controls=(ControlInput("keys", "worldserve.keys.v1", {"held": ["W"]}),))
+
+
+async def _chunks(outlet: _Outlet, count: int) -> list[ChunkMessage]:
+    async with asyncio.timeout(5):
+        while len(outlet.of(ChunkMessage)) < count:  # noqa: ASYNC110 - the outlet is a plain recorder
+            await asyncio.sleep(0.001)
+    return outlet.of(ChunkMessage)
+
+
+async def test_controllers_wire_ids_map_to_one_session_sequence_and_back() -> None:
+    host, backend = _world()
+    a, b = _Outlet(), _Outlet()
+    first = host.attach_host(a)
+    assert host.controller_token is not None
+    second = host.join(host.controller_token, Role.CONTROLLER, b)
+    assert second is not None
+    # Same wire ids on both connections: distinct session ids, each answered with its own.
+    for wire in (1, 2):
+        assert (await host.accept(first, _keys(wire))).event_id == wire
+        assert (await host.accept(second, _keys(wire))).event_id == wire
+    assert host.session.pending_event_ids == (0, 1, 2, 3)  # arrival order: a1, b1, a2, b2
+    host.start()
+    for member, outlet in ((first, a), (second, b)):
+        chunk = (await _chunks(outlet, 1))[0]
+        assert chunk.applied_event_ids == [1, 2]
+        host.ack(member, chunk.seq)
+    assert backend.applied[0] == (0, 1, 2, 3)
+    # A reset drops each member's own pending events, reported in its own ids.
+    await host.accept(second, _keys(7))
+    await host.reset()
+    assert [d.event_ids for d in b.of(InputDropped)] == [[7]]
+    assert a.of(InputDropped) == []
+    await host.shutdown("test")
+
+
+async def test_a_parked_host_resumes_with_the_chunks_it_missed() -> None:
+    host, _ = _world(max_lag_chunks=2, replay_chunks=3)
+    a, c = _Outlet(), _Outlet()
+    owner = host.attach_host(a)
+    assert host.controller_token is not None
+    controller = host.join(host.controller_token, Role.CONTROLLER, c)
+    assert controller is not None
+    host.start()
+    received = await _chunks(a, 1)
+    await host.accept(owner, _keys(1))  # accepted before the drop: applied while parked
+    await host.disconnected(owner, a, clean=False)  # parked: the controller keeps the world going
+    assert owner.expiry is not None
+    for seq in range(12):
+        await _chunks(c, seq + 1)
+        host.ack(controller, seq)
+    again = _Outlet()
+    last = host.resume(owner, received[-1].seq, again)
+    assert owner.expiry is None
+    host.replay(owner, last)
+    skipped = again.of(ChunkSkipped)
+    replayed = again.of(ChunkMessage)
+    assert len(replayed) == 3  # the replay buffer
+    assert skipped[0].from_seq == last + 1
+    assert skipped[0].to_seq + 1 == replayed[0].seq
+    assert [m.seq for m in replayed] == list(range(replayed[0].seq, replayed[0].seq + 3))
+    # The event was applied in a chunk past the buffer: the skip notice says so.
+    assert skipped[0].applied_event_ids == [1]
+    assert all(m.applied_event_ids == [] for m in replayed)
+    await host.shutdown("test")
+
+
+async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten() -> None:
+    host, _ = _world(max_lag_chunks=2)
+    a, v = _Outlet(), _Outlet(backlog=2)
+    owner = host.attach_host(a)
+    assert host.viewer_token is not None
+    viewer = host.join(host.viewer_token, Role.VIEWER, v)
+    assert viewer is not None
+    host.start()
+    for seq in range(4):
+        await _chunks(a, seq + 1)
+        host.ack(owner, seq)
+        host.ack(viewer, seq)  # acks everything, yet its socket has 2 chunks unwritten
+    assert v.of(ChunkMessage) == []  # so it skips, however it acks
+    a.unwritten = 2  # the host's own socket backs up the same way: generation stops
+    made = host.seq
+    host.ack(owner, made)
+    for _ in range(100):  # at most the tick in flight still commits; then nothing moves
+        before = host.seq
+        await asyncio.sleep(0.05)
+        if host.seq == before:
+            break
+    assert host.seq <= made + 1
+    made = host.seq
+    a.unwritten = 0
+    host.wake()  # the connection's writer does this as its socket drains
+    await _chunks(a, made + 2)
+    await host.shutdown("test")
