@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -88,21 +89,34 @@ def compare_accels(args: argparse.Namespace) -> None:
     times: dict[tuple[str, int], list[float]] = {(a, n): [] for a in models for n in args.batches}
     ratios: dict[tuple[str, int], list[float]] = {(a, n): [] for a in models for n in args.batches}
     first = args.compare_accel[0]
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
+        print(f"repeat {repeat + 1} of {args.repeats}", flush=True)
         for sessions in args.batches:
             chunks = max(3, args.chunks // (4 * sessions))
             current = {accel: step_milliseconds(model, sessions, chunks) for accel, model in models.items()}
             for accel, value in current.items():
                 times[(accel, sessions)].append(value)
                 ratios[(accel, sessions)].append(current[first] / value)
+        # The table so far after every repeat: a long run on a busy machine still leaves numbers.
+        print_accel_table(models, args.batches, times, ratios, repeat + 1)
+
+
+def print_accel_table(
+    models: dict[str, TinyWorldModel],
+    batches: list[int],
+    times: dict[tuple[str, int], list[float]],
+    ratios: dict[tuple[str, int], list[float]],
+    repeats: int,
+) -> None:
+    first = next(iter(models))
     precision = next(iter(models.values())).precision
     print(
         f"\nserving paths, {precision}, {torch.get_num_threads()} threads, ms per step "
-        f"(one chunk for each session of the batch; median of {args.repeats} alternating repeats)"
+        f"(one chunk for each session of the batch; median of {repeats} alternating repeats)"
     )
     header = ["sessions", *(f"accel={a}" for a in models), *(f"{a} vs {first}" for a in list(models)[1:])]
     rows = [header]
-    for sessions in args.batches:
+    for sessions in batches:
         row = [str(sessions)]
         row += [f"{statistics.median(times[(a, sessions)]):.1f} ms" for a in models]
         row += [f"{statistics.median(ratios[(a, sessions)]):.2f}x" for a in list(models)[1:]]
@@ -112,6 +126,7 @@ def compare_accels(args: argparse.Namespace) -> None:
         print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(row)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    sys.stdout.flush()
 
 
 def main() -> int:
