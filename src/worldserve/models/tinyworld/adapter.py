@@ -121,13 +121,16 @@ class TinyWorldModel:
             self.warmup_seconds = self._warm_up()
 
     def _warm_up(self) -> float:
-        """Compile before the first session arrives: a step at batch 1 and at batch 2 (the batch
-        dimension is dynamic from 2 on; 1 is its own graph). Returns the seconds it took."""
+        """Compile before the first session arrives: steps at batch 1 and at batch 2 (the batch
+        dimension is dynamic from 2 on; 1 is its own graph), with the cache still filling (a
+        mask) and full (none), so each graph serving meets is built. Returns the seconds it took."""
         started = time.perf_counter()
         options = SessionOptions(seed=0)
         for size in (1, 2):
             states = [self.new_state(f"warmup{i}", options) for i in range(size)]
-            self.step([(state, TickRequest(f"warmup{i}", "warmup", 0, (), None, ())) for i, state in enumerate(states)])
+            for index in range(self.config.cache_slots):
+                ticks = [TickRequest(f"warmup{i}", f"warmup{index}", index, (), None, ()) for i in range(size)]
+                self.step(list(zip(states, ticks, strict=True)))
             for state in states:
                 self.release(state)
         return time.perf_counter() - started
