@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 
 from worldserve import ChunkMetadata, ControlInput, TickRequest, parse_chunk_envelope  # noqa: E402
 from worldserve.models import SessionOptions, load_model  # noqa: E402
+from worldserve.models.tinyworld.accel import DEFAULT_ACCEL, FastSampler  # noqa: E402
 from worldserve.models.tinyworld.adapter import TinyWorldModel  # noqa: E402
 from worldserve.models.tinyworld.cache import KVCache  # noqa: E402
 from worldserve.models.tinyworld.config import TinyWorldConfig  # noqa: E402
@@ -219,3 +220,103 @@ def test_bfloat16_serving_stays_close_to_float32() -> None:
     assert min(scores) > 30.0, scores
     with pytest.raises(ValueError, match="precision must be"):
         TinyWorldModel(precision="fp8")
+
+
+# -- the fast serving path (accel) against the reference path ------------------------------
+
+#: |x0| tolerance of one fast denoising chunk against the reference, on identical inputs (float32).
+FAST_X0_TOLERANCE = 1e-4
+
+
+def _caches_after(net: TinyWorldNet, keyframes: int, sessions: int) -> list[KVCache]:
+    """Sessions' caches holding ``keyframes`` random keyframes each (encoded by the reference path)."""
+    config = net.config
+    generator = torch.Generator().manual_seed(9)
+    caches = [KVCache(config) for _ in range(sessions)]
+    for _ in range(keyframes):
+        frames = torch.rand((sessions, 3, config.height, config.width), generator=generator) * 2 - 1
+        text = torch.randint(0, config.text_buckets, (sessions, config.max_words), generator=generator)
+        controls = torch.randn((sessions, 4), generator=generator) * 2
+        encode_keyframes(net, caches, frames, text, controls)
+    return caches
+
+
+def _fast_vs_reference(net: TinyWorldNet, keyframes: int) -> float:
+    """Largest |x0| difference of one chunk for 3 sessions, reference vs :class:`FastSampler`, same inputs."""
+    config = net.config
+    sessions = 3
+    caches = _caches_after(net, keyframes, sessions)
+    generator = torch.Generator().manual_seed(4)
+    f = config.frames_per_chunk
+    noise = torch.randn((len(config.steps), sessions, f, 3, config.height, config.width), generator=generator)
+    text = torch.randint(0, config.text_buckets, (sessions, config.max_words), generator=generator)
+    text[0] = 0  # an empty prompt
+    controls = torch.randn((sessions, f, 4), generator=generator) * 3
+    keyframe = torch.rand((sessions, 3, config.height, config.width), generator=generator) * 2 - 1
+    reference = sample_chunk(net, caches, noise, text, controls, keyframe)
+    fast = FastSampler(net).sample_chunk(caches, noise, text, controls, keyframe)
+    return float((fast - reference).abs().max())
+
+
+@pytest.mark.parametrize("motion_path", [True, False])
+@pytest.mark.parametrize("keyframes", [1, 6])  # a cache still filling (masked), and a full one (no mask)
+def test_fast_path_equals_reference_with_random_weights(motion_path: bool, keyframes: int) -> None:
+    config = TinyWorldConfig(window=2, dim=64, depth=2, heads=2, channels=(8, 16, 32), motion_path=motion_path)
+    assert _fast_vs_reference(_random_net(config), keyframes) < FAST_X0_TOLERANCE
+
+
+@pytest.mark.parametrize("keyframes", [2, 5])
+def test_fast_path_equals_reference_with_shipped_weights(keyframes: int) -> None:
+    assert _fast_vs_reference(load_net(), keyframes) < FAST_X0_TOLERANCE
+
+
+def test_fast_model_serves_the_reference_frames_and_caches() -> None:
+    # Sessions run on for several chunks, so that any difference would compound through the
+    # uint8 keyframes fed back: frames stay within 2 levels (nearly all equal), caches close.
+    reference = TinyWorldModel(precision="float32", accel="none")
+    fast = TinyWorldModel(precision="float32", accel="eager")
+    assert fast.accel == "eager"
+    assert TinyWorldModel(precision="float32").accel == DEFAULT_ACCEL
+    sessions = [("a", SessionOptions(prompt="snow", seed=1)), ("b", SessionOptions(prompt="a sandy desert", seed=2))]
+    ref_states = [reference.new_state(name, options) for name, options in sessions]
+    fast_states = [fast.new_state(name, options) for name, options in sessions]
+    for index in range(reference.config.window + 3):
+        ticks = [tick(name, index, keys("D" if index % 2 else "W")) for name, _ in sessions]
+        a = reference.step(list(zip(ref_states, ticks, strict=True)))
+        b = fast.step(list(zip(fast_states, ticks, strict=True)))
+        for one, two in zip(a, b, strict=True):
+            diff = np.abs(parse_chunk_envelope(one)[0].astype(np.int16) - parse_chunk_envelope(two)[0].astype(np.int16))
+            assert diff.max() <= 2, (index, int(diff.max()))
+            assert (diff > 0).mean() < 0.01, (index, float((diff > 0).mean()))
+    for one, two in zip(ref_states, fast_states, strict=True):
+        assert one.cache.written == two.cache.written
+        assert torch.equal(one.cache.valid, two.cache.valid)
+        assert float((one.cache.keys - two.cache.keys).abs().max()) < 1e-2
+        assert float((one.cache.values - two.cache.values).abs().max()) < 1e-2
+    with pytest.raises(ValueError, match="accel must be"):
+        TinyWorldModel(accel="turbo")
+
+
+def test_compile_failure_falls_back_to_the_eager_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kwargs: object) -> object:
+        def run(*_a: object, **_k: object) -> object:
+            raise RuntimeError("no C++ compiler here\nmore detail")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    net = load_net()
+    compiled = FastSampler(net, compile=True)
+    eager = FastSampler(load_net())
+    assert compiled.compiled
+    assert compiled.fallback is None
+    config = net.config
+    caches = _caches_after(net, 2, 1)
+    noise = torch.randn(len(config.steps), 1, config.frames_per_chunk, 3, config.height, config.width)
+    text = torch.zeros(1, config.max_words, dtype=torch.int64)
+    controls = torch.zeros(1, config.frames_per_chunk, 4)
+    keyframe = torch.zeros(1, 3, config.height, config.width)
+    out = compiled.sample_chunk(caches, noise, text, controls, keyframe)
+    assert not compiled.compiled
+    assert compiled.fallback == "RuntimeError: no C++ compiler here"
+    assert torch.equal(out, eager.sample_chunk(caches, noise, text, controls, keyframe))

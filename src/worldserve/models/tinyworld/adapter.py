@@ -15,6 +15,7 @@ plane, engines, transports.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.tinyworld.accel import ACCELS, DEFAULT_ACCEL, FastSampler
 from worldserve.models.tinyworld.cache import KVCache
 from worldserve.models.tinyworld.data import chunk_controls
 from worldserve.models.tinyworld.network import TinyWorldNet
@@ -69,6 +71,7 @@ class TinyWorldModel:
         threads: int | None = None,
         device: str = "cpu",
         precision: str = "auto",
+        accel: str = "auto",
         net: TinyWorldNet | None = None,
     ) -> None:
         if threads is not None:
@@ -89,6 +92,11 @@ class TinyWorldModel:
             native = self.device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
             precision = "bfloat16" if native else "float32"
         self.precision = precision
+        #: The float32/bfloat16 serving path (:mod:`~.accel`): "none" is the reference path.
+        if accel not in ("auto", *ACCELS):
+            raise ValueError(f"accel must be auto, {', '.join(ACCELS)}; got {accel!r}.")
+        self.accel = DEFAULT_ACCEL if accel == "auto" else accel
+        self._fast = None if self.accel == "none" else FastSampler(self.net, compile=self.accel == "compile")
         config = self.net.config
         self.config = config
         state_bytes = config.cache_bytes() + 3 * config.height * config.width * 4 + 1024
@@ -110,6 +118,25 @@ class TinyWorldModel:
             version=version,
             precision=precision,
         )
+        #: Seconds the constructor spent warming the serving path up (compiling), 0.0 if none.
+        self.warmup_seconds = 0.0
+        if self._fast is not None and self._fast.compiled:
+            self.warmup_seconds = self._warm_up()
+
+    def _warm_up(self) -> float:
+        """Compile before the first session arrives: steps at batch 1 and at batch 2 (the batch
+        dimension is dynamic from 2 on; 1 is its own graph), with the cache still filling (a
+        mask) and full (none), so each graph serving meets is built. Returns the seconds it took."""
+        started = time.perf_counter()
+        options = SessionOptions(seed=0)
+        for size in (1, 2):
+            states = [self.new_state(f"warmup{i}", options) for i in range(size)]
+            for index in range(self.config.cache_slots):
+                ticks = [TickRequest(f"warmup{i}", f"warmup{index}", index, (), None, ()) for i in range(size)]
+                self.step(list(zip(states, ticks, strict=True)))
+            for state in states:
+                self.release(state)
+        return time.perf_counter() - started
 
     @property
     def spec(self) -> ModelSpec:
@@ -163,12 +190,16 @@ class TinyWorldModel:
         noise = torch.stack([chunk_noise(state.generator, len(config.steps), shape) for state in states], dim=1)
         noise = noise.to(self.device)
         keyframes = torch.stack([state.keyframe for state in states])
+        caches = [state.cache for state in states]
         with self._autocast():
-            x0 = sample_chunk(self.net, [state.cache for state in states], noise, text, controls, keyframes)
+            if self._fast is None:
+                x0 = sample_chunk(self.net, caches, noise, text, controls, keyframes)
+            else:
+                x0 = self._fast.sample_chunk(caches, noise, text, controls, keyframes)
         frames = to_uint8(x0)  # [B, F, H, W, 3]
         last = to_pixels(frames[:, -1]).to(self.device)
         with self._autocast():
-            encode_keyframes(self.net, [state.cache for state in states], last, text, controls[:, -1])
+            encode_keyframes(self.net, caches, last, text, controls[:, -1])
         outputs = []
         for row, (state, (_, tick)) in enumerate(zip(states, batch, strict=True)):
             state.keyframe = last[row]

@@ -36,6 +36,7 @@ import torch
 
 from worldserve.models.base import SessionOptions
 from worldserve.models.procedural import ProceduralModel
+from worldserve.models.tinyworld.accel import ACCELS
 from worldserve.models.tinyworld.adapter import TinyWorldModel
 from worldserve.models.tinyworld.data import EVAL_FILLER, HELD_OUT_SEED, KEY_CHOICES, random_prompt
 from worldserve.models.tinyworld.weights import DEFAULT_WEIGHTS, load_net, read_metadata
@@ -533,16 +534,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--precision", choices=["auto", "bfloat16", "float32"], default="auto", help="as served (default: auto)"
     )
+    parser.add_argument(
+        "--accel", choices=["auto", *ACCELS], default="auto", help="serving path, as served (default: auto)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     path = args.weights or DEFAULT_WEIGHTS
-    model = TinyWorldModel(net=load_net(path), max_batch_size=max(16, args.batch), precision=args.precision)
+    model = TinyWorldModel(
+        net=load_net(path), max_batch_size=max(16, args.batch), precision=args.precision, accel=args.accel
+    )
     meta = read_metadata(path)
     report = evaluate(model, quick=args.quick, seed=args.seed, batch=args.batch, strips=args.strips)
     print()
     print(
         f"tinyworld eval: {path.name} (step {meta.get('step', '?')}, {meta.get('train_minutes', '?')} train min), "
-        f"held-out seeds >= {HELD_OUT_SEED}, {model.precision}, {'quick' if args.quick else 'full'}, "
+        f"held-out seeds >= {HELD_OUT_SEED}, {model.precision}, accel={model.accel}, "
+        f"{'quick' if args.quick else 'full'}, "
         f"{report.seconds:.0f} s"
     )
     print(report.table())
