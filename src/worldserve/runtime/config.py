@@ -61,6 +61,9 @@ class RuntimeConfig:
     #: CPU threads per worker process for its compute libraries; None: the machine's cores shared
     #: evenly among the workers (workers that each take every core slow each other down).
     threads_per_worker: int | None = None
+    #: A full queue lets a newer event supersede queued events on the tracks the model marks
+    #: continuous (``spec.continuous_tracks``); False keeps the seed's ``queue_full`` for them too.
+    coalesce_controls: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -80,6 +83,8 @@ class RuntimeConfig:
             or self.threads_per_worker < 1
         ):
             raise ValueError(f"threads_per_worker must be a positive integer or None; got {self.threads_per_worker!r}.")
+        if type(self.coalesce_controls) is not bool:
+            raise ValueError(f"coalesce_controls must be a bool; got {self.coalesce_controls!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
 
@@ -136,6 +141,13 @@ class RuntimeConfig:
             default=None,
             help="CPU threads per worker process (default: the cores shared evenly among the workers)",
         )
+        group.add_argument(
+            "--no-coalesce-controls",
+            dest="coalesce_controls",
+            action="store_false",
+            help="refuse events with queue_full when the queue is full, even those on the model's continuous tracks "
+            "(by default a newer held-key/camera event supersedes queued ones; they are reported dropped, superseded)",
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -154,6 +166,7 @@ class RuntimeConfig:
             rpc_timeout_s=namespace.rpc_timeout_s or None,
             frame_buffer_bytes=namespace.frame_buffer,
             threads_per_worker=namespace.threads_per_worker,
+            coalesce_controls=namespace.coalesce_controls,
         )
 
 

@@ -4,7 +4,8 @@ Owns, per connection: parsing and answering client messages (typed errors, never
 exception out of the loop), the one session it started, a generation task that calls
 ``next_chunk()`` paced to playback (at most ``lead_chunks`` ahead of real time, and
 paused whenever ``max_lag_chunks`` chunks are un-acked), frame
-encoding off the event loop, forwarding of dropped-event records, and the release of
+encoding off the event loop, forwarding of dropped-event records (superseded ones right after the ``input.accepted``
+of their successor), ``chunk.cancel``, and the release of
 the session on ``session.close``, on idle timeout and on disconnect.
 
 Must not know: HTTP routing, how the runtime reaches its workers, what controls mean.
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldserve.errors import AdmissionRefusedError, ErrorCode
+from worldserve.errors import AdmissionRefusedError, ChunkCancelledError, ErrorCode
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ControlInput
 from worldserve.runtime.chunk import Chunk
@@ -31,6 +32,8 @@ from worldserve.server.encoding import decode_start_image, encode_frames
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import (
     ChunkAck,
+    ChunkCancel,
+    ChunkCancelled,
     ChunkFrames,
     ChunkMessage,
     ClientMessageError,
@@ -225,6 +228,7 @@ class Connection:
             SessionClose: self._on_close,
             Ping: self._on_ping,
             ChunkAck: self._on_ack,
+            ChunkCancel: self._on_cancel,
         }
         try:
             await handlers[type(parsed)](parsed)
@@ -349,6 +353,7 @@ class Connection:
                 pending=acceptance.pending_event_count,
             )
         )
+        await self._forward_dropped(session)  # events this one superseded, if any
 
     async def _on_reset(self, message: SessionReset) -> None:
         session = self._session
@@ -408,6 +413,19 @@ class Connection:
                 await generator
         self._generator = None
 
+    async def _on_cancel(self, message: ChunkCancel) -> None:
+        session = self._session
+        if session is None:
+            await self._error(ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id)
+            return
+        try:
+            chunk_index = await session.cancel_chunk()
+        except SessionError as error:
+            await self._error(_wire_code(error, ErrorCode.INVALID_STATE), str(error), message_id=message.id)
+            return
+        # The generator's next_chunk() raises ChunkCancelledError and it starts the next chunk.
+        await self._send(ChunkCancelled(id=message.id, chunk_index=chunk_index))
+
     async def _on_ping(self, message: Ping) -> None:
         await self._send(Pong(id=message.id))
 
@@ -455,6 +473,8 @@ class Connection:
                 chunk = await session.next_chunk()
             except SessionStateError:
                 continue  # a reset or close got in first
+            except ChunkCancelledError:
+                continue  # chunk.cancel: the session is back at its last commit; make the chunk again
             except Exception:
                 await self._report_failure(session)
                 continue

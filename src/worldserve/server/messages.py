@@ -22,11 +22,14 @@ __all__ = [
     "MAX_CONTROLS",
     "MAX_PROMPT_CHARS",
     "ChunkAck",
+    "ChunkCancel",
+    "ChunkCancelled",
     "ChunkFrames",
     "ChunkMessage",
     "ClientMessage",
     "ClientMessageError",
     "ControlModel",
+    "DroppedReason",
     "ErrorCode",
     "ErrorMessage",
     "InputAccepted",
@@ -117,6 +120,12 @@ class Ping(_ClientMessage):
     type: Literal["ping"]
 
 
+class ChunkCancel(_ClientMessage):
+    """Cancel the chunk being generated: the session goes on from its last commit, its events still queued."""
+
+    type: Literal["chunk.cancel"]
+
+
 class ChunkAck(_ClientMessage):
     """The client has played (or consumed) the chunk with this ``seq``; drives backpressure."""
 
@@ -125,7 +134,7 @@ class ChunkAck(_ClientMessage):
 
 
 ClientMessage = Annotated[
-    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck,
+    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | ChunkCancel,
     Field(discriminator="type"),
 ]
 
@@ -178,10 +187,17 @@ class ChunkMessage(_ServerMessage):
     )
 
 
+#: ``input.dropped``'s reasons: :class:`worldserve.session.DropReason`'s values.
+DroppedReason = Literal["reset", "closed", "failed", "superseded"]
+
+
 class InputDropped(_ServerMessage):
     type: Literal["input.dropped"] = "input.dropped"
     event_ids: list[int]
-    reason: Literal["reset", "closed", "failed"]
+    reason: DroppedReason = Field(
+        description="superseded: a newer event on the same continuous tracks replaced them in a full queue "
+        "(detail names it); it is applied in their place, and the chunks are the same as if they had been applied."
+    )
     detail: str = ""
 
 
@@ -211,6 +227,13 @@ class ErrorMessage(_ServerMessage):
     )
 
 
+class ChunkCancelled(_ServerMessage):
+    """The reply to ``chunk.cancel``: chunk ``chunk_index`` will not be sent; the next chunk has that index."""
+
+    type: Literal["chunk.cancelled"] = "chunk.cancelled"
+    chunk_index: int
+
+
 class Pong(_ServerMessage):
     type: Literal["pong"] = "pong"
 
@@ -224,13 +247,14 @@ ServerMessage = Annotated[
     | SessionResetDone
     | SessionClosed
     | ErrorMessage
+    | ChunkCancelled
     | Pong,
     Field(discriminator="type"),
 ]
 
 _CLIENT_ADAPTER: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
 _SERVER_ADAPTER: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
-_CLIENT_TYPES = ("session.start", "input.event", "session.reset", "session.close", "ping", "chunk.ack")
+_CLIENT_TYPES = ("session.start", "input.event", "session.reset", "session.close", "ping", "chunk.ack", "chunk.cancel")
 
 
 class ClientMessageError(ValueError):
@@ -250,7 +274,9 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_client_message(text: str) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck:
+def parse_client_message(
+    text: str,
+) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | ChunkCancel:
     """Parse one text message; raise :class:`ClientMessageError` with a stable code."""
     try:
         raw = json.loads(text)
