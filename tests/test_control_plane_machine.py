@@ -4,7 +4,7 @@ Rules interleave accept / next_chunk / cancel_chunk / reset / close on sessions 
 reset / close / disconnect on their manager, with injected faults: the consumer raises (with and
 without a code), returns mismatched metadata, is cancelled while a tick is in flight, refuses to
 cancel a chunk; the lifecycle's reset or close fails. A second machine runs the same rules with
-coalescing on for two of the three tracks, so full queues supersede held controls.
+coalescing on for two of the three tracks, so newer events supersede queued held controls.
 Ticks can be held in flight at a gate across rules, so accepts, other sessions' ticks and
 queued resets/closes (real tasks waiting on the session's lock) interleave with them.
 
@@ -486,7 +486,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert isinstance(error, StaleEventError), error
             assert f"floor is {model.effective_floor}" in str(error)
             model.count("stale")
-        elif len(model.pending) >= MAX_PENDING and not (superseded := self._superseded(model, event)):
+        elif not (superseded := self._superseded(model, event)) and len(model.pending) >= MAX_PENDING:
             assert isinstance(error, EventQueueFullError), error
             model.count("rejected_full")
         elif REFUSED_VALUE in controls.values():
@@ -495,7 +495,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             model.count("invalid")
         else:
             assert error is None, error
-            if len(model.pending) >= MAX_PENDING:
+            if superseded:
                 for old in superseded:
                     del model.pending[old]
                 model.dropped.update(superseded)
@@ -510,7 +510,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert answer == EventAcceptance(model.sid, event_id, EventAcceptanceStatus.ACCEPTED, len(model.pending))
 
     def _superseded(self, model: Model, event: SessionEvent) -> tuple[int, ...]:
-        """The pending events ``event`` would supersede in a full queue (the model's own reading of the rule)."""
+        """The pending events ``event`` would supersede (the model's own reading of the rule)."""
         tracks = {control.track for control in event.controls} & self.COALESCE
         if not tracks:
             return ()

@@ -1,5 +1,5 @@
-"""Held controls (issue 13, item 4): in a full queue, a newer event on continuous tracks supersedes
-queued ones instead of being refused; every accepted event is still applied once or dropped once."""
+"""Held controls (issue 13, item 4): a newer event on continuous tracks supersedes queued ones, so a
+held control never fills the queue; every accepted event is still applied once or dropped once."""
 
 from __future__ import annotations
 
@@ -43,15 +43,15 @@ async def test_the_default_is_the_seeds_queue_full() -> None:
     assert session.coalesce_tracks == frozenset()
 
 
-async def test_a_newer_held_control_supersedes_queued_ones_only_when_the_queue_is_full() -> None:
-    session, consumer, _ = make(max_pending=3, coalesce_tracks=COALESCE)
-    for event_id in (1, 2, 3):
-        await session.accept_event(held(event_id, "keys", value=event_id))
-    assert session.take_dropped() == ()  # not full before: nothing superseded
-    acceptance = await session.accept_event(held(4, "keys", value=4))
-    assert acceptance.pending_event_count == 1
+async def test_a_newer_held_control_supersedes_queued_ones() -> None:
+    session, consumer, _ = make(max_pending=2, coalesce_tracks=COALESCE)
+    for event_id in (1, 2, 3, 4):
+        acceptance = await session.accept_event(held(event_id, "keys", value=event_id))
+        assert acceptance.pending_event_count == 1
     assert session.pending_event_ids == (4,)
-    assert session.take_dropped() == (DroppedEvents((1, 2, 3), DropReason.SUPERSEDED, "superseded by event 4"),)
+    assert session.take_dropped() == tuple(
+        DroppedEvents((old,), DropReason.SUPERSEDED, f"superseded by event {old + 1}") for old in (1, 2, 3)
+    )
     stats = session.stats
     assert (stats.accepted, stats.dropped, stats.superseded, stats.rejected_full) == (4, 3, 3, 0)
     await session.next_chunk()
@@ -68,19 +68,20 @@ async def test_what_is_never_superseded() -> None:
     await session.accept_event(held(1, "keys", prompt="snow"))  # carries a prompt
     await session.accept_event(held(2, "keys", "mouse"))  # a track that is not continuous
     await session.accept_event(held(3, "camera"))  # a track the new event does not update
-    await session.accept_event(held(4, "keys", "camera"))  # the new event updates only keys
+    await session.accept_event(held(4, "keys", "mouse"))
     await session.accept_event(held(9, "keys"))  # a higher id: it wins the snapshot, not the new one
+    assert session.take_dropped() == ()
     with pytest.raises(EventQueueFullError):
-        await session.accept_event(held(5, "keys"))
+        await session.accept_event(held(5, "keys"))  # full, and it supersedes none of them
     assert session.pending_event_ids == (1, 2, 3, 4, 9)
     assert session.stats.rejected_full == 1
     await session.accept_event(held(10, "keys", "camera"))
-    assert session.pending_event_ids == (1, 2, 10)
-    assert session.take_dropped() == (DroppedEvents((3, 4, 9), DropReason.SUPERSEDED, "superseded by event 10"),)
+    assert session.pending_event_ids == (1, 2, 4, 10)
+    assert session.take_dropped() == (DroppedEvents((3, 9), DropReason.SUPERSEDED, "superseded by event 10"),)
 
 
 async def test_events_of_the_tick_in_flight_are_never_superseded() -> None:
-    session, consumer, _ = make(max_pending=2, coalesce_tracks=COALESCE)
+    session, consumer, _ = make(max_pending=3, coalesce_tracks=COALESCE)
     await session.accept_event(held(1, "keys"))
     consumer.gate = asyncio.Event()
     tick = asyncio.create_task(session.next_chunk())

@@ -21,6 +21,7 @@ import pytest
 from runtime_models import Truth
 from server_harness import RunningServer, start_server
 from worldserve.client import ClientChunk, WorldClient, WorldError, keys
+from worldserve.loadtest import format_table, run_bench
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +32,7 @@ HELD_EVENTS = 3600  # 60 events/s for a minute
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     running = start_server(
-        "--model", "procedural", "--event-rate", "100000", "--event-burst", "100000", "--max-pending-events", "64"
+        "--model", "procedural", "--event-rate", "100000", "--event-burst", "100000", "--max-pending-events", "16"
     )
     yield running
     running.stop()
@@ -81,6 +82,18 @@ async def test_a_held_key_with_acks_paused_never_overflows_the_queue(server: Run
     assert len(superseded) > HELD_EVENTS // 2  # the queue really was full, and coalesced
 
 
+async def test_bench_books_superseded_events_as_dropped_with_a_reason(server: RunningServer) -> None:
+    """Held-key events far faster than chunks: many are superseded, and the books still balance."""
+    result = await run_bench(server.ws, clients=2, duration=1.5, event_interval=0.002, settle=5.0)
+    assert "of them superseded" in format_table(result)
+    for report in result.reports:
+        assert "queue_full" not in report.errors, report.errors
+        assert report.lost == 0
+        assert report.applied_twice == 0
+        assert report.applied_once + report.dropped == report.accepted
+        assert 0 < report.superseded == report.dropped
+
+
 async def test_cancel_mid_chunk_over_a_socket_keeps_the_world(slow_server: RunningServer) -> None:
     async with WorldClient(slow_server.ws) as client:
         info = await client.start(prompt="slow", seed=4)
@@ -90,12 +103,14 @@ async def test_cancel_mid_chunk_over_a_socket_keeps_the_world(slow_server: Runni
         acceptance = await client.send_event(controls=[keys("D")])
         sent[acceptance.event_id] = keys("D")
         cancelled = None
+        refusals: set[str] = set()
         while cancelled is None:  # a chunk is almost always in flight (steps are slower than playback)
             try:
                 cancelled = await client.cancel_chunk()
             except WorldError as error:
-                assert error.code == "nothing_to_cancel", error
+                refusals.add(error.code)
                 await asyncio.sleep(0.05)
+        assert refusals <= {"nothing_to_cancel"}
         acceptance = await client.send_event(controls=[keys("W")])
         sent[acceptance.event_id] = keys("W")
         while len(chunks) < 5 or set(sent) - {e for c in chunks for e in c.applied_event_ids}:

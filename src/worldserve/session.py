@@ -7,9 +7,9 @@ drop. Events are *accepted* at once and *applied* only at the next chunk boundar
 as one sorted, immutable :class:`~worldserve.protocol.TickRequest`; a chunk commits
 only if the model's :class:`~worldserve.protocol.ChunkMetadata` equals its tick's.
 Any failure fails closed: the worker's state is released and only ``reset()`` or
-``close()`` go on. Two additions to the seed, both off unless asked for: a full queue
-lets a newer event *supersede* queued events on continuous tracks (``coalesce_tracks``),
-and ``cancel_chunk()`` abandons the chunk in flight, leaving the session active at its
+``close()`` go on. Two additions to the seed, both off unless asked for: a newer event
+*supersedes* queued events on continuous tracks (``coalesce_tracks``), so held controls
+never fill the queue, and ``cancel_chunk()`` abandons the chunk in flight, leaving the session active at its
 last commit with the chunk's events still queued (a tick consumer with ``cancel_tick``).
 
 All state changes happen in synchronous code between ``await`` points, so on one
@@ -109,7 +109,7 @@ class DropReason(StrEnum):
     RESET = "reset"
     CLOSED = "closed"
     FAILED = "failed"
-    #: replaced in a full queue by a newer event on the same continuous tracks (see ``coalesce_tracks``)
+    #: replaced in the queue by a newer event on the same continuous tracks (see ``coalesce_tracks``)
     SUPERSEDED = "superseded"
 
 
@@ -358,7 +358,7 @@ class Session(Generic[TickOutputT]):
 
     @property
     def coalesce_tracks(self) -> frozenset[str]:
-        """The continuous tracks on which a newer event may supersede queued ones in a full queue."""
+        """The continuous tracks on which a newer event supersedes queued ones (none: the seed's queue)."""
         return self._coalesce_tracks
 
     @property
@@ -456,7 +456,11 @@ class Session(Generic[TickOutputT]):
         Raises :class:`StaleEventError` at or below the event floor (that of the
         tick in flight included), :class:`EventQueueFullError` when the queue is
         full, :class:`InvalidEventError` when the model refuses a control. A
-        composite event is admitted whole or not at all.
+        composite event is admitted whole or not at all. With ``coalesce_tracks``, an
+        accepted event supersedes the queued events it makes redundant -- not in the tick
+        in flight, a lower id, no prompt, every track they update continuous and updated
+        by it -- which are dropped with reason ``superseded`` (so a held control never
+        fills the queue).
         """
         if not isinstance(event, SessionEvent):
             raise TypeError("event must be a SessionEvent.")
@@ -470,14 +474,12 @@ class Session(Generic[TickOutputT]):
         if event_id <= floor:
             counters.stale += 1
             raise StaleEventError(f"event_id {event_id} is stale; the session event floor is {floor}.")
-        superseded: tuple[int, ...] = ()
-        if len(self._pending) >= self._max_pending_events:
-            superseded = self._superseded_by(event)
-            if not superseded:
-                counters.rejected_full += 1
-                raise EventQueueFullError(
-                    f"session {self.session_id!r} event queue is full ({self._max_pending_events} pending)."
-                )
+        superseded = self._superseded_by(event) if self._coalesce_tracks else ()
+        if not superseded and len(self._pending) >= self._max_pending_events:
+            counters.rejected_full += 1
+            raise EventQueueFullError(
+                f"session {self.session_id!r} event queue is full ({self._max_pending_events} pending)."
+            )
         if self._control_validator is not None and event.controls:
             try:
                 self._control_validator.validate_controls(event.controls)

@@ -100,7 +100,7 @@ class SessionStats:
     ``accept_event`` (the last three raised); ``applied``: events committed in a chunk;
     ``dropped``: accepted events discarded by a reset, a close, a failure or a successor
     (each is applied or dropped exactly once); ``superseded``: those of ``dropped`` that a
-    newer event on the same continuous tracks replaced in a full queue; ``chunks``:
+    newer event on the same continuous tracks replaced in the queue; ``chunks``:
     committed chunks; ``cancelled``: chunks cancelled by ``cancel_chunk()``; ``failures``:
     times the session became ``failed`` (a tick or a reset failed); ``resets``: successful
     resets; ``applied_latency``: seconds from acceptance to the commit that applied it.

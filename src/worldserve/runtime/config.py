@@ -61,8 +61,8 @@ class RuntimeConfig:
     #: CPU threads per worker process for its compute libraries; None: the machine's cores shared
     #: evenly among the workers (workers that each take every core slow each other down).
     threads_per_worker: int | None = None
-    #: A full queue lets a newer event supersede queued events on the tracks the model marks
-    #: continuous (``spec.continuous_tracks``); False keeps the seed's ``queue_full`` for them too.
+    #: A newer event supersedes queued events on the tracks the model marks continuous
+    #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
 
     def __post_init__(self) -> None:
@@ -145,8 +145,8 @@ class RuntimeConfig:
             "--no-coalesce-controls",
             dest="coalesce_controls",
             action="store_false",
-            help="refuse events with queue_full when the queue is full, even those on the model's continuous tracks "
-            "(by default a newer held-key/camera event supersedes queued ones; they are reported dropped, superseded)",
+            help="queue every held-key/camera event as the seed does (by default a newer event on the model's "
+            "continuous tracks supersedes queued ones, reported dropped with reason superseded)",
         )
 
     @classmethod

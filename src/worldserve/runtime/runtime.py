@@ -4,7 +4,7 @@ Owns: :class:`Runtime` -- builds the executor and :class:`~worldserve.runtime.en
 from a :class:`~worldserve.runtime.config.RuntimeConfig`, a
 :class:`~worldserve.session.SessionManager` that ticks (and cancels ticks) through the
 engine, validates controls with the model's spec at acceptance and coalesces the
-model's continuous tracks in a full queue (unless ``coalesce_controls`` is off), and a
+model's continuous tracks (unless ``coalesce_controls`` is off), and a
 :class:`~worldserve.lifecycle.WorkerLifecycle` over the engine's ``collective_rpc``.
 Creating a session admits it at once (or refuses it); closing one through the runtime
 also drops its routing.

@@ -195,7 +195,7 @@ class InputDropped(_ServerMessage):
     type: Literal["input.dropped"] = "input.dropped"
     event_ids: list[int]
     reason: DroppedReason = Field(
-        description="superseded: a newer event on the same continuous tracks replaced them in a full queue "
+        description="superseded: a newer event on the same continuous tracks replaced them in the queue "
         "(detail names it); it is applied in their place, and the chunks are the same as if they had been applied."
     )
     detail: str = ""
