@@ -103,6 +103,7 @@ class Model:
     dropped: set[int] = field(default_factory=set)
     window: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_PENDING))
     floor: int = -1
+    settled: int = -1  # the floor as commits, resets and closes move it (superseding moves only ``floor``)
     inflight: TickRequest | None = None
     outcome: str | None = None
     next_index: int = 0
@@ -144,6 +145,7 @@ class Model:
         self.dropped.update(ids)
         self.count("dropped", len(ids))
         self.floor = max(self.floor, ids[-1])
+        self.settled = max(self.settled, ids[-1])
         self.pending.clear()
         return (DroppedEvents(ids, reason, detail),)
 
@@ -292,7 +294,8 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         ids = tick.applied_event_ids
         assert ids == tuple(sorted(model.pending)), "a tick must take every pending event, in id order"
         if ids:
-            assert ids[0] > model.floor, f"tick holds {ids[0]} at or below the floor {model.floor}"
+            # Superseding moves the floor past the ids it drops, while lower ids may stay pending.
+            assert ids[0] > model.settled, f"tick holds {ids[0]} at or below the floor {model.settled}"
         prompt, controls = model.prompt, dict(model.controls)
         for event_id in ids:
             event = model.pending[event_id]
@@ -342,6 +345,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 model.applied.add(event_id)
             if tick.applied_event_ids:
                 model.floor = max(model.floor, tick.applied_event_ids[-1])
+                model.settled = tick.applied_event_ids[-1]
             model.prompt = tick.prompt
             model.controls = {control.track: control for control in tick.controls}
             model.committed_indexes[-1].append(tick.chunk_index)

@@ -9,8 +9,9 @@ only if the model's :class:`~worldserve.protocol.ChunkMetadata` equals its tick'
 Any failure fails closed: the worker's state is released and only ``reset()`` or
 ``close()`` go on. Two additions to the seed, both off unless asked for: a newer event
 *supersedes* queued events on continuous tracks (``coalesce_tracks``), so held controls
-never fill the queue, and ``cancel_chunk()`` abandons the chunk in flight, leaving the session active at its
-last commit with the chunk's events still queued (a tick consumer with ``cancel_tick``).
+never fill the queue, and ``cancel_chunk()`` abandons the chunk in flight, leaving the
+session active at its last commit with the chunk's events still queued (it needs a tick
+consumer with ``cancel_tick``).
 
 All state changes happen in synchronous code between ``await`` points, so on one
 event loop they are atomic without a lock; the one lock serializes the operations
@@ -654,6 +655,7 @@ class Session(Generic[TickOutputT]):
                 await self._fail_tick(error)
                 raise
             self._inflight_tick = None
+            self._cancelled_request = None
             return output
 
     async def cancel_chunk(self) -> int:
