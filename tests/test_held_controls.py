@@ -3,6 +3,7 @@ held control never fills the queue; every accepted event is still applied once o
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from typing import Any
 
@@ -21,7 +22,8 @@ from worldserve import (
 )
 from worldserve.models.base import ModelSpec
 from worldserve.models.procedural import ProceduralModel
-from worldserve.models.world import CONTINUOUS_TRACKS, CONTROL_SCHEMAS
+from worldserve.models.world import CONTINUOUS_TRACKS, CONTROL_SCHEMAS, keys_control
+from worldserve.runtime import Runtime, RuntimeConfig
 
 
 def held(event_id: int, *tracks: str, value: int = 0, prompt: str | None = None) -> SessionEvent:
@@ -127,3 +129,20 @@ def test_models_declare_keys_and_camera_continuous() -> None:
     assert spec.to_dict()["continuous_tracks"] == list(CONTINUOUS_TRACKS)
     with pytest.raises(ValueError, match="continuous_tracks"):
         ModelSpec("m", 1, 1.0, 1, 1, CONTROL_SCHEMAS, 1, 0, continuous_tracks=("mouse",))
+
+
+async def test_the_runtime_coalesces_the_models_continuous_tracks_unless_told_not_to() -> None:
+    async with Runtime("procedural", executor="inprocess") as rt:
+        session = await rt.create_session()
+        assert session.coalesce_tracks == frozenset({"keys", "camera"})
+    parser = argparse.ArgumentParser()
+    RuntimeConfig.add_cli_arguments(parser)
+    config = RuntimeConfig.from_cli_arguments(parser.parse_args(["--no-coalesce-controls", "--executor", "inprocess"]))
+    assert config.coalesce_controls is False
+    async with Runtime("procedural", config=config) as rt:
+        session = await rt.create_session()
+        assert session.coalesce_tracks == frozenset()
+        for event_id in range(1, rt.config.max_pending_events + 1):
+            await session.accept_event(SessionEvent(event_id, controls=(keys_control("W"),)))
+        with pytest.raises(EventQueueFullError):
+            await session.accept_event(SessionEvent(100, controls=(keys_control("D"),)))
