@@ -5,7 +5,8 @@ tick's prompt (or, before any event set one, the session's start prompt):
 ``poison`` makes ``step`` raise for any batch holding that session, ``slow`` makes it
 sleep ``slow_s`` first, ``garbage`` makes it return a wrong-shaped payload.
 ``atomic=False`` makes a raising step advance the states it got to first, like a model
-that cannot promise an untouched batch.
+that cannot promise an untouched batch; ``rollback=False`` declares that it cannot roll a
+session back (so a chunk it is making cannot be cancelled).
 
 ``gate`` (a path) holds steps for as long as a test wants, whatever the machine's speed: a
 step whose batch holds a session marked ``gate`` writes ``<gate>.entered`` (the batch's
@@ -39,9 +40,17 @@ def keys(*held: str) -> ControlInput:
 
 
 class FaultyModel(ProceduralModel):
-    def __init__(self, *, atomic: bool = True, slow_s: float = 0.5, gate: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        atomic: bool = True,
+        slow_s: float = 0.5,
+        gate: str | None = None,
+        rollback: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
-        self._faulty_spec = dataclasses.replace(super().spec, name="faulty", atomic_step=atomic)
+        self._faulty_spec = dataclasses.replace(super().spec, name="faulty", atomic_step=atomic, can_rollback=rollback)
         self._slow_s = slow_s
         self._gate = None if gate is None else Gate(gate)
         self.steps = 0

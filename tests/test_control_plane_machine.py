@@ -1,9 +1,11 @@
 """A hypothesis state machine over the whole control plane, on a real asyncio loop.
 
-Rules interleave accept / next_chunk / reset / close on sessions and create / get / reset / close /
-disconnect on their manager, with injected faults: the consumer raises (with and without a code),
-returns mismatched metadata, is cancelled while a tick is in flight; the lifecycle's reset or close
-fails. Ticks can be held in flight at a gate across rules, so accepts, other sessions' ticks and
+Rules interleave accept / next_chunk / cancel_chunk / reset / close on sessions and create / get /
+reset / close / disconnect on their manager, with injected faults: the consumer raises (with and
+without a code), returns mismatched metadata, is cancelled while a tick is in flight, refuses to
+cancel a chunk; the lifecycle's reset or close fails. A second machine runs the same rules with
+coalescing on for two of the three tracks, so newer events supersede queued held controls.
+Ticks can be held in flight at a gate across rules, so accepts, other sessions' ticks and
 queued resets/closes (real tasks waiting on the session's lock) interleave with them.
 
 A model of each session predicts every answer. Invariants, checked after every rule and once more
@@ -28,12 +30,15 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from worldserve import (
     TRANSITIONS,
+    CancelUnsupportedError,
+    ChunkCancelledError,
     ChunkMetadata,
     ChunkMetadataError,
     ControlInput,
@@ -43,6 +48,7 @@ from worldserve import (
     EventAcceptanceStatus,
     EventQueueFullError,
     InvalidEventError,
+    NothingToCancelError,
     Session,
     SessionError,
     SessionEvent,
@@ -98,6 +104,7 @@ class Model:
     dropped: set[int] = field(default_factory=set)
     window: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_PENDING))
     floor: int = -1
+    settled: int = -1  # the floor as commits, resets and closes move it (superseding moves only ``floor``)
     inflight: TickRequest | None = None
     outcome: str | None = None
     next_index: int = 0
@@ -139,6 +146,7 @@ class Model:
         self.dropped.update(ids)
         self.count("dropped", len(ids))
         self.floor = max(self.floor, ids[-1])
+        self.settled = max(self.settled, ids[-1])
         self.pending.clear()
         return (DroppedEvents(ids, reason, detail),)
 
@@ -163,6 +171,8 @@ class Consumer:
             finally:
                 model.gate = None
         model.outcome = plan
+        if plan == "cancel_chunk":
+            raise ChunkCancelledError(f"chunk {tick.chunk_index} cancelled")
         if plan == "raise":
             raise RuntimeError("tick failed")
         if plan == "coded":
@@ -174,6 +184,16 @@ class Consumer:
 
     def chunk_metadata(self, output: ChunkMetadata) -> ChunkMetadata:
         return output
+
+    def cancel_tick(self, tick: TickRequest) -> None:
+        model = self.machine.current[tick.session_id]
+        if model.gate is None or model.gate.done():
+            raise NothingToCancelError("not in flight")
+        if self.refuse_cancel:
+            raise CancelUnsupportedError("cannot roll back")
+        model.gate.set_result("cancel_chunk")
+
+    refuse_cancel = False
 
 
 class Lifecycle:
@@ -199,6 +219,9 @@ class Validator:
 
 
 class ControlPlaneMachine(RuleBasedStateMachine):
+    #: The tracks on which a newer event supersedes queued ones in a full queue (none: the seed's behaviour).
+    COALESCE: frozenset[str] = frozenset()
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -209,6 +232,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             lifecycle=self.lifecycle,
             max_pending_events=MAX_PENDING,
             control_validator=Validator(),
+            coalesce_tracks=self.COALESCE,
         )
         self.current: dict[str, Model] = {}  # the latest session created under each id
         self.registered: dict[str, Model] = {}  # what the manager must hold
@@ -271,7 +295,8 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         ids = tick.applied_event_ids
         assert ids == tuple(sorted(model.pending)), "a tick must take every pending event, in id order"
         if ids:
-            assert ids[0] > model.floor, f"tick holds {ids[0]} at or below the floor {model.floor}"
+            # Superseding moves the floor past the ids it drops, while lower ids may stay pending.
+            assert ids[0] > model.settled, f"tick holds {ids[0]} at or below the floor {model.settled}"
         prompt, controls = model.prompt, dict(model.controls)
         for event_id in ids:
             event = model.pending[event_id]
@@ -305,7 +330,12 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             return
         outcome, model.outcome = model.outcome, None
         calls = model.take_calls()
-        if outcome == "ok":
+        if outcome == "cancel_chunk":
+            assert type(error) is ChunkCancelledError, error
+            assert calls == []
+            assert model.session.status is SessionStatus.ACTIVE
+            model.count("cancelled")  # nothing committed; its events stay pending
+        elif outcome == "ok":
             assert error is None, error
             assert result == ChunkMetadata.from_tick(tick)
             assert calls == []
@@ -315,7 +345,8 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 del model.pending[event_id]
                 model.applied.add(event_id)
             if tick.applied_event_ids:
-                model.floor = tick.applied_event_ids[-1]
+                model.floor = max(model.floor, tick.applied_event_ids[-1])
+                model.settled = tick.applied_event_ids[-1]
             model.prompt = tick.prompt
             model.controls = {control.track: control for control in tick.controls}
             model.committed_indexes[-1].append(tick.chunk_index)
@@ -460,7 +491,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert isinstance(error, StaleEventError), error
             assert f"floor is {model.effective_floor}" in str(error)
             model.count("stale")
-        elif len(model.pending) >= MAX_PENDING:
+        elif not (superseded := self._superseded(model, event)) and len(model.pending) >= MAX_PENDING:
             assert isinstance(error, EventQueueFullError), error
             model.count("rejected_full")
         elif REFUSED_VALUE in controls.values():
@@ -469,10 +500,35 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             model.count("invalid")
         else:
             assert error is None, error
+            if superseded:
+                for old in superseded:
+                    del model.pending[old]
+                model.dropped.update(superseded)
+                model.floor = max(model.floor, superseded[-1])
+                model.count("dropped", len(superseded))
+                model.count("superseded", len(superseded))
+                detail = f"superseded by event {event_id}"
+                expected = (DroppedEvents(superseded, DropReason.SUPERSEDED, detail, event_id),)
+                assert model.session.take_dropped() == expected
             model.pending[event_id] = event
             model.accepted.add(event_id)
             model.window.append(event_id)
             assert answer == EventAcceptance(model.sid, event_id, EventAcceptanceStatus.ACCEPTED, len(model.pending))
+
+    def _superseded(self, model: Model, event: SessionEvent) -> tuple[int, ...]:
+        """The pending events ``event`` would supersede (the model's own reading of the rule)."""
+        tracks = {control.track for control in event.controls} & self.COALESCE
+        if not tracks:
+            return ()
+        in_flight = set(model.inflight.applied_event_ids) if model.inflight is not None else set()
+        return tuple(
+            old_id
+            for old_id, old in sorted(model.pending.items())
+            if old_id not in in_flight
+            and old_id < event.event_id
+            and old.prompt is None
+            and {control.track for control in old.controls} <= tracks
+        )
 
     def _idle(self) -> list[Model]:
         return [model for model in self.current.values() if model.tick_task is None]
@@ -521,6 +577,31 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         self.lifecycle.fail_close[model.sid] = cleanup_fails
         assert model.tick_task is not None
         model.tick_task.cancel()
+        self.pump()
+
+    @precondition(lambda self: self.current)
+    @rule(data=st.data(), refuse=sometimes)
+    def cancel_chunk(self, data: st.DataObject, refuse: bool) -> None:
+        """chunk.cancel: a chunk in flight is cancelled (or refused, changing nothing); else nothing to cancel."""
+        model = self._pick(data, active=False)
+        held = model.gate is not None and not model.gate.done()
+        in_flight = model.inflight.chunk_index if model.inflight is not None else None
+        self.consumer.refuse_cancel = refuse
+        index, error = self.run_now(model.session.cancel_chunk())
+        self.consumer.refuse_cancel = False
+        if model.status is not SessionStatus.ACTIVE:
+            assert isinstance(error, SessionStateError), error
+        elif not held:
+            assert isinstance(error, NothingToCancelError), error
+            assert error.code == "nothing_to_cancel"
+        elif refuse:
+            assert isinstance(error, CancelUnsupportedError), error
+            assert error.code == "cancel_unsupported"
+            assert model.gate is not None
+            assert not model.gate.done()
+        else:
+            assert error is None, error
+            assert index == in_flight is not None
         self.pump()
 
     @precondition(lambda self: self.current)
@@ -603,12 +684,18 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         for model in self.models:
             stats = model.session.stats
             observed = {name: model.counts.get(name, 0) for name in ("duplicate", "stale", "rejected_full", "invalid")}
-            observed |= {name: model.counts.get(name, 0) for name in ("dropped", "chunks", "failures", "resets")}
+            observed |= {
+                name: model.counts.get(name, 0)
+                for name in ("dropped", "superseded", "chunks", "cancelled", "failures", "resets")
+            }
             observed |= {"accepted": len(model.accepted), "applied": len(model.applied)}
             assert {name: getattr(stats, name) for name in observed} == observed
             assert stats.applied_latency.count == len(model.applied)
             total = total + stats
-        assert self.manager.stats() == total
+        summed = self.manager.stats()
+        # Latency totals are float sums: the manager adds them in another order than this loop.
+        assert summed.applied_latency.total == pytest.approx(total.applied_latency.total)
+        assert replace(summed, applied_latency=total.applied_latency) == total
         assert {session.session_id for session in self.manager} == set(self.registered)
         assert len(self.manager) == len(self.registered)
 
@@ -661,3 +748,13 @@ ControlPlaneMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestControlPlaneMachine = ControlPlaneMachine.TestCase
+
+
+class CoalescingControlPlaneMachine(ControlPlaneMachine):
+    """The same rules with ``cam`` and ``keys`` continuous (``mouse`` is not)."""
+
+    COALESCE = frozenset({"cam", "keys"})
+
+
+CoalescingControlPlaneMachine.TestCase.settings = ControlPlaneMachine.TestCase.settings
+TestCoalescingControlPlaneMachine = CoalescingControlPlaneMachine.TestCase

@@ -23,6 +23,8 @@ from worldserve.protocol import (
 )
 from worldserve.session import (
     TRANSITIONS,
+    CancelUnsupportedError,
+    ChunkCancelledError,
     ChunkMetadataError,
     ControlReducer,
     ControlValidator,
@@ -32,6 +34,7 @@ from worldserve.session import (
     EventAcceptanceStatus,
     EventQueueFullError,
     InvalidEventError,
+    NothingToCancelError,
     PreparedControls,
     Session,
     SessionError,
@@ -41,6 +44,7 @@ from worldserve.session import (
     SessionStateError,
     SessionStatus,
     StaleEventError,
+    TickCanceller,
     TickConsumer,
 )
 from worldserve.stats import HistogramSnapshot, SessionStats
@@ -56,6 +60,8 @@ __all__ = [
     "RESET_SESSION_RPC",
     "TICK_EXTRA_ARGS_KEY",
     "TRANSITIONS",
+    "CancelUnsupportedError",
+    "ChunkCancelledError",
     "ChunkMetadata",
     "ChunkMetadataError",
     "CollectiveRPCClient",
@@ -70,6 +76,7 @@ __all__ = [
     "FrozenMap",
     "HistogramSnapshot",
     "InvalidEventError",
+    "NothingToCancelError",
     "PreparedControls",
     "Session",
     "SessionError",
@@ -80,6 +87,7 @@ __all__ = [
     "SessionStats",
     "SessionStatus",
     "StaleEventError",
+    "TickCanceller",
     "TickConsumer",
     "TickRequest",
     "WorkerLifecycle",

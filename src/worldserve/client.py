@@ -339,6 +339,16 @@ class WorldClient:
         self._epoch = int(reply["epoch"])
         return self._epoch
 
+    async def cancel_chunk(self) -> int:
+        """Cancel the chunk being made; returns its ``chunk_index`` (the next chunk sent has that index).
+
+        The session stays at its last chunk; its events stay queued for the next one.
+        Raises :class:`WorldError` ``nothing_to_cancel`` (no chunk in flight) or
+        ``cancel_unsupported`` (the model cannot roll back; the chunk arrives as usual).
+        """
+        reply = await self._request({"type": "chunk.cancel"})
+        return int(reply["chunk_index"])
+
     async def ping(self) -> float:
         """Round-trip time in seconds."""
         started = time.perf_counter()

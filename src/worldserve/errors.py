@@ -27,6 +27,8 @@ __all__ = [
     "CODES",
     "AdmissionRefusedError",
     "BadModelOutputError",
+    "CancelUnsupportedError",
+    "ChunkCancelledError",
     "ChunkMetadataError",
     "CodeInfo",
     "DeadlineExceededError",
@@ -35,6 +37,7 @@ __all__ = [
     "Fault",
     "InvalidEventError",
     "ModelStepError",
+    "NothingToCancelError",
     "OutOfSyncError",
     "RPCTimeoutError",
     "RuntimeClosedError",
@@ -84,6 +87,9 @@ class ErrorCode(StrEnum):
     RESET_FAILED = "reset_failed"
     CLEANUP_FAILED = "cleanup_failed"
     CANCELLED = "cancelled"
+    CHUNK_CANCELLED = "chunk_cancelled"
+    NOTHING_TO_CANCEL = "nothing_to_cancel"
+    CANCEL_UNSUPPORTED = "cancel_unsupported"
     # The runtime.
     RUNTIME_ERROR = "runtime_error"
     ADMISSION_REFUSED = "admission_refused"
@@ -223,6 +229,27 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             _S, "lifecycle", "the worker could not release the session's state", "close again"
         ),
         ErrorCode.CANCELLED: _info(_S, "tick api", "the tick was cancelled (the session fails closed)", "reset"),
+        ErrorCode.CHUNK_CANCELLED: _info(
+            _C,
+            "api",
+            "`next_chunk()` gave no chunk: `cancel_chunk()` cancelled it (the session is still active at its last "
+            "commit, the chunk's events still queued)",
+            "call `next_chunk()` again",
+        ),
+        ErrorCode.NOTHING_TO_CANCEL: _info(
+            _C,
+            "message api",
+            "`chunk.cancel` while no chunk is being generated (or the one in flight has already been made and is "
+            "being committed)",
+            "nothing to do: that chunk arrives",
+        ),
+        ErrorCode.CANCEL_UNSUPPORTED: _info(
+            _C,
+            "message api",
+            "the model cannot roll a session back to its last commit (its spec says `can_rollback: false`), so the "
+            "chunk it is making cannot be cancelled; the session goes on",
+            "wait for the chunk",
+        ),
         ErrorCode.RUNTIME_ERROR: _info(
             _S, "tick start api", "the runtime failed in a way no other code names", "reset; report it"
         ),
@@ -326,6 +353,24 @@ class InvalidEventError(SessionError, ValueError):
     """The model cannot take an event's controls; raised at acceptance, not at its chunk."""
 
     code = ErrorCode.INVALID_CONTROL
+
+
+class ChunkCancelledError(SessionError):
+    """``next_chunk()`` made no chunk: ``cancel_chunk()`` cancelled it; the session stays active."""
+
+    code = ErrorCode.CHUNK_CANCELLED
+
+
+class NothingToCancelError(SessionError):
+    """No chunk is being generated that could still be cancelled."""
+
+    code = ErrorCode.NOTHING_TO_CANCEL
+
+
+class CancelUnsupportedError(SessionError):
+    """The backend cannot roll the session back to its last commit, so its chunk cannot be cancelled."""
+
+    code = ErrorCode.CANCEL_UNSUPPORTED
 
 
 class RuntimeFailure(SessionError):

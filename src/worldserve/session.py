@@ -7,7 +7,11 @@ drop. Events are *accepted* at once and *applied* only at the next chunk boundar
 as one sorted, immutable :class:`~worldserve.protocol.TickRequest`; a chunk commits
 only if the model's :class:`~worldserve.protocol.ChunkMetadata` equals its tick's.
 Any failure fails closed: the worker's state is released and only ``reset()`` or
-``close()`` go on.
+``close()`` go on. Two additions to the seed, both off unless asked for: a newer event
+*supersedes* queued events on continuous tracks (``coalesce_tracks``), so held controls
+never fill the queue, and ``cancel_chunk()`` abandons the chunk in flight, leaving the
+session active at its last commit with the chunk's events still queued (it needs a tick
+consumer with ``cancel_tick``).
 
 All state changes happen in synchronous code between ``await`` points, so on one
 event loop they are atomic without a lock; the one lock serializes the operations
@@ -29,10 +33,13 @@ from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
 from worldserve.errors import (
+    CancelUnsupportedError,
+    ChunkCancelledError,
     ChunkMetadataError,
     ErrorCode,
     EventQueueFullError,
     InvalidEventError,
+    NothingToCancelError,
     SessionError,
     SessionExistsError,
     SessionStateError,
@@ -43,6 +50,8 @@ from worldserve.stats import SessionCounters, SessionStats
 
 __all__ = [
     "TRANSITIONS",
+    "CancelUnsupportedError",
+    "ChunkCancelledError",
     "ChunkMetadataError",
     "ControlReducer",
     "ControlValidator",
@@ -52,6 +61,7 @@ __all__ = [
     "EventAcceptanceStatus",
     "EventQueueFullError",
     "InvalidEventError",
+    "NothingToCancelError",
     "PreparedControls",
     "Session",
     "SessionError",
@@ -62,6 +72,7 @@ __all__ = [
     "SessionStateError",
     "SessionStatus",
     "StaleEventError",
+    "TickCanceller",
     "TickConsumer",
 ]
 
@@ -99,6 +110,8 @@ class DropReason(StrEnum):
     RESET = "reset"
     CLOSED = "closed"
     FAILED = "failed"
+    #: replaced in the queue by a newer event on the same continuous tracks (see ``coalesce_tracks``)
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +121,8 @@ class DroppedEvents:
     event_ids: tuple[int, ...]
     reason: DropReason
     detail: str = ""
+    #: With ``SUPERSEDED``: the id of the event that superseded them.
+    superseded_by: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +171,29 @@ TickOutputT = TypeVar("TickOutputT")
 
 
 class TickConsumer(Protocol[TickOutputT]):
-    """Runs one immutable chunk-boundary tick (the engine, in production)."""
+    """Runs one immutable chunk-boundary tick (the engine, in production).
+
+    A consumer may also offer ``cancel_tick(tick) -> None`` (see :class:`TickCanceller`)
+    for :meth:`Session.cancel_chunk`; one without it cannot cancel a chunk.
+    """
 
     async def execute_tick(self, tick: TickRequest) -> TickOutputT: ...
 
     def chunk_metadata(self, output: TickOutputT) -> ChunkMetadata: ...
+
+
+class TickCanceller(Protocol):
+    """The optional half of a tick consumer that cancels a tick in flight.
+
+    ``cancel_tick(tick)`` either refuses at once, changing nothing (raises
+    :class:`NothingToCancelError` when the tick is already done, or
+    :class:`CancelUnsupportedError` when its backend cannot roll the session back), or
+    promises two things: the pending ``execute_tick(tick)`` raises
+    :class:`ChunkCancelledError`, and the backend's state of the session is back at the
+    end of chunk ``tick.chunk_index - 1`` before any later tick of it runs.
+    """
+
+    def cancel_tick(self, tick: TickRequest) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +295,7 @@ class Session(Generic[TickOutputT]):
         request_id_factory: Callable[[str, int], str] | None = None,
         control_reducer: ControlReducer | None = None,
         control_validator: ControlValidator | None = None,
+        coalesce_tracks: frozenset[str] = frozenset(),
     ) -> None:
         if not isinstance(session_id, str) or not session_id.strip():
             raise ValueError("session_id must be a non-empty string.")
@@ -272,6 +306,9 @@ class Session(Generic[TickOutputT]):
         self._request_id_factory = request_id_factory or _default_request_id
         self._control_reducer = control_reducer
         self._control_validator = control_validator
+        if not isinstance(coalesce_tracks, frozenset) or not all(isinstance(t, str) for t in coalesce_tracks):
+            raise ValueError(f"coalesce_tracks must be a frozenset of track names; got {coalesce_tracks!r}.")
+        self._coalesce_tracks = coalesce_tracks
 
         self._status = SessionStatus.ACTIVE
         # event_id -> (event, monotonic ns at acceptance)
@@ -279,6 +316,8 @@ class Session(Generic[TickOutputT]):
         self._recent_event_ids: OrderedDict[int, None] = OrderedDict()
         self._event_floor = -1
         self._inflight_event_floor: int | None = None
+        self._inflight_tick: TickRequest | None = None
+        self._cancelled_request: str | None = None  # the request id cancel_chunk() cancelled
         self._chunk_index = 0
         self._epoch = 0
         self._prompt: str | None = None
@@ -319,6 +358,16 @@ class Session(Generic[TickOutputT]):
     @property
     def max_pending_events(self) -> int:
         return self._max_pending_events
+
+    @property
+    def coalesce_tracks(self) -> frozenset[str]:
+        """The continuous tracks on which a newer event supersedes queued ones (none: the seed's queue)."""
+        return self._coalesce_tracks
+
+    @property
+    def chunk_in_flight(self) -> int | None:
+        """The index of the chunk being generated (``next_chunk()`` awaits it), or ``None``."""
+        return None if self._inflight_tick is None else self._inflight_tick.chunk_index
 
     @property
     def event_floor(self) -> int:
@@ -410,7 +459,11 @@ class Session(Generic[TickOutputT]):
         Raises :class:`StaleEventError` at or below the event floor (that of the
         tick in flight included), :class:`EventQueueFullError` when the queue is
         full, :class:`InvalidEventError` when the model refuses a control. A
-        composite event is admitted whole or not at all.
+        composite event is admitted whole or not at all. With ``coalesce_tracks``, an
+        accepted event supersedes the queued events it makes redundant -- not in the tick
+        in flight, a lower id, no prompt, every track they update continuous and updated
+        by it -- which are dropped with reason ``superseded`` (so a held control never
+        fills the queue).
         """
         if not isinstance(event, SessionEvent):
             raise TypeError("event must be a SessionEvent.")
@@ -424,7 +477,8 @@ class Session(Generic[TickOutputT]):
         if event_id <= floor:
             counters.stale += 1
             raise StaleEventError(f"event_id {event_id} is stale; the session event floor is {floor}.")
-        if len(self._pending) >= self._max_pending_events:
+        superseded = self._superseded_by(event) if self._coalesce_tracks else ()
+        if not superseded and len(self._pending) >= self._max_pending_events:
             counters.rejected_full += 1
             raise EventQueueFullError(
                 f"session {self.session_id!r} event queue is full ({self._max_pending_events} pending)."
@@ -435,6 +489,16 @@ class Session(Generic[TickOutputT]):
             except ValueError as error:
                 counters.invalid += 1
                 raise InvalidEventError(f"event {event_id} refused: {error}") from error
+        if superseded:
+            for old_id in superseded:
+                del self._pending[old_id]
+            # The floor moves past them (a re-sent one is stale, never applied after all).
+            self._event_floor = max(self._event_floor, superseded[-1])
+            self._dropped.append(
+                DroppedEvents(superseded, DropReason.SUPERSEDED, f"superseded by event {event_id}", event_id)
+            )
+            counters.dropped += len(superseded)
+            counters.superseded += len(superseded)
         self._pending[event_id] = (event, time.monotonic_ns())
         recent = self._recent_event_ids
         recent[event_id] = None
@@ -442,6 +506,25 @@ class Session(Generic[TickOutputT]):
             recent.popitem(last=False)
         counters.accepted += 1
         return EventAcceptance(self.session_id, event_id, EventAcceptanceStatus.ACCEPTED, len(self._pending))
+
+    def _superseded_by(self, event: SessionEvent) -> tuple[int, ...]:
+        """The queued events ``event`` supersedes, in id order: not in the tick in flight, a
+        lower id, no prompt, and every track they update continuous and updated by ``event``.
+
+        Applying ``event`` after them leaves the same snapshot as applying them all (the
+        last control per track wins), so dropping them changes no chunk.
+        """
+        tracks = self._coalesce_tracks.intersection(control.track for control in event.controls)
+        if not tracks:
+            return ()
+        after = -1 if self._inflight_event_floor is None else self._inflight_event_floor
+        return tuple(
+            old_id
+            for old_id in sorted(self._pending)
+            if after < old_id < event.event_id
+            and (old := self._pending[old_id][0]).prompt is None
+            and all(control.track in tracks for control in old.controls)
+        )
 
     # -- chunks ------------------------------------------------------------------------
 
@@ -503,7 +586,8 @@ class Session(Generic[TickOutputT]):
             _, accepted_at = self._pending.pop(event_id)
             counters.applied_latency.observe((now - accepted_at) / 1e9)
         if tick.applied_event_ids:
-            self._event_floor = tick.applied_event_ids[-1]
+            # max: events superseded while this tick ran may have moved the floor past its ids
+            self._event_floor = max(self._event_floor, tick.applied_event_ids[-1])
             counters.applied += len(tick.applied_event_ids)
         self._prompt = tick.prompt
         self._controls = controls
@@ -541,10 +625,15 @@ class Session(Generic[TickOutputT]):
             raise asyncio.CancelledError
 
     async def next_chunk(self) -> TickOutputT:
-        """Snapshot the pending events, run one tick, and commit it atomically."""
+        """Snapshot the pending events, run one tick, and commit it atomically.
+
+        Raises :class:`ChunkCancelledError` (the session stays active, nothing committed,
+        the tick's events still pending) when :meth:`cancel_chunk` cancelled this tick.
+        """
         async with self._tick_lock:
             self._require(SessionStatus.ACTIVE)
             tick, controls, prepared = self._build_tick()
+            self._inflight_tick = tick
             try:
                 output = await self._tick_consumer.execute_tick(tick)
                 metadata = self._tick_consumer.chunk_metadata(output)
@@ -554,10 +643,48 @@ class Session(Generic[TickOutputT]):
                         f"{ChunkMetadata.from_tick(tick)!r}, got {metadata!r}."
                     )
                 self._commit_tick(tick, controls, prepared)
+            except ChunkCancelledError:
+                self._inflight_tick = None
+                if self._cancelled_request != tick.request_id:
+                    await self._fail_tick(ChunkCancelledError("the tick consumer cancelled a tick nobody cancelled"))
+                    raise
+                # Back to the last commit: nothing of the tick is kept, its events stay pending.
+                self._cancelled_request = None
+                self._inflight_event_floor = None
+                self._counters.cancelled += 1
+                raise
             except BaseException as error:
+                self._inflight_tick = None
+                self._cancelled_request = None
                 await self._fail_tick(error)
                 raise
+            self._inflight_tick = None
+            self._cancelled_request = None
             return output
+
+    async def cancel_chunk(self) -> int:
+        """Cancel the chunk being generated; return its index.
+
+        The pending ``next_chunk()`` raises :class:`ChunkCancelledError`; the session stays
+        active at its last commit (same ``chunk_index``, prompt and controls), the
+        cancelled tick's events stay pending and go, in order, into the next chunk, and
+        the backend rolls the session's state back (the tick consumer's ``cancel_tick``).
+        Refused, changing nothing: :class:`NothingToCancelError` when no chunk is in flight
+        (or its result is already in), :class:`CancelUnsupportedError` when the consumer
+        or its model cannot roll back, :class:`SessionStateError` unless ``active``. An
+        asyncio cancellation of ``next_chunk()`` is another thing: it fails the session
+        closed, as in the seed.
+        """
+        self._require(SessionStatus.ACTIVE)
+        tick = self._inflight_tick
+        if tick is None or self._cancelled_request == tick.request_id:
+            raise NothingToCancelError(f"session {self.session_id!r} is not generating a chunk.")
+        cancel_tick = getattr(self._tick_consumer, "cancel_tick", None)
+        if not callable(cancel_tick):
+            raise CancelUnsupportedError(f"session {self.session_id!r}'s tick consumer cannot cancel a chunk.")
+        cancel_tick(tick)  # raises (changing nothing) or promises the rollback
+        self._cancelled_request = tick.request_id
+        return tick.chunk_index
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -633,6 +760,7 @@ class SessionManager(Generic[TickOutputT]):
         session_id_factory: Callable[[], str] | None = None,
         control_reducer_factory: Callable[[], ControlReducer] | None = None,
         control_validator: ControlValidator | None = None,
+        coalesce_tracks: frozenset[str] = frozenset(),
     ) -> None:
         self._tick_consumer = tick_consumer
         self._lifecycle = lifecycle
@@ -641,6 +769,7 @@ class SessionManager(Generic[TickOutputT]):
         self._session_id_factory = session_id_factory or (lambda: uuid.uuid4().hex)
         self._control_reducer_factory = control_reducer_factory
         self._control_validator = control_validator
+        self._coalesce_tracks = coalesce_tracks
         self._sessions: dict[str, Session[TickOutputT]] = {}
         self._retired = SessionStats()
 
@@ -662,6 +791,7 @@ class SessionManager(Generic[TickOutputT]):
             request_id_factory=self._request_id_factory,
             control_reducer=self._control_reducer_factory() if self._control_reducer_factory else None,
             control_validator=self._control_validator,
+            coalesce_tracks=self._coalesce_tracks,
         )
         self._sessions[resolved] = session
         return session

@@ -98,9 +98,11 @@ class SessionStats:
 
     ``accepted``/``duplicate``/``stale``/``rejected_full``/``invalid``: answers of
     ``accept_event`` (the last three raised); ``applied``: events committed in a chunk;
-    ``dropped``: accepted events discarded by a reset, a close or a failure (each is
-    applied or dropped exactly once); ``chunks``: committed chunks; ``failures``: times
-    the session became ``failed`` (a tick or a reset failed); ``resets``: successful
+    ``dropped``: accepted events discarded by a reset, a close, a failure or a successor
+    (each is applied or dropped exactly once); ``superseded``: those of ``dropped`` that a
+    newer event on the same continuous tracks replaced in the queue; ``chunks``:
+    committed chunks; ``cancelled``: chunks cancelled by ``cancel_chunk()``; ``failures``:
+    times the session became ``failed`` (a tick or a reset failed); ``resets``: successful
     resets; ``applied_latency``: seconds from acceptance to the commit that applied it.
     """
 
@@ -111,7 +113,9 @@ class SessionStats:
     invalid: int = 0
     applied: int = 0
     dropped: int = 0
+    superseded: int = 0
     chunks: int = 0
+    cancelled: int = 0
     failures: int = 0
     resets: int = 0
     applied_latency: HistogramSnapshot = _NO_LATENCIES
@@ -128,6 +132,7 @@ class SessionCounters:
         "accepted",
         "applied",
         "applied_latency",
+        "cancelled",
         "chunks",
         "dropped",
         "duplicate",
@@ -136,6 +141,7 @@ class SessionCounters:
         "rejected_full",
         "resets",
         "stale",
+        "superseded",
     )
 
     def __init__(self) -> None:
@@ -146,7 +152,9 @@ class SessionCounters:
         self.invalid = 0
         self.applied = 0
         self.dropped = 0
+        self.superseded = 0
         self.chunks = 0
+        self.cancelled = 0
         self.failures = 0
         self.resets = 0
         self.applied_latency = LatencyHistogram()
@@ -160,7 +168,9 @@ class SessionCounters:
             invalid=self.invalid,
             applied=self.applied,
             dropped=self.dropped,
+            superseded=self.superseded,
             chunks=self.chunks,
+            cancelled=self.cancelled,
             failures=self.failures,
             resets=self.resets,
             applied_latency=self.applied_latency.snapshot(),

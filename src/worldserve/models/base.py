@@ -1,6 +1,7 @@
 """The model interface: what a world-model adapter gives the runtime.
 
-Owns: :class:`WorldModel` (the protocol an adapter implements), :class:`ModelSpec`
+Owns: :class:`WorldModel` (the protocol an adapter implements), :class:`RollbackModel`
+(the optional snapshot/restore an adapter adds so a chunk in flight can be cancelled), :class:`ModelSpec`
 and :class:`ControlSchema` (what a model declares: size, rate, controls, batch limit,
 bytes of state per session), :class:`SessionOptions` (how a session's world starts)
 and :class:`SpecControlValidator`, which refuses a control the model cannot take
@@ -23,6 +24,7 @@ from worldserve.protocol import ControlInput, FrozenMap, TickRequest, freeze_tra
 __all__ = [
     "ControlSchema",
     "ModelSpec",
+    "RollbackModel",
     "SessionOptions",
     "SpecControlValidator",
     "WorldModel",
@@ -76,6 +78,12 @@ class ModelSpec:
     #: The arithmetic the model runs in ("float32", "bfloat16", ...); frames are exactly
     #: reproducible only at the same precision on the same machine.
     precision: str = ""
+    #: Tracks whose control is *state* (held keys, a camera velocity), not a command: only
+    #: the latest value matters, so a newer event on them may supersede queued ones.
+    continuous_tracks: tuple[str, ...] = ()
+    #: True when the model implements :class:`RollbackModel`, so the runtime can put a
+    #: session back at its last commit and cancel the chunk it is making.
+    can_rollback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
@@ -84,13 +92,20 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
         if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
             raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
-        if type(self.atomic_step) is not bool:
-            raise ValueError(f"ModelSpec.atomic_step must be a bool; got {self.atomic_step!r}.")
+        for flag in ("atomic_step", "can_rollback"):
+            if type(getattr(self, flag)) is not bool:
+                raise ValueError(f"ModelSpec.{flag} must be a bool; got {getattr(self, flag)!r}.")
         if not self.fps > 0:
             raise ValueError(f"ModelSpec.fps must be positive; got {self.fps!r}.")
         tracks = [control.track for control in self.controls]
         if len(tracks) != len(set(tracks)):
             raise ValueError("ModelSpec.controls must declare each track once.")
+        object.__setattr__(self, "continuous_tracks", tuple(self.continuous_tracks))
+        unknown = [track for track in self.continuous_tracks if track not in tracks]
+        if unknown or len(set(self.continuous_tracks)) != len(self.continuous_tracks):
+            raise ValueError(
+                f"ModelSpec.continuous_tracks must name declared tracks once each; got {self.continuous_tracks!r}."
+            )
 
     @property
     def chunk_seconds(self) -> float:
@@ -118,6 +133,8 @@ class ModelSpec:
             "description": self.description,
             "version": self.version,
             "precision": self.precision,
+            "continuous_tracks": list(self.continuous_tracks),
+            "can_rollback": self.can_rollback,
         }
 
 
@@ -170,6 +187,22 @@ class WorldModel(Protocol):
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]: ...
 
     def release(self, state: Any) -> None: ...
+
+
+@runtime_checkable
+class RollbackModel(Protocol):
+    """What a model adds to let the runtime cancel a chunk in flight (``spec.can_rollback``).
+
+    ``snapshot(state)`` is called before each step of the state and returns whatever
+    the model needs to undo that step (keep it small: it is taken on every step);
+    ``restore(state, snapshot)`` undoes the step and returns the state to keep (the
+    same object or another). The snapshot is taken even if the step then raises; a
+    restore is only asked for after a step that succeeded.
+    """
+
+    def snapshot(self, state: Any) -> Any: ...
+
+    def restore(self, state: Any, snapshot: Any) -> Any: ...
 
 
 class SpecControlValidator:

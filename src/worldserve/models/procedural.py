@@ -4,6 +4,7 @@ Owns: :class:`ProceduralModel`, a :class:`~worldserve.models.base.WorldModel` wh
 per-session state is a view position (and an optional start image pasted into the
 world at the start view). Frames depend only on the world seed, the start options
 and the applied snapshots, so tests can check which events reached which chunk.
+Rolling a session back (to cancel a chunk) restores its view position.
 Cheap: a 48x48 frame costs about 0.2 ms, which makes it the load-test model.
 
 Must not know: sessions, engines, transports.
@@ -19,6 +20,7 @@ import numpy.typing as npt
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.world import (
+    CONTINUOUS_TRACKS,
     CONTROL_SCHEMAS,
     DEFAULT_STYLE,
     STYLES,
@@ -75,6 +77,8 @@ class ProceduralModel:
             atomic_step=True,
             version=WORLD_VERSION,
             precision="exact",
+            continuous_tracks=CONTINUOUS_TRACKS,
+            can_rollback=True,
         )
 
     @property
@@ -108,6 +112,18 @@ class ProceduralModel:
         for state, motion in moved:
             state.motion = motion
         return outputs
+
+    def snapshot(self, state: Any) -> Motion:
+        """The view position before a step (a step replaces ``state.motion``, never mutates it)."""
+        if not isinstance(state, ProceduralState):
+            raise TypeError(f"procedural model got a foreign state: {type(state).__name__}")
+        return state.motion
+
+    def restore(self, state: Any, snapshot: Any) -> ProceduralState:
+        if not isinstance(state, ProceduralState) or not isinstance(snapshot, Motion):
+            raise TypeError("procedural model got a foreign state or snapshot.")
+        state.motion = snapshot
+        return state
 
     def release(self, state: Any) -> None:
         if isinstance(state, ProceduralState):

@@ -25,6 +25,7 @@ from worldserve.protocol import ControlInput
 
 __all__ = [
     "CAMERA_SCHEMA",
+    "CONTINUOUS_TRACKS",
     "CONTROL_SCHEMAS",
     "DEFAULT_STYLE",
     "KEYS_SCHEMA",
@@ -93,6 +94,9 @@ CAMERA_SCHEMA = ControlSchema(
 )
 
 CONTROL_SCHEMAS: tuple[ControlSchema, ...] = (KEYS_SCHEMA, CAMERA_SCHEMA)
+
+#: Both tracks are state (the keys held now, the camera's pan velocity), not commands.
+CONTINUOUS_TRACKS: tuple[str, ...] = (KEYS_SCHEMA.track, CAMERA_SCHEMA.track)
 
 
 def keys_control(*held: str) -> ControlInput:

@@ -73,6 +73,9 @@ class RuntimeConfig:
     ray_num_cpus: float = 1.0
     ray_num_gpus: float | None = None
     ray_resources: Mapping[str, float] = field(default_factory=dict)
+    #: A newer event supersedes queued events on the tracks the model marks continuous
+    #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
+    coalesce_controls: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -98,6 +101,8 @@ class RuntimeConfig:
             or self.threads_per_worker < 1
         ):
             raise ValueError(f"threads_per_worker must be a positive integer or None; got {self.threads_per_worker!r}.")
+        if type(self.coalesce_controls) is not bool:
+            raise ValueError(f"coalesce_controls must be a bool; got {self.coalesce_controls!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
 
@@ -195,6 +200,13 @@ class RuntimeConfig:
             metavar="NAME=AMOUNT",
             help="--executor ray: a custom Ray resource each worker reserves (repeatable)",
         )
+        group.add_argument(
+            "--no-coalesce-controls",
+            dest="coalesce_controls",
+            action="store_false",
+            help="queue every held-key/camera event as the seed does (by default a newer event on the model's "
+            "continuous tracks supersedes queued ones, reported dropped with reason superseded)",
+        )
 
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
@@ -220,6 +232,7 @@ class RuntimeConfig:
             ray_num_cpus=namespace.ray_num_cpus,
             ray_num_gpus=namespace.ray_num_gpus,
             ray_resources=dict(_parse_resource(item) for item in namespace.ray_resource),
+            coalesce_controls=namespace.coalesce_controls,
         )
 
 

@@ -7,7 +7,9 @@ worker), the chunk clock of each worker (:mod:`~worldserve.runtime.clock`: the i
 its paced sessions issue ticks at, stretched when the worker falls behind, and the step
 times admission weighs against the period), tick deadlines (a late tick fails at once, its session fails closed),
 hung-worker kills, worker deaths (only the dead worker's sessions fail, with
-``worker_died``, and a replacement starts), lifecycle RPCs in the shape
+``worker_died``, and a replacement starts), cancelling a tick (``cancel_tick``: a
+queued one leaves its queue; a running one's result is discarded and its worker told
+to roll the state back before any later call), lifecycle RPCs in the shape
 :class:`~worldserve.lifecycle.WorkerLifecycle` accepts, and the engine counters. It
 delegates placing sessions to :class:`~worldserve.runtime.admission.Admission`.
 
@@ -23,7 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from worldserve.errors import SessionExistsError
+from worldserve.errors import CancelUnsupportedError, ChunkCancelledError, NothingToCancelError, SessionExistsError
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
@@ -38,7 +40,7 @@ from worldserve.runtime.errors import (
     error_from_code,
 )
 from worldserve.runtime.executor.abstract import Executor
-from worldserve.runtime.messages import StepReport, TickOutput
+from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, StepReport, TickOutput
 from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
 from worldserve.runtime.runner import ADMIT, STEP
@@ -50,7 +52,7 @@ __all__ = ["Engine", "EngineConfig"]
 _log = logging.getLogger(__name__)
 
 #: Runner methods only the engine may call (they would bypass batching, affinity and admission).
-_ENGINE_ONLY = frozenset({STEP, ADMIT})
+_ENGINE_ONLY = frozenset({STEP, ADMIT, ROLLBACK_SESSION_RPC})
 
 
 def _optional_positive(value: float | None, name: str) -> None:
@@ -315,6 +317,56 @@ class Engine:
             f"{predicted * 1000:.0f} ms, over {budget * 1000:.0f} ms of the "
             f"{worker.clock.nominal * 1000:.0f} ms period)"
         )
+
+    def cancel_tick(self, tick: TickRequest) -> None:
+        """Cancel ``tick`` (the control plane's :class:`~worldserve.session.TickCanceller`).
+
+        Its ``execute_tick`` raises :class:`ChunkCancelledError` at once. A tick still
+        queued just leaves the queue (its worker never saw it). A running one cannot be
+        stopped mid-step: its result will be discarded, and its worker is told now to roll
+        the session's state back to before it, which the worker does right after the step
+        and before any later call (calls to a worker run in order). Refused, changing
+        nothing: :class:`NothingToCancelError` when the tick is not waiting for its
+        result here, :class:`CancelUnsupportedError` for a running tick when the model
+        cannot roll back (``spec.can_rollback``).
+        """
+        self._require_running()
+        route = self._router.find(tick.session_id)
+        worker = None if route is None or route.worker is None else self._workers[route.worker]
+        if worker is not None:
+            for entry in worker.queue:
+                if entry.item.tick is tick and not entry.item.future.done():
+                    worker.queue.discard(entry)
+                    self._cancelled(entry.item)
+                    return
+            for entry in worker.running or ():
+                if entry.item.tick is tick and not entry.item.future.done():
+                    if not self.spec.can_rollback:
+                        raise CancelUnsupportedError(
+                            f"model {self.spec.name!r} cannot roll a session back, so chunk {tick.chunk_index} of "
+                            f"session {tick.session_id!r}, being made now, cannot be cancelled."
+                        )
+                    args = (tick.session_id, tick.chunk_index)
+                    future = self._executor.call(worker.index, ROLLBACK_SESSION_RPC, args)
+                    future.add_done_callback(self._on_rollback_done)
+                    self._cancelled(entry.item)
+                    return
+        raise NothingToCancelError(
+            f"chunk {tick.chunk_index} of session {tick.session_id!r} is not being made (it is done, or failed)."
+        )
+
+    def _cancelled(self, pending: _Tick) -> None:
+        self._counters.ticks_cancelled += 1
+        tick = pending.tick
+        pending.future.set_exception(
+            ChunkCancelledError(f"chunk {tick.chunk_index} of session {tick.session_id!r} was cancelled.")
+        )
+
+    def _on_rollback_done(self, done: asyncio.Future[Any]) -> None:
+        # False or an error: the worker released the state (or lost it); the next tick says so.
+        if done.cancelled() or done.exception() is not None or done.result() is not True:
+            self._counters.rollbacks_failed += 1
+            _log.warning("a cancelled chunk's state could not be rolled back: %r", done)
 
     # -- batching ------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Owns: :class:`WorkerConfig` (how a worker builds its model and runner), the per-tick
 results of a step (:class:`TickOutput`, :class:`TickFailure`), :class:`StepReport`
-(one step's results plus its compute time) and :class:`ResidencyReport`. All are
+(one step's results plus its compute time), :class:`ResidencyReport` and the name of the
+runner call that undoes a session's last step (:data:`ROLLBACK_SESSION_RPC`). All are
 frozen and picklable; frames travel as numpy arrays.
 
 Must not know: asyncio, pipes, sessions' logic.
@@ -19,7 +20,18 @@ import numpy.typing as npt
 
 from worldserve.protocol import ChunkMetadata
 
-__all__ = ["ResidencyLimits", "ResidencyReport", "StepReport", "TickFailure", "TickOutput", "WorkerConfig"]
+__all__ = [
+    "ROLLBACK_SESSION_RPC",
+    "ResidencyLimits",
+    "ResidencyReport",
+    "StepReport",
+    "TickFailure",
+    "TickOutput",
+    "WorkerConfig",
+]
+
+#: The runner call that undoes a session's last step (the engine's, to cancel a chunk in flight).
+ROLLBACK_SESSION_RPC = "rollback_ar_diffusion_session"
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,8 @@ class EngineStats:
     worker_restarts: int
     worker_restart_failures: int
     workers_killed_hung: int
+    ticks_cancelled: int  # by cancel_tick (a chunk.cancel)
+    rollbacks_failed: int  # a cancelled tick's state could not be rolled back (the session's next tick fails)
     # gauges
     sessions: int
     resident: tuple[int, ...]  # per worker
@@ -79,9 +81,11 @@ class EngineCounters:
         "deadline_exceeded",
         "evictions",
         "overhead",
+        "rollbacks_failed",
         "tick_failures",
         "tick_latency",
         "ticks",
+        "ticks_cancelled",
         "worker_deaths",
         "worker_restart_failures",
         "worker_restarts",
@@ -104,6 +108,8 @@ class EngineCounters:
         self.worker_restarts = 0
         self.worker_restart_failures = 0
         self.workers_killed_hung = 0
+        self.ticks_cancelled = 0
+        self.rollbacks_failed = 0
 
     def snapshot(
         self, *, sessions: int, resident: tuple[int, ...], queued_ticks: int, workers_alive: int
@@ -124,6 +130,8 @@ class EngineCounters:
             worker_restarts=self.worker_restarts,
             worker_restart_failures=self.worker_restart_failures,
             workers_killed_hung=self.workers_killed_hung,
+            ticks_cancelled=self.ticks_cancelled,
+            rollbacks_failed=self.rollbacks_failed,
             sessions=sessions,
             resident=resident,
             queued_ticks=queued_ticks,

@@ -4,8 +4,12 @@ Owns, inside one worker: ``session_id -> state`` with each session's
 :class:`~worldserve.models.SessionOptions` and its own chunk count; residency (a
 count and a byte budget from ``spec.state_bytes``; idle sessions evicted least
 recently used, sessions the caller pins never; a refused admission raised at once);
-fail-closed release of states whose tick failed; and the lifecycle RPC methods
-``reset_ar_diffusion_session`` / ``close_ar_diffusion_session``.
+fail-closed release of states whose tick failed; the lifecycle RPC methods
+``reset_ar_diffusion_session`` / ``close_ar_diffusion_session``; and, for a model with
+``spec.can_rollback``, each session's undo record of its last step (the model's
+``snapshot`` taken before it, kept until the next step) and
+``rollback_ar_diffusion_session``, which undoes that step when the engine cancelled its
+chunk.
 
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
@@ -28,10 +32,17 @@ from typing import Any
 import numpy as np
 
 from worldserve.errors import ErrorCode
-from worldserve.models.base import ModelSpec, SessionOptions, WorldModel
+from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
-from worldserve.runtime.messages import ResidencyLimits, ResidencyReport, StepReport, TickFailure, TickOutput
+from worldserve.runtime.messages import (
+    ROLLBACK_SESSION_RPC,
+    ResidencyLimits,
+    ResidencyReport,
+    StepReport,
+    TickFailure,
+    TickOutput,
+)
 
 __all__ = ["ADMIT", "RUNNER_RPC_METHODS", "STEP", "ModelRunner"]
 
@@ -51,6 +62,7 @@ RUNNER_RPC_METHODS = frozenset(
         "close_ar_diffusion_session",
         "resident_sessions",
         "residency",
+        ROLLBACK_SESSION_RPC,
     }
 )
 
@@ -58,12 +70,13 @@ _MAX_TOMBSTONES = 4096
 
 
 class _Resident:
-    __slots__ = ("next_chunk", "options", "state")
+    __slots__ = ("next_chunk", "options", "state", "undo")
 
     def __init__(self, state: Any, options: SessionOptions) -> None:
         self.state = state
         self.options = options
         self.next_chunk = 0
+        self.undo: tuple[int, Any] | None = None  # (chunk index of the last step, the model's snapshot before it)
 
 
 class ModelRunner:
@@ -79,6 +92,11 @@ class ModelRunner:
         self._tombstones: OrderedDict[str, None] = OrderedDict()  # evicted, not yet reset/closed
         self._evictions = 0
         self._compute_s = 0.0  # time inside model.step during the current step call
+        self._rollback: RollbackModel | None = None
+        if self._spec.can_rollback:
+            if not isinstance(model, RollbackModel):
+                raise TypeError(f"model {self._spec.name!r} declares can_rollback but has no snapshot/restore.")
+            self._rollback = model
 
     @property
     def spec(self) -> ModelSpec:
@@ -193,6 +211,27 @@ class ModelRunner:
             self._release(session_id, resident)
         return True
 
+    def rollback_ar_diffusion_session(self, session_id: str, chunk_index: int) -> bool:
+        """Undo the session's step that made chunk ``chunk_index`` (its last one): its state and
+        chunk count are as before that step. ``False`` when it cannot be undone (the session
+        holds no state here, its last step was another chunk, or the model cannot roll
+        back); then the state is released, so the session's next tick fails with a code."""
+        resident = self._resident.get(session_id)
+        if resident is None:
+            return False
+        undo, resident.undo = resident.undo, None
+        if self._rollback is None or undo is None or undo[0] != chunk_index or resident.next_chunk != chunk_index + 1:
+            self._drop(session_id)
+            return False
+        try:
+            resident.state = self._rollback.restore(resident.state, undo[1])
+        except Exception:
+            _log.exception("model %r failed to roll back session %r", self._spec.name, session_id)
+            self._drop(session_id)
+            return False
+        resident.next_chunk = chunk_index
+        return True
+
     # -- ticks ---------------------------------------------------------------------------
 
     def step(self, ticks: Sequence[TickRequest]) -> StepReport:
@@ -259,6 +298,9 @@ class ModelRunner:
     def _run(self, group: list[tuple[int, str, _Resident, TickRequest]]) -> list[TickOutput | TickFailure]:
         began = time.perf_counter()
         try:
+            if self._rollback is not None:
+                for _, _, resident, tick in group:
+                    resident.undo = (tick.chunk_index, self._rollback.snapshot(resident.state))
             envelopes = self._model.step([(resident.state, tick) for _, _, resident, tick in group])
         except Exception as error:
             self._compute_s += time.perf_counter() - began

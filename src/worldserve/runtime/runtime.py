@@ -2,8 +2,9 @@
 
 Owns: :class:`Runtime` -- builds the executor and :class:`~worldserve.runtime.engine.Engine`
 from a :class:`~worldserve.runtime.config.RuntimeConfig`, a
-:class:`~worldserve.session.SessionManager` that ticks through the engine and validates
-controls with the model's spec at acceptance, and a
+:class:`~worldserve.session.SessionManager` that ticks (and cancels ticks) through the
+engine, validates controls with the model's spec at acceptance and coalesces the
+model's continuous tracks (unless ``coalesce_controls`` is off), and a
 :class:`~worldserve.lifecycle.WorkerLifecycle` over the engine's ``collective_rpc``.
 Creating a session admits it at once (or refuses it); closing one through the runtime
 also drops its routing.
@@ -79,6 +80,7 @@ class Runtime:
             lifecycle=WorkerLifecycle(self.engine, stage_ids=[0], timeout=self.config.rpc_timeout_s),
             max_pending_events=self.config.max_pending_events,
             control_validator=SpecControlValidator(self.engine.spec),
+            coalesce_tracks=frozenset(self.engine.spec.continuous_tracks if self.config.coalesce_controls else ()),
         )
         return self
 

@@ -33,6 +33,8 @@ from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldH
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import (
     ChunkAck,
+    ChunkCancel,
+    ChunkCancelled,
     ClientMessageError,
     ErrorMessage,
     InputAccepted,
@@ -244,6 +246,7 @@ class Connection:
             SessionClose: self._on_close,
             Ping: self._on_ping,
             ChunkAck: self._on_ack,
+            ChunkCancel: self._on_cancel,
             SessionResume: self._on_resume,
             SessionJoin: self._on_join,
         }
@@ -446,6 +449,10 @@ class Connection:
                 detail = str(error)
             await self._error(code, detail, message_id=message.id, event_id=message.event_id)
             return
+        # Events this one superseded, if any, go out just before its input.accepted: once the
+        # client has its reply it has every notice about the queue it changed (a socket lost
+        # right after the reply loses nothing it must know).
+        host.forward_dropped()
         await self._send(
             InputAccepted(
                 id=message.id,
@@ -454,6 +461,22 @@ class Connection:
                 pending=acceptance.pending_event_count,
             )
         )
+
+    async def _on_cancel(self, message: ChunkCancel) -> None:
+        member = self._current()
+        if member is None:
+            await self._error(ErrorCode.NO_SESSION, "send session.start first.", message_id=message.id)
+            return
+        if not member.can_control:
+            await self._error(ErrorCode.NOT_CONTROLLER, "viewers cannot cancel chunks.", message_id=message.id)
+            return
+        try:
+            chunk_index = await member.host.session.cancel_chunk()
+        except SessionError as error:
+            await self._error(_wire_code(error, ErrorCode.INVALID_STATE), str(error), message_id=message.id)
+            return
+        # The world's generator sees ChunkCancelledError and makes that chunk again.
+        await self._send(ChunkCancelled(id=message.id, chunk_index=chunk_index))
 
     async def _on_reset(self, message: SessionReset) -> None:
         member = self._current()

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import ErrorCode, StaleEventError
+from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
@@ -427,7 +427,15 @@ class WorldHost:
                     else:
                         wires.append(wire)
                 if wires:
-                    member.post(InputDropped(event_ids=wires, reason=record.reason.value, detail=record.detail))
+                    detail = record.detail
+                    if record.superseded_by is not None:  # name the successor in this member's own ids
+                        successor = member.wire_of.get(record.superseded_by)
+                        detail = (
+                            "superseded by another controller's event"
+                            if successor is None
+                            else f"superseded by event {successor}"
+                        )
+                    member.post(InputDropped(event_ids=wires, reason=record.reason.value, detail=detail))
 
     def _report_failure(self, *, requester: Member | None = None, message_id: str | None = None) -> None:
         """Send ``session.failed`` once per failure to each member, with its events the world can no longer apply.
@@ -592,6 +600,8 @@ class WorldHost:
                 chunk = await session.next_chunk()
             except SessionStateError:
                 continue  # a reset or close got in first
+            except ChunkCancelledError:
+                continue  # chunk.cancel: the session is back at its last commit; make the chunk again
             except Exception:
                 self._report_failure()
                 continue

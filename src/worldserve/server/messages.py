@@ -23,12 +23,15 @@ __all__ = [
     "MAX_CONTROLS",
     "MAX_PROMPT_CHARS",
     "ChunkAck",
+    "ChunkCancel",
+    "ChunkCancelled",
     "ChunkFrames",
     "ChunkMessage",
     "ChunkSkipped",
     "ClientMessage",
     "ClientMessageError",
     "ControlModel",
+    "DroppedReason",
     "ErrorCode",
     "ErrorMessage",
     "InputAccepted",
@@ -161,6 +164,12 @@ class Ping(_ClientMessage):
     type: Literal["ping"]
 
 
+class ChunkCancel(_ClientMessage):
+    """Cancel the chunk being generated: the session goes on from its last commit, its events still queued."""
+
+    type: Literal["chunk.cancel"]
+
+
 class ChunkAck(_ClientMessage):
     """The client has played (or consumed) the chunk with this ``seq``; drives backpressure."""
 
@@ -169,7 +178,15 @@ class ChunkAck(_ClientMessage):
 
 
 ClientMessage = Annotated[
-    SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | SessionResume | SessionJoin,
+    SessionStart
+    | InputEvent
+    | SessionReset
+    | SessionClose
+    | Ping
+    | ChunkAck
+    | SessionResume
+    | SessionJoin
+    | ChunkCancel,
     Field(discriminator="type"),
 ]
 
@@ -266,10 +283,17 @@ class ChunkMessage(_ServerMessage):
     )
 
 
+#: ``input.dropped``'s reasons: :class:`worldserve.session.DropReason`'s values.
+DroppedReason = Literal["reset", "closed", "failed", "superseded"]
+
+
 class InputDropped(_ServerMessage):
     type: Literal["input.dropped"] = "input.dropped"
     event_ids: list[int]
-    reason: Literal["reset", "closed", "failed"]
+    reason: DroppedReason = Field(
+        description="superseded: a newer event on the same continuous tracks replaced them in the queue "
+        "(detail names it); it is applied in their place, and the chunks are the same as if they had been applied."
+    )
     detail: str = ""
 
 
@@ -311,6 +335,13 @@ class ErrorMessage(_ServerMessage):
         return data
 
 
+class ChunkCancelled(_ServerMessage):
+    """The reply to ``chunk.cancel``: chunk ``chunk_index`` will not be sent; the next chunk has that index."""
+
+    type: Literal["chunk.cancelled"] = "chunk.cancelled"
+    chunk_index: int
+
+
 class Pong(_ServerMessage):
     type: Literal["pong"] = "pong"
 
@@ -327,6 +358,7 @@ ServerMessage = Annotated[
     | SessionResetDone
     | SessionClosed
     | ErrorMessage
+    | ChunkCancelled
     | Pong,
     Field(discriminator="type"),
 ]
@@ -342,6 +374,7 @@ _CLIENT_TYPES = (
     "chunk.ack",
     "session.resume",
     "session.join",
+    "chunk.cancel",
 )
 
 
@@ -364,7 +397,17 @@ def _describe(error: ValidationError) -> str:
 
 def parse_client_message(
     text: str,
-) -> SessionStart | InputEvent | SessionReset | SessionClose | Ping | ChunkAck | SessionResume | SessionJoin:
+) -> (
+    SessionStart
+    | InputEvent
+    | SessionReset
+    | SessionClose
+    | Ping
+    | ChunkAck
+    | SessionResume
+    | SessionJoin
+    | ChunkCancel
+):
     """Parse one text message; raise :class:`ClientMessageError` with a stable code."""
     try:
         raw = json.loads(text)

@@ -30,7 +30,7 @@ __all__ = ["ServerMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-_EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid", "applied", "dropped")
+_EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid", "applied", "dropped", "superseded")
 
 
 def _histogram(name: str, documentation: str, snapshot: HistogramSnapshot) -> HistogramMetricFamily:
@@ -56,6 +56,9 @@ class _RuntimeCollector(Collector):
             events.add_metric([outcome], getattr(stats, outcome))
         yield events
         yield CounterMetricFamily("worldserve_chunks", "Chunks committed.", value=stats.chunks)
+        yield CounterMetricFamily(
+            "worldserve_chunks_cancelled", "Chunks cancelled by chunk.cancel (never sent).", value=stats.cancelled
+        )
         yield CounterMetricFamily("worldserve_session_resets", "Successful session resets.", value=stats.resets)
         yield CounterMetricFamily("worldserve_tick_failures", "Ticks that failed a session.", value=stats.failures)
         yield _histogram(

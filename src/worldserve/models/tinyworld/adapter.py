@@ -9,7 +9,10 @@ not depend on which sessions share its batch). :meth:`TinyWorldModel.step` runs 
 batched few-step denoise over every session of the batch, then one batched cache pass.
 
 A session starts from the start image if one is given, else from the world's first frame
-for its seed and prompt (an image-to-world start). Must not know: sessions' control
+for its seed and prompt (an image-to-world start). A step changes a state in few places
+(one cache slot, the keyframe, the motion, the generator), so :meth:`TinyWorldModel.snapshot`
+keeps just those and :meth:`TinyWorldModel.restore` puts them back: a chunk in flight can
+be cancelled without copying the whole cache. Must not know: sessions' control
 plane, engines, transports.
 """
 
@@ -33,10 +36,19 @@ from worldserve.models.tinyworld.network import TinyWorldNet
 from worldserve.models.tinyworld.sampler import chunk_noise, encode_keyframes, sample_chunk, to_pixels, to_uint8
 from worldserve.models.tinyworld.text import tokenize_batch
 from worldserve.models.tinyworld.weights import load_net, weights_version
-from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, Motion, World, style_for_prompt, velocity
+from worldserve.models.world import (
+    CONTINUOUS_TRACKS,
+    CONTROL_SCHEMAS,
+    DEFAULT_STYLE,
+    STYLES,
+    Motion,
+    World,
+    style_for_prompt,
+    velocity,
+)
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
-__all__ = ["TinyWorldModel", "TinyWorldState"]
+__all__ = ["TinyWorldModel", "TinyWorldState", "TinyWorldUndo"]
 
 
 class TinyWorldState:
@@ -58,6 +70,40 @@ class TinyWorldState:
         twin.motion = Motion(self.motion.x, self.motion.y)
         twin.generator.set_state(self.generator.get_state())
         return twin
+
+
+class TinyWorldUndo:
+    """What one step changes in a :class:`TinyWorldState`, as it was before the step."""
+
+    __slots__ = ("generator", "keyframe", "keys", "motion", "valid", "values", "written")
+
+    def __init__(self, state: TinyWorldState) -> None:
+        cache = state.cache
+        rows = _slot_rows(cache)
+        self.written = cache.written
+        self.keys = cache.keys[:, rows].clone()
+        self.values = cache.values[:, rows].clone()
+        self.valid = cache.valid[rows].clone()
+        self.keyframe = state.keyframe  # a step rebinds it, never writes into it
+        self.motion = Motion(state.motion.x, state.motion.y)
+        self.generator = state.generator.get_state()
+
+    def restore(self, state: TinyWorldState) -> None:
+        cache = state.cache
+        cache.written = self.written
+        rows = _slot_rows(cache)
+        cache.keys[:, rows] = self.keys
+        cache.values[:, rows] = self.values
+        cache.valid[rows] = self.valid
+        state.keyframe = self.keyframe
+        state.motion = Motion(self.motion.x, self.motion.y)
+        state.generator.set_state(self.generator)
+
+
+def _slot_rows(cache: KVCache) -> slice:
+    """The cache rows the next keyframe write goes to (the only ones a step writes)."""
+    slot = cache.slot_of(cache.written)
+    return slice(slot * cache.tokens_per_frame, (slot + 1) * cache.tokens_per_frame)
 
 
 class TinyWorldModel:
@@ -111,6 +157,8 @@ class TinyWorldModel:
             state_bytes=state_bytes,
             styles=STYLES,
             default_prompt=DEFAULT_STYLE,
+            continuous_tracks=CONTINUOUS_TRACKS,
+            can_rollback=True,
             description=(
                 "Trained block-causal diffusion transformer with a KV cache (attention sink + sliding window), "
                 f"{len(config.steps)}-step sampler; learns the procedural world."
@@ -214,6 +262,19 @@ class TinyWorldModel:
         with self._autocast():
             encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
         state.keyframe = last
+
+    def snapshot(self, state: Any) -> TinyWorldUndo:
+        """What the next step of ``state`` will change, as it is now (one cache slot, not the cache)."""
+        if not isinstance(state, TinyWorldState):
+            raise TypeError(f"tinyworld got a foreign state: {type(state).__name__}")
+        return TinyWorldUndo(state)
+
+    def restore(self, state: Any, snapshot: Any) -> TinyWorldState:
+        """Undo the step taken since ``snapshot``: the state is as it was before it."""
+        if not isinstance(state, TinyWorldState) or not isinstance(snapshot, TinyWorldUndo):
+            raise TypeError("tinyworld got a foreign state or snapshot.")
+        snapshot.restore(state)
+        return state
 
     def release(self, state: Any) -> None:
         if isinstance(state, TinyWorldState):

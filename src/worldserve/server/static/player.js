@@ -206,7 +206,8 @@
         if (message.status === "duplicate") log(`event ${message.event_id} was a duplicate`);
         break;
       case "input.dropped":
-        log(`events ${message.event_ids.join(", ")} dropped (${message.reason})`);
+        // A superseded held key/camera event is routine (a newer one replaced it), not worth a log line.
+        if (message.reason !== "superseded") log(`events ${message.event_ids.join(", ")} dropped (${message.reason})`);
         message.event_ids.forEach((id) => state.sentAt.delete(id));
         break;
       case "session.failed":
