@@ -47,14 +47,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_server(*args: str, token: str | None = None, timeout: float = 180.0) -> RunningServer:
-    """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers."""
+TESTS = Path(__file__).resolve().parent
+
+
+def start_server(
+    *args: str, token: str | None = None, timeout: float = 180.0, test_models: bool = False
+) -> RunningServer:
+    """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers.
+
+    ``test_models``: the server can load ``runtime_models:...`` (tests/ on its PYTHONPATH).
+    """
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", delete=False)  # noqa: SIM115
     command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning", *args]
     if token is not None:
         command += ["--token", token]
-    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+    env = {**os.environ}
+    if test_models:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     server = RunningServer(process, port, Path(log_file.name), token)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

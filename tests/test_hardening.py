@@ -29,23 +29,12 @@ from worldserve import SessionEvent
 from worldserve.errors import AdmissionRefusedError, DeadlineExceededError
 from worldserve.runtime import Runtime
 
-TESTS = Path(__file__).resolve().parent
-
 
 @pytest.fixture(scope="module")
 def faulty_server() -> Iterator[RunningServer]:
     """A server on FaultyModel (tests/runtime_models.py): prompts with 'slow'/'poison' misbehave."""
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), previous]))
-    try:
-        running = start_server(
-            "--model", "runtime_models:FaultyModel", "--model-option", "slow_s=0.4", "--event-rate", "1000"
-        )
-    finally:
-        if previous is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = previous
+    model = ("--model", "runtime_models:FaultyModel", "--model-option", "slow_s=0.4")
+    running = start_server(*model, "--event-rate", "1000", test_models=True)
     yield running
     running.stop()
 

@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +23,6 @@ from worldserve.loadtest import format_table, run_bench
 
 pytestmark = pytest.mark.timeout(120)
 
-TESTS = Path(__file__).resolve().parent
 HELD_EVENTS = 3600  # 60 events/s for a minute
 
 
@@ -41,15 +38,7 @@ def server() -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def slow_server() -> Iterator[RunningServer]:
     """FaultyModel (tests/runtime_models.py): a 'slow' start prompt makes each step take 0.4 s."""
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), previous]))
-    try:
-        running = start_server("--model", "runtime_models:FaultyModel", "--model-option", "slow_s=0.4")
-    finally:
-        if previous is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = previous
+    running = start_server("--model", "runtime_models:FaultyModel", "--model-option", "slow_s=0.4", test_models=True)
     yield running
     running.stop()
 

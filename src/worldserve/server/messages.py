@@ -22,6 +22,7 @@ __all__ = [
     "ADMISSION_RETRY_AFTER_MS",
     "MAX_CONTROLS",
     "MAX_PROMPT_CHARS",
+    "AnyClientMessage",
     "ChunkAck",
     "ChunkCancel",
     "ChunkCancelled",
@@ -177,7 +178,8 @@ class ChunkAck(_ClientMessage):
     seq: Annotated[int, Field(ge=0)]
 
 
-ClientMessage = Annotated[
+#: Any client message, parsed.
+AnyClientMessage = (
     SessionStart
     | InputEvent
     | SessionReset
@@ -186,7 +188,11 @@ ClientMessage = Annotated[
     | ChunkAck
     | SessionResume
     | SessionJoin
-    | ChunkCancel,
+    | ChunkCancel
+)
+
+ClientMessage = Annotated[
+    AnyClientMessage,
     Field(discriminator="type"),
 ]
 
@@ -395,19 +401,7 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_client_message(
-    text: str,
-) -> (
-    SessionStart
-    | InputEvent
-    | SessionReset
-    | SessionClose
-    | Ping
-    | ChunkAck
-    | SessionResume
-    | SessionJoin
-    | ChunkCancel
-):
+def parse_client_message(text: str) -> AnyClientMessage:
     """Parse one text message; raise :class:`ClientMessageError` with a stable code."""
     try:
         raw = json.loads(text)
