@@ -344,9 +344,10 @@ def test_player_moves_switches_style_and_resets(page: Page) -> None:
     x0, y0 = box["x"] + 8, box["y"] + box["height"] / 2
     panned_on = f"""() => {{
         const log = window.__worldserveTest;
-        const pan = log.sent.find((e) => e.event_id >= {first_drag_event} && e.controls
-                                         && e.controls[0].track === "camera" && e.controls[0].data.dx < 0);
-        const chunk = pan && log.chunks.find((c) => c.applied.includes(pan.event_id));
+        // Any pan of this drag: held controls coalesce, so an earlier one may be superseded.
+        const pans = log.sent.filter((e) => e.event_id >= {first_drag_event} && e.controls
+                                            && e.controls[0].track === "camera" && e.controls[0].data.dx < 0);
+        const chunk = log.chunks.find((c) => pans.some((pan) => c.applied.includes(pan.event_id)));
         return Boolean(chunk) && log.chunks.some((c) => c.epoch === chunk.epoch && c.chunk > chunk.chunk);
     }}"""
     viewport = page.viewport_size
