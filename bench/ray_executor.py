@@ -40,7 +40,7 @@ from typing import Any  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from runtime import calibrate, quantile  # noqa: E402
+from runtime import calibrate, quantile, tick_loop  # noqa: E402
 from worldserve import Session  # noqa: E402
 from worldserve.runtime import Chunk, Runtime, TickFailedError  # noqa: E402
 from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG, RayExecutor  # noqa: E402
@@ -98,36 +98,10 @@ def runtime(executor: str, options: dict[str, int], **extra: Any) -> Runtime:
     return Runtime(MODEL, model_options=options, workers=2, batch_wait_s=0.002, **extra)
 
 
-async def tick_loop(sessions: list[Session[Chunk]], seconds: float) -> tuple[list[float], list[Chunk], float]:
-    latencies: list[float] = []
-    chunks: list[Chunk] = []
-    stop = asyncio.Event()
-
-    async def one(session: Session[Chunk], record: bool) -> None:
-        while not stop.is_set():
-            began = time.perf_counter()
-            chunk = await session.next_chunk()
-            if record:
-                latencies.append(time.perf_counter() - began)
-                chunks.append(chunk)
-
-    warm = [asyncio.ensure_future(one(session, False)) for session in sessions]
-    await asyncio.sleep(0.5)
-    stop.set()
-    await asyncio.gather(*warm)
-    stop.clear()
-    began = time.perf_counter()
-    runs = [asyncio.ensure_future(one(session, True)) for session in sessions]
-    await asyncio.sleep(seconds)
-    stop.set()
-    await asyncio.gather(*runs)
-    return latencies, chunks, time.perf_counter() - began
-
-
 async def measure_ticks(executor: str, sessions: int, options: dict[str, int], seconds: float) -> TickRow:
     async with runtime(executor, options) as rt:
         live = [await rt.create_session(seed=i) for i in range(sessions)]
-        latencies, chunks, elapsed = await tick_loop(live, seconds)
+        latencies, chunks, elapsed = await tick_loop(live, seconds, warm_s=0.5)
     return TickRow(
         executor=executor,
         sessions=sessions,

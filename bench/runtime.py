@@ -79,33 +79,43 @@ def direct_step_ms(options: dict[str, int], batch: int, repeat: int = 15) -> flo
     return statistics.median(samples) * 1000
 
 
+async def tick_loop(
+    sessions: list[Session[Chunk]], seconds: float, warm_s: float
+) -> tuple[list[float], list[Chunk], float]:
+    """Tick every session back to back: ``warm_s`` unrecorded, then ``seconds`` recorded.
+
+    Returns each recorded tick's latency, its chunk, and the recorded span's length.
+    """
+    latencies: list[float] = []
+    chunks: list[Chunk] = []
+    stop = asyncio.Event()
+
+    async def loop(session: Session[Chunk], record: bool) -> None:
+        while not stop.is_set():
+            began = time.perf_counter()
+            chunk = await session.next_chunk()
+            if record:
+                latencies.append(time.perf_counter() - began)
+                chunks.append(chunk)
+
+    warm = [asyncio.ensure_future(loop(session, False)) for session in sessions]
+    await asyncio.sleep(warm_s)
+    stop.set()
+    await asyncio.gather(*warm)
+    stop.clear()
+    began = time.perf_counter()
+    runs = [asyncio.ensure_future(loop(session, True)) for session in sessions]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*runs)
+    return latencies, chunks, time.perf_counter() - began
+
+
 async def measure(sessions: int, batched: bool, options: dict[str, int], seconds: float) -> Row:
     model_options = dict(options, max_batch_size=64 if batched else 1)
     async with Runtime(MODEL, model_options=model_options, workers=1, batch_wait_s=0.002) as rt:
         live = [await rt.create_session(seed=i) for i in range(sessions)]
-        latencies: list[float] = []
-        chunks: list[Chunk] = []
-        stop = asyncio.Event()
-
-        async def loop(session: Session[Chunk], record: bool) -> None:
-            while not stop.is_set():
-                began = time.perf_counter()
-                chunk = await session.next_chunk()
-                if record:
-                    latencies.append(time.perf_counter() - began)
-                    chunks.append(chunk)
-
-        warm = [asyncio.ensure_future(loop(session, False)) for session in live]
-        await asyncio.sleep(min(0.5, seconds / 4))
-        stop.set()
-        await asyncio.gather(*warm)
-        stop.clear()
-        began = time.perf_counter()
-        runs = [asyncio.ensure_future(loop(session, True)) for session in live]
-        await asyncio.sleep(seconds)
-        stop.set()
-        await asyncio.gather(*runs)
-        elapsed = time.perf_counter() - began
+        latencies, chunks, elapsed = await tick_loop(live, seconds, warm_s=min(0.5, seconds / 4))
     mean_batch = statistics.fmean(chunk.batch_size for chunk in chunks)
     e2e = [lat - c.queued_s - c.compute_s for lat, c in zip(latencies, chunks, strict=True)]
     return Row(
