@@ -134,6 +134,7 @@ class _Worker:
         "ready",
         "running",
         "served",
+        "slack",
         "steps",
         "timer",
     )
@@ -144,6 +145,7 @@ class _Worker:
         self.clock = ChunkClock(period)  # runs once a paced session asks for an instant
         self.steps = StepTimes()  # dispatch -> results, per batch size
         self.planned: dict[str, float] = {}  # session -> the instant its next tick is due
+        self.slack: dict[str, float] = {}  # session -> its chunk's playout instant minus its tick's instant
         self.served = float("-inf")  # when the last batch was taken
         self.running: list[Queued[_Tick]] | None = None  # the batch in flight
         self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
@@ -272,13 +274,16 @@ class Engine:
 
     # -- the chunk clock -----------------------------------------------------------------
 
-    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """The instant (the event loop's clock) at which the session should issue its next tick.
 
         ``want``: when the session's own playback pacing would issue it; None for the first
         tick of a session or of an epoch, which waits for its worker's next instant (at most
         one chunk period; at once when no other session lives on the worker). ``eager``: the
         tick builds the session's lead (the chunk right after the first) and may go at once.
+        ``due``: when the chunk plays (None: as soon as it can); the engine lets a tick off
+        the instants (a lead chunk, a straggler) delay an instant's batch only as far as
+        every session's chunk in it stays ready by its playout instant.
         Sessions that ask share their worker's chunk clock, so their ticks arrive together
         and run as one batch (:func:`~worldserve.runtime.clock.tick_instant`). A session that
         holds no state gets ``want`` (or now): its tick fails at once anyway.
@@ -293,6 +298,8 @@ class Engine:
             worker.clock = ChunkClock(worker.clock.nominal)  # alone: the clock starts over from this session
         instant = tick_instant(worker.clock, now, want, served=worker.served, eager=eager)
         worker.planned[session_id] = instant
+        if due is not None and not eager:  # a lead chunk's instant is "now", not one of the clock's
+            worker.slack[session_id] = due - instant
         return instant
 
     def _waiting_for(self, worker: _Worker, now: float) -> int:
@@ -386,6 +393,8 @@ class Engine:
                 waiting_for=self._waiting_for(worker, now),
                 gather_wait_s=self.config.gather_wait_s,
                 step_s=worker.steps.predict(queued) if queued else None,
+                instant_step_s=worker.steps.predict(max(resident, 1)),
+                slack_s=min(worker.slack.values(), default=None),
             )
         else:
             due = worker.queue.due_at(resident)
@@ -539,6 +548,7 @@ class Engine:
         self._cancel_timers(worker)
         self._counters.worker_deaths += 1
         worker.planned.clear()
+        worker.slack.clear()
         lost = self._router.worker_died(index, error)
         for entry in worker.queue.drain():
             self._fail_tick(entry.item, error)
@@ -616,6 +626,7 @@ class Engine:
         """
         for worker in self._workers:
             worker.planned.pop(session_id, None)
+            worker.slack.pop(session_id, None)
         self._require_admission().release(session_id, f"session {session_id!r} was released; reset it to go on.")
 
     def forget_session(self, session_id: str) -> None:

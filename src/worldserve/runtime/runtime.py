@@ -163,10 +163,10 @@ class Runtime:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
         return self.engine.capacity()
 
-    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session should issue its next tick to share its worker's chunk clock
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
-        return self.engine.tick_due(session_id, want, eager=eager)
+        return self.engine.tick_due(session_id, want, eager=eager, due=due)
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())

@@ -9,10 +9,12 @@ waits for company at most ``batch_wait_s`` after its oldest tick arrived.
 On a worker whose :class:`~worldserve.runtime.clock.ChunkClock` runs (its sessions
 issue their ticks at its instants), :meth:`BatchQueue.clocked_due_at` applies instead:
 the batch of an instant goes once every session due at it has arrived (at most
-``gather_wait_s`` after the instant); a tick arriving after its instant's batch went
-runs at once only if it fits in the idle time before the next instant, else it waits
-for that instant's batch -- so a session that slipped falls back in phase instead of
-pushing everyone's next batch late.
+``gather_wait_s`` after the instant). A tick off the instants (a joiner's first chunk,
+its lead chunk, a straggler) runs at once if it ends before the next instant, or if
+the next instant's batch, started after it, still ends before the earliest playout
+instant of its chunks (pacing issues a tick at least one period before its chunk
+plays, so this costs that batch slack, not lateness); else it waits for that instant's
+batch, and falls back in phase instead of pushing everyone's next batch late.
 
 Pure: the caller passes the time, the clock and the worker's counts. Must not know:
 asyncio, executors, sessions' logic, models.
@@ -91,12 +93,17 @@ class BatchQueue(Generic[T]):
         waiting_for: int,
         gather_wait_s: float,
         step_s: float | None,
+        instant_step_s: float | None = None,
+        slack_s: float | None = None,
     ) -> float | None:
         """When an idle worker on ``clock`` should take a batch: ``-inf`` now, a time, or None.
 
         ``served``: when the worker last took a batch; ``waiting_for``: sessions due at an
         instant up to ``now`` whose tick has not arrived; ``step_s``: the predicted step
-        time of the queued ticks (None: unknown).
+        time of the queued ticks, ``instant_step_s`` that of an instant's batch (every
+        session resident on the worker); None: unknown. ``slack_s``: how long after its
+        instant an instant's batch may end with every chunk still ready by its playout
+        instant (the least of the sessions'; None: one period, what pacing guarantees).
         """
         queue = self._queue
         if not queue:
@@ -109,7 +116,8 @@ class BatchQueue(Generic[T]):
                 return float("-inf")
             return max(instant, queue[0].arrived) + gather_wait_s
         following = clock.after(now)
-        if step_s is None or now + step_s <= following:  # fits in the idle time before the next instant
+        slack = clock.period if slack_s is None else slack_s
+        if step_s is None or _fits_before(now + step_s, following, slack, instant_step_s):
             return queue[0].arrived + self.batch_wait_s
         return following
 
@@ -123,3 +131,10 @@ class BatchQueue(Generic[T]):
         entries = list(self._queue)
         self._queue.clear()
         return entries
+
+
+def _fits_before(end: float, instant: float, slack: float, instant_step_s: float | None) -> bool:
+    """Whether a step ending at ``end`` leaves the batch of ``instant`` time to end within ``slack`` of it."""
+    if end <= instant:
+        return True  # it ends in the idle time before the instant
+    return instant_step_s is not None and end + instant_step_s <= instant + slack

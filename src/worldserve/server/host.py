@@ -69,8 +69,8 @@ class WorldBackend(Protocol):
 
     async def close_session(self, session_id: str) -> None: ...
 
-    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False) -> float:
-        """When the session's next tick should be issued (its worker's chunk clock)."""
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
+        """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
         ...
 
 
@@ -556,11 +556,11 @@ class WorldHost:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool) -> float:
+    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool, due: float | None) -> float:
         """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
         if self._config.chunk_clock:
             try:
-                return self._backend.tick_due(session.session_id, want, eager=eager)
+                return self._backend.tick_due(session.session_id, want, eager=eager, due=due)
             except Exception:  # the runtime is going away: pace alone; the tick reports why
                 log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
         return self._clock() if want is None else want
@@ -582,13 +582,15 @@ class WorldHost:
             if session.epoch != epoch:
                 epoch, anchor, produced = session.epoch, None, 0
             want: float | None = None  # playback pacing: chunk k starts `lead` periods before it is due
+            due: float | None = None  # when chunk k plays: chunk 0's commit + k periods
             if anchor is not None:
                 want = anchor + (produced - lead) * period
                 behind = self._clock() - want
                 if behind > period:  # fell behind real time: re-anchor playback
                     anchor += behind
                     want += behind
-            target = self._tick_target(session, want, eager=0 < produced <= lead)
+                due = want + lead * period
+            target = self._tick_target(session, want, eager=0 < produced <= lead, due=due)
             if target > self._clock():
                 await self._wait(target - self._clock())
                 if self._stopping or session.epoch != epoch:
