@@ -100,6 +100,11 @@ def _sessions(server: RunningServer) -> int:
         return int(json.loads(response.read())["sessions"])
 
 
+def _metrics(server: RunningServer) -> str:
+    with urllib.request.urlopen(server.http + "/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
 async def _until_closed(client: WorldClient) -> None:
     for _ in range(20):
         await client.next_chunk(timeout=10)
@@ -182,6 +187,13 @@ async def test_two_controllers_and_three_viewers_share_one_world(server: Running
     with pytest.raises(WorldError) as stale:  # per connection: 0 is below this controller's own floor (5)
         await controllers[1].send_event(event_id=0, prompt="older than my last")
     assert stale.value.code == "stale_event"
+    # Both were caught per connection, before the session's queue; its counters (the metrics) still see them.
+    metrics = await asyncio.to_thread(_metrics, server)
+    for outcome in ("duplicate", "stale"):
+        line = next(
+            line for line in metrics.splitlines() if line.startswith(f'worldserve_events_total{{outcome="{outcome}"}}')
+        )
+        assert float(line.split()[-1]) >= 1, line
     # Controllers' acks drive the pace: they go on playing while the viewers catch up.
     pumps = [asyncio.create_task(_pump(client)) for client in everyone]
     viewer_chunks = [[await viewer.next_chunk(timeout=10) for _ in range(6)] for viewer in viewers]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from worldserve.errors import (
     CancelUnsupportedError,
@@ -452,6 +452,16 @@ class Session(Generic[TickOutputT]):
         self._inflight_event_floor = None
 
     # -- events ------------------------------------------------------------------------
+    def note_transport_refusal(self, status: EventAcceptanceStatus | Literal["stale"]) -> None:
+        """Count an event a transport answered ``duplicate`` or refused as stale before it reached
+        this queue (a shared world maps each member's own event ids and checks them itself), so
+        the session's counters -- and the metrics read from them -- still see every event."""
+        if status == "stale":
+            self._counters.stale += 1
+        elif status is EventAcceptanceStatus.DUPLICATE:
+            self._counters.duplicate += 1
+        else:
+            raise ValueError(f"only duplicate or stale events are counted here; got {status!r}.")
 
     async def accept_event(self, event: SessionEvent) -> EventAcceptance:
         """Enqueue ``event`` at once, or answer ``DUPLICATE`` for an id already seen.

@@ -392,11 +392,13 @@ class WorldHost:
         wire = event.event_id
         if session.status is SessionStatus.ACTIVE:
             if wire in member.sid_of or wire in member.recent:
+                session.note_transport_refusal(EventAcceptanceStatus.DUPLICATE)
                 return EventAcceptance(
                     self.session_id, wire, EventAcceptanceStatus.DUPLICATE, session.pending_event_count
                 )
             floor = self._floor(member)
             if wire <= floor:
+                session.note_transport_refusal("stale")
                 raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
         sid = max(self._next_sid, session.event_floor + 1)
         acceptance = await session.accept_event(replace(event, event_id=sid))
