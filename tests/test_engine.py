@@ -270,6 +270,21 @@ async def test_clocked_workers_without_real_time_headroom_take_no_more_sessions(
         assert rt.stats().engine.admissions_refused == 1
 
 
+async def test_a_session_held_back_does_not_stretch_its_workers_clock() -> None:
+    """The period follows the step of the sessions that pace on the clock, not of every resident one."""
+    async with runtime(slow_s=0.15) as rt:  # one session's step: 0.15 s of the 0.25 s period
+        playing = await rt.create_session(prompt="slow")
+        await rt.create_session()  # resident, but its client never asks for a chunk (held back)
+        assert rt.stats().engine.chunk_periods == (None,)
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()
+        # one size measured: two sessions' step is predicted at 0.3 s, which would stretch the period
+        assert rt.stats().engine.chunk_periods == (pytest.approx(0.25),)
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()
+        assert rt.stats().engine.chunk_periods == (pytest.approx(0.25),)
+
+
 async def test_unclocked_workers_admit_by_counts_and_bytes_only() -> None:
     async with runtime(slow_s=0.4) as rt:
         slow = await rt.create_session(prompt="slow")

@@ -129,12 +129,12 @@ class _Worker:
         "hang_timer",
         "index",
         "overdue",
+        "paced",
         "planned",
         "queue",
         "ready",
         "running",
         "served",
-        "slack",
         "steps",
         "timer",
     )
@@ -145,13 +145,23 @@ class _Worker:
         self.clock = ChunkClock(period)  # runs once a paced session asks for an instant
         self.steps = StepTimes()  # dispatch -> results, per batch size
         self.planned: dict[str, float] = {}  # session -> the instant its next tick is due
-        self.slack: dict[str, float] = {}  # session -> its chunk's playout instant minus its tick's instant
+        # session -> when it last asked for an instant, and its slack then (its chunk's playout
+        # instant minus its tick's instant; None: not told)
+        self.paced: dict[str, tuple[float, float | None]] = {}
         self.served = float("-inf")  # when the last batch was taken
         self.running: list[Queued[_Tick]] | None = None  # the batch in flight
         self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
         self.hang_timer: asyncio.TimerHandle | None = None
         self.ready = False
         self.overdue = False  # a tick of the step in flight missed its deadline
+
+    def pacing(self, now: float) -> tuple[int, float | None]:
+        """The sessions paced on the clock lately (asked within two periods: a session held back by its
+        client's acks does not count) and the least of their slacks (None: none told)."""
+        horizon = now - 2 * self.clock.period
+        for session_id in [sid for sid, (asked, _) in self.paced.items() if asked < horizon]:
+            del self.paced[session_id]
+        return len(self.paced), min((slack for _, slack in self.paced.values() if slack is not None), default=None)
 
     def stalled(self, now: float, stall_after_s: float) -> bool:
         """Whether the step in flight is overdue (an admission would wait behind it): one of its
@@ -298,8 +308,8 @@ class Engine:
             worker.clock = ChunkClock(worker.clock.nominal)  # alone: the clock starts over from this session
         instant = tick_instant(worker.clock, now, want, served=worker.served, eager=eager)
         worker.planned[session_id] = instant
-        if due is not None and not eager:  # a lead chunk's instant is "now", not one of the clock's
-            worker.slack[session_id] = due - instant
+        # a lead chunk's instant is "now", not one of the clock's: it tells no slack
+        worker.paced[session_id] = (now, None if due is None or eager else due - instant)
         return instant
 
     def _waiting_for(self, worker: _Worker, now: float) -> int:
@@ -385,6 +395,7 @@ class Engine:
         resident = self._router.resident_count(worker.index)
         if worker.clock.started:
             queued = len(worker.queue)
+            paced, slack = worker.pacing(now)
             due = worker.queue.clocked_due_at(
                 resident,
                 now=now,
@@ -393,8 +404,8 @@ class Engine:
                 waiting_for=self._waiting_for(worker, now),
                 gather_wait_s=self.config.gather_wait_s,
                 step_s=worker.steps.predict(queued) if queued else None,
-                instant_step_s=worker.steps.predict(max(resident, 1)),
-                slack_s=min(worker.slack.values(), default=None),
+                instant_step_s=worker.steps.predict(max(paced, 1)),
+                slack_s=slack,
             )
         else:
             due = worker.queue.due_at(resident)
@@ -458,10 +469,10 @@ class Engine:
             self._schedule(worker)
 
     def _observe_step(self, worker: _Worker, size: int, seconds: float, now: float) -> None:
-        """Record a step's time; a clocked worker's period follows its step at its resident count."""
+        """Record a step's time; a clocked worker's period follows its step at the count of its paced sessions."""
         worker.steps.observe(size, seconds)
         if worker.clock.started:
-            predicted = worker.steps.predict(max(size, self._router.resident_count(worker.index)))
+            predicted = worker.steps.predict(max(size, worker.pacing(now)[0]))
             if predicted is not None:
                 worker.clock.stretch(predicted, now)
 
@@ -548,7 +559,7 @@ class Engine:
         self._cancel_timers(worker)
         self._counters.worker_deaths += 1
         worker.planned.clear()
-        worker.slack.clear()
+        worker.paced.clear()
         lost = self._router.worker_died(index, error)
         for entry in worker.queue.drain():
             self._fail_tick(entry.item, error)
@@ -626,7 +637,7 @@ class Engine:
         """
         for worker in self._workers:
             worker.planned.pop(session_id, None)
-            worker.slack.pop(session_id, None)
+            worker.paced.pop(session_id, None)
         self._require_admission().release(session_id, f"session {session_id!r} was released; reset it to go on.")
 
     def forget_session(self, session_id: str) -> None:
@@ -704,6 +715,7 @@ class Engine:
             resident=tuple(self._router.resident_count(index) for index in range(self.num_workers)),
             queued_ticks=sum(len(worker.queue) for worker in self._workers),
             workers_alive=sum(self._executor.is_alive(index) for index in range(self.num_workers)),
+            chunk_periods=tuple(worker.clock.period if worker.clock.started else None for worker in self._workers),
         )
 
 

@@ -63,6 +63,9 @@ class EngineStats:
     resident: tuple[int, ...]  # per worker
     queued_ticks: int
     workers_alive: int
+    #: per worker: its chunk clock's period, stretched past the chunk period when it cannot hold real
+    #: time (None: no session paces on its clock)
+    chunk_periods: tuple[float | None, ...] = ()
 
     @property
     def mean_batch_size(self) -> float:
@@ -112,7 +115,13 @@ class EngineCounters:
         self.rollbacks_failed = 0
 
     def snapshot(
-        self, *, sessions: int, resident: tuple[int, ...], queued_ticks: int, workers_alive: int
+        self,
+        *,
+        sessions: int,
+        resident: tuple[int, ...],
+        queued_ticks: int,
+        workers_alive: int,
+        chunk_periods: tuple[float | None, ...] = (),
     ) -> EngineStats:
         return EngineStats(
             ticks=self.ticks,
@@ -136,4 +145,5 @@ class EngineCounters:
             resident=resident,
             queued_ticks=queued_ticks,
             workers_alive=workers_alive,
+            chunk_periods=chunk_periods,
         )

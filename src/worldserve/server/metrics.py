@@ -102,6 +102,15 @@ class _RuntimeCollector(Collector):
         for worker, count in enumerate(engine.resident):
             resident.add_metric([str(worker)], count)
         yield resident
+        periods = GaugeMetricFamily(
+            "worldserve_chunk_period_seconds",
+            "Per worker whose chunk clock runs: its period (over the model's chunk period: it cannot hold real time).",
+            labels=["worker"],
+        )
+        for worker, period in enumerate(engine.chunk_periods):
+            if period is not None:
+                periods.add_metric([str(worker)], period)
+        yield periods
 
 
 _ENGINE_COUNTERS = (
