@@ -7,6 +7,7 @@ never waits long. The assertions are on what was posted, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,9 @@ class _Outlet:
 
     def detach(self) -> None:
         self.detached = True
+
+    def unsent(self) -> list[tuple[BaseModel, ...]]:
+        return []
 
     @property
     def backlog(self) -> int:
@@ -185,3 +189,57 @@ async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten()
     host.wake()  # the connection's writer does this as its socket drains
     await _chunks(a, made + 2)
     await host.shutdown("test")
+
+
+async def test_notices_never_written_before_a_drop_reach_the_resumed_connection() -> None:
+    host, _ = _world(max_lag_chunks=2)
+    lost = InputDropped(event_ids=[7], reason="reset", detail="posted just before the socket died")
+    a = _Outlet()
+    a.unsent = lambda: [(lost,)]  # type: ignore[method-assign]
+    owner = host.attach_host(a)
+    host.start()
+    received = await _chunks(a, 1)
+    await host.disconnected(owner, a, clean=False)  # parked, with the connection's unwritten notice
+    again = _Outlet()
+    host.replay(owner, host.resume(owner, received[-1].seq, again))
+    assert again.of(InputDropped) == [lost]
+    await host.shutdown("test")
+
+
+class _StuckSocket:
+    """A WebSocket whose second send never completes (the peer vanished mid-write)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.stuck = asyncio.Event()
+
+    async def send_text(self, text: str) -> None:
+        if self.sent:
+            self.stuck.set()
+            await asyncio.Event().wait()
+        self.sent.append(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        raise AssertionError("the writer never gets past the stuck notice")
+
+
+async def test_a_connection_hands_back_the_notices_its_dead_socket_never_took() -> None:
+    from worldserve.server.connection import Connection
+
+    _, backend = _world()
+    metrics = ServerMetrics(SessionManager(tick_consumer=backend, lifecycle=backend, max_pending_events=8))
+    socket = _StuckSocket()
+    connection = Connection(socket, backend, ServerConfig(), metrics)  # type: ignore[arg-type]
+    first, second, third = (InputDropped(event_ids=[i], reason="reset", detail="x") for i in range(3))
+    connection.post((first, second))  # `first` is written, `second` hangs in the socket
+    connection.post((ChunkMessage.model_construct(),), (b"frame",))  # a chunk: the replay buffer re-sends it
+    connection.post((third,))
+    writer = asyncio.create_task(connection._write())
+    connection._writer = writer
+    async with asyncio.timeout(5):
+        await socket.stuck.wait()
+    assert connection.unsent() == [(second,), (third,)]
+    assert len(socket.sent) == 1
+    with contextlib.suppress(asyncio.CancelledError):
+        await writer
+    assert writer.cancelled()

@@ -109,6 +109,7 @@ class Connection:
         self._closing: asyncio.Task[None] | None = None
         self._seq_base = 0  # the next chunk seq this connection may use: seq never repeats on a connection
         self._backlog = 0
+        self._writing: tuple[BaseModel, ...] = ()  # what the writer has yet to write of the item it holds
 
     # -- the world's side (Outlet) -------------------------------------------------
 
@@ -122,6 +123,20 @@ class Connection:
     def backlog(self) -> int:
         """Chunks queued and not yet written."""
         return self._backlog
+
+    def unsent(self) -> list[tuple[BaseModel, ...]]:
+        """Stop the writer; return the notices it never wrote (see :meth:`Outlet.unsent`)."""
+        if self._writer is not None:
+            self._writer.cancel()
+        notices = [self._writing] if self._writing else []
+        self._writing = ()
+        while not self._outbox.empty():
+            messages, binary, done = self._outbox.get_nowait()
+            if done is not None and not done.done():
+                done.set_result(None)
+            if messages and not binary:
+                notices.append(messages)
+        return notices
 
     def detach(self) -> None:
         """Another connection resumed our member: stop speaking for it and close this socket."""
@@ -139,8 +154,12 @@ class Connection:
         while True:
             messages, binary, done = await self._outbox.get()
             try:
-                for message in messages:
+                if not binary:
+                    self._writing = messages
+                for index, message in enumerate(messages):
                     await self._ws.send_text(message.model_dump_json(by_alias=True, exclude_none=True))
+                    if not binary:
+                        self._writing = messages[index + 1 :]
                 for payload in binary:
                     await self._ws.send_bytes(payload)
                 if binary:

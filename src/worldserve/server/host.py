@@ -93,6 +93,10 @@ class Outlet(Protocol):
     def backlog(self) -> int:
         """Chunks posted and not yet written to the socket (a client that acks without reading shows here)."""
 
+    def unsent(self) -> list[tuple[BaseModel, ...]]:
+        """The socket is gone: stop writing, and hand back the notices (messages without frames) never
+        written to it, in order. Chunks are not among them: a resume re-sends those from the replay buffer."""
+
 
 @dataclass(eq=False)
 class Member:
@@ -330,6 +334,7 @@ class WorldHost:
         member.outlet = None
         grace = self._config.resume_grace_s
         if grace > 0 and not clean and not self.closed:
+            member.held[:0] = outlet.unsent()  # posted before the drop, never written: a resume sends them first
             member.expiry = asyncio.create_task(self._expire(member, grace), name=f"park-{self.session_id}")
             return
         await self._leave(member)
