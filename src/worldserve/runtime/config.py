@@ -24,10 +24,12 @@ from worldserve.runtime.engine import EngineConfig
 from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
 
-__all__ = ["EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
+__all__ = ["ENCODE_FRAMES", "EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
 
 #: The executors a configuration may name.
 EXECUTOR_NAMES = ("multiprocess", "inprocess", "ray")
+#: Where a session's frames are encoded for the wire (see :attr:`RuntimeConfig.encode_frames`).
+ENCODE_FRAMES = ("auto", "worker", "server")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12})
@@ -76,6 +78,12 @@ class RuntimeConfig:
     #: A newer event supersedes queued events on the tracks the model marks continuous
     #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
+    #: Where frames are encoded for a session created with an encoding (the server's sessions):
+    #: "worker" (the runner, right after the step: only compressed bytes come back), "server"
+    #: (workers hand back raw arrays; the server encodes them in a thread, overlapping the next
+    #: step), or "auto": worker for the ray executor (frames cross machines), server otherwise
+    #: (raw frames cross shared memory). See docs/deploy.md for the measurement behind it.
+    encode_frames: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -101,10 +109,19 @@ class RuntimeConfig:
             or self.threads_per_worker < 1
         ):
             raise ValueError(f"threads_per_worker must be a positive integer or None; got {self.threads_per_worker!r}.")
+        if self.encode_frames not in ENCODE_FRAMES:
+            raise ValueError(f"encode_frames must be one of {list(ENCODE_FRAMES)}; got {self.encode_frames!r}.")
         if type(self.coalesce_controls) is not bool:
             raise ValueError(f"coalesce_controls must be a bool; got {self.coalesce_controls!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
+
+    @property
+    def encodes_in_worker(self) -> bool:
+        """True when the workers encode the frames of sessions created with an encoding."""
+        if self.encode_frames == "auto":
+            return self.executor == "ray"
+        return self.encode_frames == "worker"
 
     def worker_config(self) -> WorkerConfig:
         limits = ResidencyLimits(self.max_sessions_per_worker, self.memory_budget_bytes)
@@ -208,6 +225,15 @@ class RuntimeConfig:
             "continuous tracks supersedes queued ones, reported dropped with reason superseded)",
         )
 
+        group.add_argument(
+            "--encode-frames",
+            choices=ENCODE_FRAMES,
+            default="auto",
+            help="where a session's frames are encoded (JPEG/raw bytes): in the worker, right after the step, "
+            "so only compressed bytes come back; or in the server, from the raw frames; auto (the default): "
+            "worker for --executor ray (frames cross machines), server otherwise",
+        )
+
     @classmethod
     def from_cli_arguments(cls, namespace: argparse.Namespace) -> RuntimeConfig:
         return cls(
@@ -233,6 +259,7 @@ class RuntimeConfig:
             ray_num_gpus=namespace.ray_num_gpus,
             ray_resources=dict(_parse_resource(item) for item in namespace.ray_resource),
             coalesce_controls=namespace.coalesce_controls,
+            encode_frames=namespace.encode_frames,
         )
 
 

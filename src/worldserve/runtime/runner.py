@@ -9,7 +9,10 @@ fail-closed release of states whose tick failed; the lifecycle RPC methods
 ``spec.can_rollback``, each session's undo record of its last step (the model's
 ``snapshot`` taken before it, kept until the next step) and
 ``rollback_ar_diffusion_session``, which undoes that step when the engine cancelled its
-chunk.
+chunk; and encoding the frames of sessions whose options carry an ``encoding``
+(:class:`~worldserve.media.FrameEncoding`) right after ``model.step``, so the step's reply
+holds their compressed payloads instead of raw arrays (the time is reported as
+``StepReport.encode_s``, apart from the model's ``compute_s``).
 
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from worldserve.errors import ErrorCode
+from worldserve.media import encode
 from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -92,6 +96,7 @@ class ModelRunner:
         self._tombstones: OrderedDict[str, None] = OrderedDict()  # evicted, not yet reset/closed
         self._evictions = 0
         self._compute_s = 0.0  # time inside model.step during the current step call
+        self._encode_s = 0.0  # time encoding frames during the current step call
         self._rollback: RollbackModel | None = None
         if self._spec.can_rollback:
             if not isinstance(model, RollbackModel):
@@ -254,12 +259,13 @@ class ModelRunner:
             else:
                 runnable.append((index, sid, checked, tick))
         self._compute_s = 0.0
+        self._encode_s = 0.0
         limit = self._spec.max_batch_size
         for start in range(0, len(runnable), limit):
             group = runnable[start : start + limit]
             for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
-        return StepReport(tuple(result for result in results if result is not None), self._compute_s)
+        return StepReport(tuple(result for result in results if result is not None), self._compute_s, self._encode_s)
 
     def _admit_tick(self, tick: TickRequest) -> _Resident | TickFailure:
         sid = tick.session_id
@@ -342,7 +348,13 @@ class ModelRunner:
             self._drop(sid)
         else:
             self._resident.move_to_end(sid)
-        return TickOutput(np.ascontiguousarray(payload), metadata)
+        encoding = resident.options.encoding
+        if encoding is None:
+            return TickOutput(np.ascontiguousarray(payload), metadata)
+        began = time.perf_counter()
+        encoded = encode(payload, encoding)
+        self._encode_s += time.perf_counter() - began
+        return TickOutput(encoded, metadata)
 
 
 def _describe(value: object) -> str:
