@@ -44,8 +44,9 @@ def test_frame_encoding_is_checked_and_raw_ignores_the_quality() -> None:
     assert not JPEG.same_bytes(RAW)
 
 
-def test_the_runner_encodes_only_the_sessions_that_asked_and_times_it_apart() -> None:
-    runner = ModelRunner(load_model("procedural"))
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_runner_encodes_only_the_sessions_that_asked_and_times_it_apart(threads: int) -> None:
+    runner = ModelRunner(load_model("procedural"), encode_threads=threads)
     runner.admit("jpeg", SessionOptions(seed=1, encoding=JPEG))
     runner.admit("raw", SessionOptions(seed=2, encoding=RAW))
     runner.admit("array", SessionOptions(seed=3))
@@ -66,6 +67,8 @@ def test_the_runner_encodes_only_the_sessions_that_asked_and_times_it_apart() ->
         assert report.encode_s > 0
     alone = runner.step([tick("array", 2)])
     assert alone.encode_s == 0.0
+    with pytest.raises(ValueError, match="encode_threads"):
+        ModelRunner(load_model("procedural"), encode_threads=0)
 
 
 def test_encoded_outputs_ride_the_pipe_beside_the_slots() -> None:
