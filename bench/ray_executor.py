@@ -16,8 +16,9 @@ One run, side by side, on the fixed-cost model (``fixed_cost_model.py``) with 2 
    the live node (reset + its first chunk), and the node is added back.
 
 3. Frames: the same model making realistic frames (``texture=True``: 12 frames of 480x832 a
-   chunk, ~14 MB raw, JPEG q90 ~1.8 MB), 16 sessions, ``multiprocess`` and ``ray``, each with
-   the frames encoded by the front-end (the server's way: raw arrays come back, each chunk is
+   chunk, ~14 MB raw, JPEG q90 ~1.8 MB), 16 sessions, ``inprocess`` (worker threads),
+   ``multiprocess`` and ``ray``, each with the frames encoded by the front-end (the
+   server's way: raw arrays come back, each chunk is
    encoded in a thread before the session's next tick) and by the workers
    (``encode_frames="worker"``: only JPEG bytes come back): chunks/s, p50 tick (next chunk plus
    the front-end's encoding), the engine's overhead per step (round trip minus compute and the
@@ -120,6 +121,8 @@ class LocalCluster:
 def runtime(executor: str, options: dict[str, int], **extra: Any) -> Runtime:
     if executor == "ray":
         extra.update(executor="ray", ray_num_cpus=0.0, ray_resources=SLOT)
+    elif executor == "inprocess":
+        extra.update(executor="inprocess")
     else:
         extra.update(executor="multiprocess", threads_per_worker=1)
     return Runtime(MODEL, model_options=options, workers=2, batch_wait_s=0.002, **extra)
@@ -298,7 +301,7 @@ async def run(args: argparse.Namespace) -> int:
                 # The same CPU-bound step, then an accelerator-like one: a wait with the CPU idle.
                 waited = {"matrix": 256, "repeats": 1, "wait_ms": args.frame_wait_ms}
                 for step, step_options in (("cpu", options), ("wait", waited)):
-                    for executor in ("multiprocess", "ray"):
+                    for executor in ("inprocess", "multiprocess", "ray"):
                         for encode_at in ("server", "worker"):
                             row = await measure_frames(
                                 executor, encode_at, args.frame_sessions, step_options, args.frame_seconds

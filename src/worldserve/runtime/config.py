@@ -79,10 +79,12 @@ class RuntimeConfig:
     #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
     #: Where frames are encoded for a session created with an encoding (the server's sessions):
-    #: "worker" (the runner, right after the step: only compressed bytes come back), "server"
-    #: (workers hand back raw arrays; the server encodes them in a thread, overlapping the next
-    #: step), or "auto": worker for the ray executor (frames cross machines), server otherwise
-    #: (raw frames cross shared memory). See docs/deploy.md for the measurement behind it.
+    #: "worker" (the runner, right after the step, on the worker's CPU threads: only compressed
+    #: bytes come back), "server" (workers hand back raw arrays; the server encodes each chunk in
+    #: a thread), or "auto": the measured better place, today the worker with every executor
+    #: (docs/deploy.md, "Frames": raw chunks cost more to move, even through shared memory,
+    #: than to encode, and a session whose chunk the server is still encoding misses its
+    #: worker's next batch).
     encode_frames: str = "auto"
 
     def __post_init__(self) -> None:
@@ -119,9 +121,7 @@ class RuntimeConfig:
     @property
     def encodes_in_worker(self) -> bool:
         """True when the workers encode the frames of sessions created with an encoding."""
-        if self.encode_frames == "auto":
-            return self.executor == "ray"
-        return self.encode_frames == "worker"
+        return self.encode_frames in ("auto", "worker")
 
     def worker_config(self) -> WorkerConfig:
         limits = ResidencyLimits(self.max_sessions_per_worker, self.memory_budget_bytes)
@@ -230,8 +230,8 @@ class RuntimeConfig:
             choices=ENCODE_FRAMES,
             default="auto",
             help="where a session's frames are encoded (JPEG/raw bytes): in the worker, right after the step, "
-            "so only compressed bytes come back; or in the server, from the raw frames; auto (the default): "
-            "worker for --executor ray (frames cross machines), server otherwise",
+            "on its --threads-per-worker, so only compressed bytes come back; or in the server, from raw frames; "
+            "auto (the default): the measured better place, today the worker (docs/deploy.md)",
         )
 
     @classmethod
