@@ -278,10 +278,12 @@ async def run(args: argparse.Namespace) -> int:
     options = {"matrix": 256, "repeats": repeats}
     parts = set(args.parts)
     print(
-        f"model step ~{args.step_ms:g} ms (fixed-cost, 1 BLAS thread), frames 4x48x48x3 uint8; 2 workers; "
-        f"{args.seconds:g} s per row; Ray {ray.__version__}, a local cluster (head without CPUs + 2 nodes); "
-        f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
+        f"model step ~{args.step_ms:g} ms (fixed-cost, 1 BLAS thread); 2 workers; Ray {ray.__version__}, a local "
+        f"cluster (head without CPUs + 2 nodes); {os.cpu_count()} cores, load average before: "
+        f"{' '.join(f'{load:.2f}' for load in os.getloadavg())}"
     )
+    if parts & {"ticks", "loss"}:
+        print(f"ticks and node loss: frames 4x48x48x3 uint8; {args.seconds:g} s per row")
     tick_rows: list[TickRow] = []
     loss_rows: list[LossRow] = []
     frame_rows: list[FrameRow] = []
