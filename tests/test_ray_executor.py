@@ -283,6 +283,13 @@ def test_ray_flags_and_no_ray_import_unless_named() -> None:
     assert dict(config.ray_resources) == {"worldserve": 2.0}
     with pytest.raises(ValueError, match="NAME=AMOUNT"):
         RuntimeConfig.from_cli_arguments(parser.parse_args(["--ray-resource", "worldserve"]))
+    assert (config.ray_ping_interval_s, config.ray_ping_timeout_s) == (1.0, 3.0)
+    pings = parser.parse_args(["--executor", "ray", "--ray-ping-interval-s", "0.5", "--ray-ping-timeout-s", "2"])
+    executor = Runtime(config=RuntimeConfig.from_cli_arguments(pings)).engine.executor
+    assert isinstance(executor, RayExecutor)
+    assert (executor._ping_interval_s, executor._ping_timeout_s) == (0.5, 2.0)
+    with pytest.raises(ValueError, match="ray_ping_timeout_s"):
+        RuntimeConfig(ray_ping_timeout_s=0)
     code = (
         "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.cli;"
         "from worldserve.runtime import Runtime; Runtime('procedural', executor='multiprocess');"

@@ -75,6 +75,10 @@ class RuntimeConfig:
     ray_num_cpus: float = 1.0
     ray_num_gpus: float | None = None
     ray_resources: Mapping[str, float] = field(default_factory=dict)
+    #: executor="ray": how often the front-end pings each worker's actor, and how long an
+    #: unanswered ping may take before the actor is declared dead (and killed).
+    ray_ping_interval_s: float = 1.0
+    ray_ping_timeout_s: float = 3.0
     #: A newer event supersedes queued events on the tracks the model marks continuous
     #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
@@ -95,6 +99,10 @@ class RuntimeConfig:
         for name, amount in [("ray_num_cpus", self.ray_num_cpus), ("ray_num_gpus", self.ray_num_gpus or 0)]:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"{name} must be a non-negative number; got {amount!r}.")
+        for name in ("ray_ping_interval_s", "ray_ping_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds; got {value!r}.")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be a cluster address or None; got {self.ray_address!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -218,6 +226,18 @@ class RuntimeConfig:
             help="--executor ray: a custom Ray resource each worker reserves (repeatable)",
         )
         group.add_argument(
+            "--ray-ping-interval-s",
+            type=float,
+            default=1.0,
+            help="--executor ray: seconds between liveness pings of each worker actor (default 1)",
+        )
+        group.add_argument(
+            "--ray-ping-timeout-s",
+            type=float,
+            default=3.0,
+            help="--executor ray: an actor whose ping is unanswered this long is declared dead (default 3)",
+        )
+        group.add_argument(
             "--no-coalesce-controls",
             dest="coalesce_controls",
             action="store_false",
@@ -258,6 +278,8 @@ class RuntimeConfig:
             ray_num_cpus=namespace.ray_num_cpus,
             ray_num_gpus=namespace.ray_num_gpus,
             ray_resources=dict(_parse_resource(item) for item in namespace.ray_resource),
+            ray_ping_interval_s=namespace.ray_ping_interval_s,
+            ray_ping_timeout_s=namespace.ray_ping_timeout_s,
             coalesce_controls=namespace.coalesce_controls,
             encode_frames=namespace.encode_frames,
         )

@@ -202,5 +202,7 @@ def _build_executor(config: RuntimeConfig) -> Executor:
             num_cpus=config.ray_num_cpus,
             num_gpus=config.ray_num_gpus,
             resources=config.ray_resources,
+            ping_interval_s=config.ray_ping_interval_s,
+            ping_timeout_s=config.ray_ping_timeout_s,
         )
     return InprocExecutor(config.worker_config(), config.workers)
