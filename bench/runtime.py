@@ -26,6 +26,7 @@ import asyncio  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Awaitable, Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from fixed_cost_model import FixedCostModel  # noqa: E402
@@ -80,10 +81,15 @@ def direct_step_ms(options: dict[str, int], batch: int, repeat: int = 15) -> flo
 
 
 async def tick_loop(
-    sessions: list[Session[Chunk]], seconds: float, warm_s: float
+    sessions: list[Session[Chunk]],
+    seconds: float,
+    warm_s: float,
+    deliver: Callable[[Chunk], Awaitable[object]] | None = None,
 ) -> tuple[list[float], list[Chunk], float]:
     """Tick every session back to back: ``warm_s`` unrecorded, then ``seconds`` recorded.
 
+    ``deliver``: awaited with each chunk before the session's next tick (as a server's
+    ``WorldHost`` encodes a chunk before it asks for the next); its time counts in the latency.
     Returns each recorded tick's latency, its chunk, and the recorded span's length.
     """
     latencies: list[float] = []
@@ -94,6 +100,8 @@ async def tick_loop(
         while not stop.is_set():
             began = time.perf_counter()
             chunk = await session.next_chunk()
+            if deliver is not None:
+                await deliver(chunk)
             if record:
                 latencies.append(time.perf_counter() - began)
                 chunks.append(chunk)

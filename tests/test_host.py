@@ -11,8 +11,10 @@ import contextlib
 from typing import Any
 
 import numpy as np
+import pytest
 from pydantic import BaseModel
 
+from worldserve.media import EncodedFrames, FrameEncoding, encode, encode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
 from worldserve.runtime.chunk import Chunk
@@ -32,13 +34,14 @@ class _Backend:
 
     spec = SPEC
 
-    def __init__(self) -> None:
+    def __init__(self, frames: np.ndarray | EncodedFrames | None = None) -> None:
         self.applied: list[tuple[int, ...]] = []
+        self.frames = np.zeros((1, 2, 2, 3), np.uint8) if frames is None else frames
 
     async def execute_tick(self, tick: TickRequest) -> Chunk:
         await asyncio.sleep(0)
         self.applied.append(tick.applied_event_ids)
-        return Chunk(np.zeros((1, 2, 2, 3), np.uint8), ChunkMetadata.from_tick(tick), 0, 1, 0.0, 0.0, 0.0)
+        return Chunk(self.frames, ChunkMetadata.from_tick(tick), 0, 1, 0.0, 0.0, 0.0, encode_s=0.003)
 
     def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
         return output.metadata
@@ -49,7 +52,9 @@ class _Backend:
     async def close_session(self, session_id: str) -> None:
         return None
 
-    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]:
+    async def create_session(
+        self, *, prompt: str | None, seed: int, image: bytes | None, encoding: FrameEncoding | None = None
+    ) -> Session[Chunk]:
         raise AssertionError
 
 
@@ -58,9 +63,12 @@ class _Outlet:
         self.posted: list[BaseModel] = []
         self.detached = False
         self.unwritten = backlog
+        self.binary: list[tuple[bytes, ...]] = []
 
     def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
         self.posted.extend(messages)
+        if binary:
+            self.binary.append(binary)
 
     def detach(self) -> None:
         self.detached = True
@@ -76,8 +84,10 @@ class _Outlet:
         return [m for m in self.posted if isinstance(m, kind)]
 
 
-def _world(**config: Any) -> tuple[WorldHost, _Backend]:
-    backend = _Backend()
+def _world(
+    frames: np.ndarray | EncodedFrames | None = None, media: str = "raw", quality: int = 90, **config: Any
+) -> tuple[WorldHost, _Backend]:
+    backend = _Backend(frames)
     session: Session[Chunk] = Session("s1", tick_consumer=backend, lifecycle=backend, max_pending_events=8)
     metrics = ServerMetrics(SessionManager(tick_consumer=backend, lifecycle=backend, max_pending_events=8))
     host = WorldHost(
@@ -86,8 +96,8 @@ def _world(**config: Any) -> tuple[WorldHost, _Backend]:
         config=ServerConfig(**config),
         metrics=metrics,
         registry=WorldHosts(),
-        media="raw",
-        quality=90,
+        media=media,
+        quality=quality,
         share_viewers=True,
         share_controllers=True,
     )
@@ -243,3 +253,37 @@ async def test_a_connection_hands_back_the_notices_its_dead_socket_never_took() 
     with contextlib.suppress(asyncio.CancelledError):
         await writer
     assert writer.cancelled()
+
+
+FRAME = np.arange(12, dtype=np.uint8).reshape(1, 2, 2, 3) * 20
+
+
+async def test_frames_a_worker_encoded_as_the_world_asked_are_sent_as_they_are() -> None:
+    # Payloads that are not what encoding FRAME would make: sent as they are proves no re-encoding.
+    worker_made = EncodedFrames(FrameEncoding("jpeg", 70), 2, 2, (b"made-by-the-worker",))
+    host, _ = _world(worker_made, media="jpeg", quality=70)
+    a = _Outlet()
+    host.attach_host(a)
+    host.start()
+    chunk = (await _chunks(a, 1))[0]
+    assert a.binary[0] == (b"made-by-the-worker",)
+    assert (chunk.frames.media, chunk.frames.width, chunk.frames.height, chunk.frames.sizes) == ("jpeg", 2, 2, [18])
+    assert chunk.timings["encode_ms"] == pytest.approx(3.0)  # the worker's time, as the chunk reported it
+    await host.shutdown("test")
+
+
+async def test_frames_in_another_encoding_or_raw_arrays_are_encoded_by_the_host() -> None:
+    for frames in (FRAME, encode(FRAME, FrameEncoding("raw")), encode(FRAME, FrameEncoding("jpeg", 95))):
+        host, _ = _world(frames, media="jpeg", quality=60)
+        a = _Outlet()
+        host.attach_host(a)
+        host.start()
+        chunk = (await _chunks(a, 1))[0]
+        if not isinstance(frames, EncodedFrames) or frames.encoding.media == "raw":
+            assert list(a.binary[0]) == encode_frames(FRAME, "jpeg", 60)  # exactly the server's encoding
+        else:
+            assert a.binary[0][0].startswith(b"\xff\xd8")  # re-encoded from the decoded JPEG
+            assert a.binary[0] != frames.payloads
+        assert chunk.frames.media == "jpeg"
+        assert chunk.timings["encode_ms"] >= 0.0
+        await host.shutdown("test")

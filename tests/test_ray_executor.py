@@ -25,9 +25,10 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from runtime_models import Truth  # noqa: E402
-from server_harness import start_server  # noqa: E402
+from server_harness import check_procedural_frames, start_server  # noqa: E402
 from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
 from worldserve.loadtest import run_bench  # noqa: E402
+from worldserve.media import EncodedFrames, FrameEncoding, encode_frames  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
 from worldserve.runtime import (  # noqa: E402
     AdmissionRefusedError,
@@ -139,6 +140,23 @@ async def test_calls_to_a_worker_run_in_order_and_keep_their_codes(nodes: Nodes)
     assert closed.value.code == "runtime_closed"
 
 
+async def test_ray_workers_hand_back_the_bytes_the_server_would_have_made(nodes: Nodes) -> None:
+    # Before the tests that remove nodes: a removed node that Ray has not yet declared dead
+    # may be given a starting actor, which then fails the runtime's start.
+    jpeg = FrameEncoding("jpeg", 75)
+    async with Runtime("procedural", workers=1, **RAY) as rt:
+        assert rt.config.encodes_in_worker  # auto: frames cross machines, so the worker encodes
+        encoded = await rt.create_session(seed=1, encoding=jpeg)
+        plain = await rt.create_session(seed=2)
+        truths = [Truth(1), Truth(2)]
+        for _ in range(2):
+            first, second = await asyncio.gather(encoded.next_chunk(), plain.next_chunk())
+            made = [truth.next(None, ()) for truth in truths]
+            assert isinstance(first.frames, EncodedFrames)
+            assert list(first.frames.payloads) == encode_frames(made[0], "jpeg", 75)
+            assert np.array_equal(second.array(), made[1])
+
+
 async def test_a_killed_actor_fails_only_its_sessions_and_is_replaced(nodes: Nodes) -> None:
     async with Runtime("procedural", workers=2, **RAY) as rt:
         executor = rt.engine.executor
@@ -243,9 +261,10 @@ async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nod
     resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
     server = start_server(
         "--model", "procedural", "--workers", "2", "--executor", "ray", "--ray-address", address,
-        "--ray-num-cpus", "0", "--ray-resource", resource, timeout=90.0,
+        "--ray-num-cpus", "0", "--ray-resource", resource, "--encode-frames", "worker", timeout=90.0,
     )  # fmt: skip
     try:
+        await check_procedural_frames(server.ws)  # JPEG and raw payloads made by the Ray workers
         result = await run_bench(server.ws, clients=4, duration=3.0, event_interval=0.1, settle=5.0)
         for report in result.reports:
             assert report.chunks > 0
@@ -266,6 +285,13 @@ def test_ray_flags_and_no_ray_import_unless_named() -> None:
     assert dict(config.ray_resources) == {"worldserve": 2.0}
     with pytest.raises(ValueError, match="NAME=AMOUNT"):
         RuntimeConfig.from_cli_arguments(parser.parse_args(["--ray-resource", "worldserve"]))
+    assert (config.ray_ping_interval_s, config.ray_ping_timeout_s) == (1.0, 3.0)
+    pings = parser.parse_args(["--executor", "ray", "--ray-ping-interval-s", "0.5", "--ray-ping-timeout-s", "2"])
+    executor = Runtime(config=RuntimeConfig.from_cli_arguments(pings)).engine.executor
+    assert isinstance(executor, RayExecutor)
+    assert (executor._ping_interval_s, executor._ping_timeout_s) == (0.5, 2.0)
+    with pytest.raises(ValueError, match="ray_ping_timeout_s"):
+        RuntimeConfig(ray_ping_timeout_s=0)
     code = (
         "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.cli;"
         "from worldserve.runtime import Runtime; Runtime('procedural', executor='multiprocess');"

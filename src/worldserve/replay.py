@@ -72,7 +72,7 @@ async def replay(path: str | Path, *, config: RuntimeConfig | None = None, **ove
                 event_id += 1
                 await session.accept_event(SessionEvent(event_id, prompt=logged.prompt, controls=logged.controls))
             chunk = await session.next_chunk()
-            frames.append(chunk.frames)
+            frames.append(chunk.array())
         await runtime.close_session(session.session_id)
     shape = (0, spec.height, spec.width, 3)
     stacked = np.concatenate(frames) if frames else np.zeros(shape, np.uint8)

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput, FrozenMap, TickRequest, freeze_transport_value, thaw_transport_value
 
 __all__ = [
@@ -144,11 +145,16 @@ class SessionOptions:
 
     ``prompt`` is the start prompt, used while no event has set one. ``seed`` picks the
     world. ``image`` is an optional start image: raw RGB bytes of ``height * width * 3``.
+    ``encoding`` is for the runner, not the model (models ignore it): when set, the
+    runner encodes the session's frames (JPEG or raw bytes) right after ``model.step`` and
+    hands back only those payloads (so only compressed bytes cross machines); ``None``
+    hands back the ``uint8`` arrays.
     """
 
     prompt: str | None = None
     seed: int = 0
     image: bytes | None = field(default=None, repr=False)
+    encoding: FrameEncoding | None = None
 
     def __post_init__(self) -> None:
         if self.prompt is not None and not isinstance(self.prompt, str):
@@ -157,6 +163,8 @@ class SessionOptions:
             raise ValueError(f"SessionOptions.seed must be an integer in [0, 2**32); got {self.seed!r}.")
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("SessionOptions.image must be raw RGB bytes or None.")
+        if self.encoding is not None and not isinstance(self.encoding, FrameEncoding):
+            raise ValueError("SessionOptions.encoding must be a FrameEncoding or None.")
 
     def check_image(self, spec: ModelSpec) -> None:
         """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size."""

@@ -24,10 +24,12 @@ from worldserve.runtime.engine import EngineConfig
 from worldserve.runtime.framebuf import DEFAULT_FRAME_BUFFER_BYTES
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
 
-__all__ = ["EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
+__all__ = ["ENCODE_FRAMES", "EXECUTOR_NAMES", "RuntimeConfig", "parse_bytes"]
 
 #: The executors a configuration may name.
 EXECUTOR_NAMES = ("multiprocess", "inprocess", "ray")
+#: Where a session's frames are encoded for the wire (see :attr:`RuntimeConfig.encode_frames`).
+ENCODE_FRAMES = ("auto", "worker", "server")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12})
@@ -73,9 +75,21 @@ class RuntimeConfig:
     ray_num_cpus: float = 1.0
     ray_num_gpus: float | None = None
     ray_resources: Mapping[str, float] = field(default_factory=dict)
+    #: executor="ray": how often the front-end pings each worker's actor, and how long an
+    #: unanswered ping may take before the actor is declared dead (and killed).
+    ray_ping_interval_s: float = 1.0
+    ray_ping_timeout_s: float = 3.0
     #: A newer event supersedes queued events on the tracks the model marks continuous
     #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
+    #: Where frames are encoded for a session created with an encoding (the server's sessions):
+    #: "worker" (the runner, right after the step, on the worker's CPU threads: only compressed
+    #: bytes come back), "server" (workers hand back raw arrays; the server encodes each chunk in
+    #: a thread), or "auto": the measured better place, today the worker with every executor
+    #: (docs/deploy.md, "Frames": raw chunks cost more to move, even through shared memory,
+    #: than to encode, and a session whose chunk the server is still encoding misses its
+    #: worker's next batch).
+    encode_frames: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -85,6 +99,10 @@ class RuntimeConfig:
         for name, amount in [("ray_num_cpus", self.ray_num_cpus), ("ray_num_gpus", self.ray_num_gpus or 0)]:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"{name} must be a non-negative number; got {amount!r}.")
+        for name in ("ray_ping_interval_s", "ray_ping_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds; got {value!r}.")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be a cluster address or None; got {self.ray_address!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -101,10 +119,17 @@ class RuntimeConfig:
             or self.threads_per_worker < 1
         ):
             raise ValueError(f"threads_per_worker must be a positive integer or None; got {self.threads_per_worker!r}.")
+        if self.encode_frames not in ENCODE_FRAMES:
+            raise ValueError(f"encode_frames must be one of {list(ENCODE_FRAMES)}; got {self.encode_frames!r}.")
         if type(self.coalesce_controls) is not bool:
             raise ValueError(f"coalesce_controls must be a bool; got {self.coalesce_controls!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
+
+    @property
+    def encodes_in_worker(self) -> bool:
+        """True when the workers encode the frames of sessions created with an encoding."""
+        return self.encode_frames in ("auto", "worker")
 
     def worker_config(self) -> WorkerConfig:
         limits = ResidencyLimits(self.max_sessions_per_worker, self.memory_budget_bytes)
@@ -201,11 +226,32 @@ class RuntimeConfig:
             help="--executor ray: a custom Ray resource each worker reserves (repeatable)",
         )
         group.add_argument(
+            "--ray-ping-interval-s",
+            type=float,
+            default=1.0,
+            help="--executor ray: seconds between liveness pings of each worker actor (default 1)",
+        )
+        group.add_argument(
+            "--ray-ping-timeout-s",
+            type=float,
+            default=3.0,
+            help="--executor ray: an actor whose ping is unanswered this long is declared dead (default 3)",
+        )
+        group.add_argument(
             "--no-coalesce-controls",
             dest="coalesce_controls",
             action="store_false",
             help="queue every held-key/camera event as the seed does (by default a newer event on the model's "
             "continuous tracks supersedes queued ones, reported dropped with reason superseded)",
+        )
+
+        group.add_argument(
+            "--encode-frames",
+            choices=ENCODE_FRAMES,
+            default="auto",
+            help="where a session's frames are encoded (JPEG/raw bytes): in the worker, right after the step, "
+            "on its --threads-per-worker, so only compressed bytes come back; or in the server, from raw frames; "
+            "auto (the default): the measured better place, today the worker (docs/deploy.md)",
         )
 
     @classmethod
@@ -232,7 +278,10 @@ class RuntimeConfig:
             ray_num_cpus=namespace.ray_num_cpus,
             ray_num_gpus=namespace.ray_num_gpus,
             ray_resources=dict(_parse_resource(item) for item in namespace.ray_resource),
+            ray_ping_interval_s=namespace.ray_ping_interval_s,
+            ray_ping_timeout_s=namespace.ray_ping_timeout_s,
             coalesce_controls=namespace.coalesce_controls,
+            encode_frames=namespace.encode_frames,
         )
 
 

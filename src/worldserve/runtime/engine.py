@@ -27,6 +27,7 @@ from typing import Any
 
 from worldserve.errors import CancelUnsupportedError, ChunkCancelledError, NothingToCancelError, SessionExistsError
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
+from worldserve.media import EncodedFrames
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
 from worldserve.runtime.admission import Admission
@@ -461,7 +462,7 @@ class Engine:
         else:
             report: StepReport = done.result()
             self._observe_step(worker, len(batch), now - batch[0].item.dispatched, now)
-            overhead = max(0.0, (now - batch[0].item.dispatched) - report.compute_s)
+            overhead = max(0.0, (now - batch[0].item.dispatched) - report.compute_s - report.encode_s)
             self._counters.overhead.observe(overhead)
             for entry, result in zip(batch, report.results, strict=True):
                 self._deliver(worker, entry, result, report, now)
@@ -481,7 +482,8 @@ class Engine:
         if isinstance(result, TickOutput):
             if pending.future.done():
                 return  # expired or cancelled: its session fails closed and releases the state
-            result.frames.flags.writeable = False
+            if not isinstance(result.frames, EncodedFrames):  # encoded frames are immutable bytes already
+                result.frames.flags.writeable = False
             chunk = Chunk(
                 frames=result.frames,
                 metadata=result.metadata,
@@ -490,6 +492,7 @@ class Engine:
                 queued_s=pending.dispatched - entry.arrived,
                 compute_s=report.compute_s,
                 roundtrip_s=now - pending.dispatched,
+                encode_s=report.encode_s,
             )
             self._counters.chunks += 1
             self._counters.tick_latency.observe(now - entry.arrived)

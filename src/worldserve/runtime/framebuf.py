@@ -6,7 +6,9 @@ attaches to; :meth:`FrameBuffer.pack` (worker: copy a step's frames into the slo
 only slot numbers in the reply) and :meth:`FrameBuffer.unpack` (parent: copy them out
 into fresh arrays). Measured on a pipe, 16 chunks of 4x48x48x3 took ~0.8 ms to cross;
 through the slots, ~0.05 ms. A step that does not fit (more ticks than slots, or a
-frame of another shape) travels through the pipe as before.
+frame of another shape) travels through the pipe as before. Frames a runner already
+encoded (:class:`~worldserve.media.EncodedFrames`: compressed bytes, no fixed size) take no
+slot: their :class:`TickOutput` rides the pipe inside the :class:`PackedStep`.
 
 Safe because a slot is reused only by a later step, and the parent copies a step's
 frames out before it can dispatch the next one (the executor uses the slots for at most
@@ -38,8 +40,10 @@ class PackedStep:
     """A :class:`StepReport` whose outputs' frames wait in the buffer: ``(slot, metadata)``
     (the metadata in :mod:`~worldserve.runtime.wire`'s compact form)."""
 
-    results: tuple[tuple[int, tuple[Any, ...]] | TickFailure, ...]  # (slot, encoded metadata)
+    #: (slot, encoded metadata); an output whose frames are already encoded, or a failure, as it is
+    results: tuple[tuple[int, tuple[Any, ...]] | TickOutput | TickFailure, ...]
     compute_s: float
+    encode_s: float = 0.0
 
 
 class FrameBuffer:
@@ -85,19 +89,23 @@ class FrameBuffer:
         """Worker side: move the frames into the slots; None if they do not fit."""
         view = self._view
         assert view is not None
-        outputs = [result for result in report.results if isinstance(result, TickOutput)]
-        if len(outputs) > self.slots or any(output.frames.shape != self.shape for output in outputs):
+        arrays = [
+            result.frames
+            for result in report.results
+            if isinstance(result, TickOutput) and isinstance(result.frames, np.ndarray)
+        ]
+        if len(arrays) > self.slots or any(frames.shape != self.shape for frames in arrays):
             return None
-        packed: list[tuple[int, tuple[Any, ...]] | TickFailure] = []
+        packed: list[tuple[int, tuple[Any, ...]] | TickOutput | TickFailure] = []
         slot = 0
         for result in report.results:
-            if isinstance(result, TickOutput):
+            if isinstance(result, TickOutput) and isinstance(result.frames, np.ndarray):
                 view[slot] = result.frames
                 packed.append((slot, encode_metadata(result.metadata)))
                 slot += 1
             else:
                 packed.append(result)
-        return PackedStep(tuple(packed), report.compute_s)
+        return PackedStep(tuple(packed), report.compute_s, report.encode_s)
 
     def unpack(self, packed: PackedStep) -> StepReport:
         """Parent side: copy the frames out of the slots (before the next step may reuse them)."""
@@ -105,12 +113,12 @@ class FrameBuffer:
         assert view is not None
         results: list[TickOutput | TickFailure] = []
         for item in packed.results:
-            if isinstance(item, TickFailure):
+            if isinstance(item, (TickFailure, TickOutput)):
                 results.append(item)
             else:
                 slot, metadata = item
                 results.append(TickOutput(view[slot].copy(), decode_metadata(metadata)))
-        return StepReport(tuple(results), packed.compute_s)
+        return StepReport(tuple(results), packed.compute_s, packed.encode_s)
 
     def close(self) -> None:
         """Detach; the owner (the parent) also unlinks the block."""

@@ -2,9 +2,10 @@
 
 Owns: :class:`WorkerConfig` (how a worker builds its model and runner), the per-tick
 results of a step (:class:`TickOutput`, :class:`TickFailure`), :class:`StepReport`
-(one step's results plus its compute time), :class:`ResidencyReport` and the name of the
+(one step's results plus its compute and encoding times), :class:`ResidencyReport` and the name of the
 runner call that undoes a session's last step (:data:`ROLLBACK_SESSION_RPC`). All are
-frozen and picklable; frames travel as numpy arrays.
+frozen and picklable; frames travel as numpy arrays, or as
+:class:`~worldserve.media.EncodedFrames` for a session that asked the runner to encode them.
 
 Must not know: asyncio, pipes, sessions' logic.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from worldserve.media import EncodedFrames
 from worldserve.protocol import ChunkMetadata
 
 __all__ = [
@@ -72,9 +74,10 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class TickOutput:
-    """One tick's chunk: ``uint8 [frames, H, W, 3]`` and the metadata the model echoed."""
+    """One tick's chunk: ``uint8 [frames, H, W, 3]`` (or, for a session with an encoding, its
+    frames already encoded) and the metadata the model echoed."""
 
-    frames: npt.NDArray[np.uint8]
+    frames: npt.NDArray[np.uint8] | EncodedFrames
     metadata: ChunkMetadata
 
 
@@ -88,10 +91,12 @@ class TickFailure:
 
 @dataclass(frozen=True, slots=True)
 class StepReport:
-    """The results of one step request, in tick order, and the time spent in ``model.step``."""
+    """The results of one step request, in tick order, the time spent in ``model.step`` and
+    the time spent encoding frames after it (sessions with an encoding; 0 otherwise)."""
 
     results: tuple[TickOutput | TickFailure, ...]
     compute_s: float
+    encode_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ class EngineStats:
     batches: int
     batch_size: HistogramSnapshot
     tick_latency: HistogramSnapshot  # queued + round trip, seconds
-    overhead: HistogramSnapshot  # round trip - compute, seconds per batch
+    overhead: HistogramSnapshot  # round trip - compute - the worker's frame encoding, seconds per batch
     admissions: int
     admissions_refused: int
     evictions: int

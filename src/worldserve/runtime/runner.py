@@ -9,7 +9,12 @@ fail-closed release of states whose tick failed; the lifecycle RPC methods
 ``spec.can_rollback``, each session's undo record of its last step (the model's
 ``snapshot`` taken before it, kept until the next step) and
 ``rollback_ar_diffusion_session``, which undoes that step when the engine cancelled its
-chunk.
+chunk; and encoding the frames of sessions whose options carry an ``encoding``
+(:class:`~worldserve.media.FrameEncoding`) right after ``model.step``, so the step's reply
+holds their compressed payloads instead of raw arrays (the time is reported as
+``StepReport.encode_s``, apart from the model's ``compute_s``). With ``encode_threads`` > 1
+a batch's chunks are encoded in parallel (Pillow releases the GIL while it encodes), so the
+encoding adds less to the step.
 
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
@@ -27,11 +32,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from worldserve.errors import ErrorCode
+from worldserve.media import FrameEncoding, encode
 from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -82,7 +90,11 @@ class _Resident:
 class ModelRunner:
     """Holds one worker's sessions' states and runs their ticks through the model."""
 
-    def __init__(self, model: WorldModel, limits: ResidencyLimits | None = None, *, worker: int = 0) -> None:
+    def __init__(
+        self, model: WorldModel, limits: ResidencyLimits | None = None, *, worker: int = 0, encode_threads: int = 1
+    ) -> None:
+        if isinstance(encode_threads, bool) or not isinstance(encode_threads, int) or encode_threads < 1:
+            raise ValueError(f"encode_threads must be a positive integer; got {encode_threads!r}.")
         self._model = model
         self._spec = model.spec
         self._limits = limits or ResidencyLimits()
@@ -92,6 +104,8 @@ class ModelRunner:
         self._tombstones: OrderedDict[str, None] = OrderedDict()  # evicted, not yet reset/closed
         self._evictions = 0
         self._compute_s = 0.0  # time inside model.step during the current step call
+        self._encode_threads = encode_threads
+        self._encoder: ThreadPoolExecutor | None = None  # made on the first step that can use it
         self._rollback: RollbackModel | None = None
         if self._spec.can_rollback:
             if not isinstance(model, RollbackModel):
@@ -259,7 +273,33 @@ class ModelRunner:
             group = runnable[start : start + limit]
             for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
-        return StepReport(tuple(result for result in results if result is not None), self._compute_s)
+        encodings = {
+            index: resident.options.encoding
+            for index, _, resident, _ in runnable
+            if resident.options.encoding is not None
+        }
+        encode_s = self._encode(results, encodings) if encodings else 0.0
+        return StepReport(tuple(result for result in results if result is not None), self._compute_s, encode_s)
+
+    def _encode(self, results: list[TickOutput | TickFailure | None], encodings: dict[int, FrameEncoding]) -> float:
+        """Replace the outputs of sessions with an encoding by their encoded frames; the seconds it took."""
+        jobs: list[tuple[int, npt.NDArray[np.uint8], FrameEncoding]] = []
+        for index, encoding in encodings.items():
+            output = results[index]
+            if isinstance(output, TickOutput) and isinstance(output.frames, np.ndarray):
+                jobs.append((index, output.frames, encoding))
+        began = time.perf_counter()
+        if self._encode_threads > 1 and len(jobs) > 1:
+            if self._encoder is None:
+                self._encoder = ThreadPoolExecutor(self._encode_threads, thread_name_prefix="worldserve-encode")
+            encoded = list(self._encoder.map(lambda job: encode(job[1], job[2]), jobs))
+        else:
+            encoded = [encode(frames, encoding) for _, frames, encoding in jobs]
+        for (index, _, _), frames in zip(jobs, encoded, strict=True):
+            output = results[index]
+            assert isinstance(output, TickOutput)
+            results[index] = TickOutput(frames, output.metadata)
+        return time.perf_counter() - began
 
     def _admit_tick(self, tick: TickRequest) -> _Resident | TickFailure:
         sid = tick.session_id

@@ -22,6 +22,7 @@ from typing import Any
 
 from worldserve.errors import SessionExistsError
 from worldserve.lifecycle import WorkerLifecycle
+from worldserve.media import FrameEncoding
 from worldserve.models.base import ModelSpec, SessionOptions, SpecControlValidator
 from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.config import RuntimeConfig
@@ -124,8 +125,14 @@ class Runtime:
         seed: int = 0,
         image: bytes | None = None,
         session_id: str | None = None,
+        encoding: FrameEncoding | None = None,
     ) -> Session[Chunk]:
         """Admit a new world and return its session.
+
+        ``encoding``: how the caller will send the frames (media and JPEG quality). When the
+        configuration has workers encode (:attr:`RuntimeConfig.encode_frames`), the session's
+        chunks then carry :class:`~worldserve.media.EncodedFrames` made by its worker;
+        otherwise (and without an encoding) they carry ``uint8`` arrays.
 
         Admitted now or refused now: raises ``AdmissionRefusedError`` (code
         ``admission_refused``, with a ``retry_after_s`` hint) at once when no worker can
@@ -136,7 +143,10 @@ class Runtime:
         """
         manager = self.manager
         await self._sweep_closed()
-        options = SessionOptions(prompt=prompt, seed=seed, image=image)
+        if encoding is not None and not isinstance(encoding, FrameEncoding):
+            raise ValueError(f"encoding must be a FrameEncoding or None; got {encoding!r}.")
+        worker_encoding = encoding if self.config.encodes_in_worker else None
+        options = SessionOptions(prompt=prompt, seed=seed, image=image, encoding=worker_encoding)
         resolved = session_id or uuid.uuid4().hex
         if resolved in {session.session_id for session in manager}:
             raise SessionExistsError(f"session {resolved!r} already exists.")
@@ -192,5 +202,7 @@ def _build_executor(config: RuntimeConfig) -> Executor:
             num_cpus=config.ray_num_cpus,
             num_gpus=config.ray_num_gpus,
             resources=config.ray_resources,
+            ping_interval_s=config.ray_ping_interval_s,
+            ping_timeout_s=config.ray_ping_timeout_s,
         )
     return InprocExecutor(config.worker_config(), config.workers)

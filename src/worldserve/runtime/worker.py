@@ -45,8 +45,10 @@ Reply = tuple[bool, Any]
 
 
 def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
-    """Load the configured model and wrap it in a runner."""
-    return ModelRunner(load_model(config.model, **dict(config.model_options)), config.limits, worker=worker)
+    """Load the configured model and wrap it in a runner; frames are encoded on the worker's CPU
+    threads (``cpu_threads``, default 1)."""
+    model = load_model(config.model, **dict(config.model_options))
+    return ModelRunner(model, config.limits, worker=worker, encode_threads=config.cpu_threads or 1)
 
 
 def answer(runner: ModelRunner, method: str, args: Sequence[Any], worker: int) -> Reply:

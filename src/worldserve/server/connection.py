@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.errors import AdmissionRefusedError, ErrorCode
+from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image
@@ -315,7 +316,10 @@ class Connection:
                 await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
                 return
         try:
-            session = await self._backend.create_session(prompt=message.prompt, seed=message.seed, image=image)
+            encoding = FrameEncoding(message.options.media, message.options.quality)
+            session = await self._backend.create_session(
+                prompt=message.prompt, seed=message.seed, image=image, encoding=encoding
+            )
         except SessionError as error:
             retry = error.retry_after_s if isinstance(error, AdmissionRefusedError) else None
             await self._error(

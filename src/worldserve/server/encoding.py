@@ -1,8 +1,9 @@
-"""Frame encoding for the wire: JPEG (Pillow, libjpeg-turbo inside) or raw RGB bytes.
+"""The server's image codecs: decoding a client's start image; frame encoding is re-exported.
 
-Owns: turning a chunk's ``uint8 [frames, height, width, 3]`` array into one bytes
-object per frame, and decoding a client's start image. Encoding is CPU work, so the
-server calls :func:`encode_frames` through ``asyncio.to_thread``, never on the loop.
+Owns: :func:`decode_start_image`. Frames are encoded by :func:`worldserve.media.encode_frames`
+(JPEG via Pillow, or raw RGB), which a worker may run instead (``--encode-frames``);
+it is re-exported here for the server's callers. Encoding is CPU work, so the server
+calls it through ``asyncio.to_thread``, never on the loop.
 
 Must not know: sockets, sessions.
 """
@@ -15,26 +16,11 @@ import io
 import warnings
 
 import numpy as np
-import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
+from worldserve.media import encode_frames
+
 __all__ = ["decode_start_image", "encode_frames"]
-
-
-def encode_frames(frames: npt.NDArray[np.uint8], media: str, quality: int = 90) -> list[bytes]:
-    """One wire payload per frame: JPEG bytes, or raw RGB (``height * width * 3`` bytes)."""
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"frames must be uint8 [frames, height, width, 3]; got {frames.dtype} {frames.shape}.")
-    if media == "raw":
-        return [np.ascontiguousarray(frame).tobytes() for frame in frames]
-    if media == "jpeg":
-        payloads = []
-        for frame in frames:
-            buffer = io.BytesIO()
-            Image.fromarray(frame, mode="RGB").save(buffer, format="JPEG", quality=quality, subsampling=0)
-            payloads.append(buffer.getvalue())
-        return payloads
-    raise ValueError(f"unknown media {media!r}; expected 'jpeg' or 'raw'.")
 
 
 def decode_start_image(data: str, height: int, width: int) -> bytes:

@@ -3,7 +3,8 @@
 Owns, per session: the session itself, the paced generation task (moved here unchanged
 from the connection: at most ``lead_chunks`` ahead of real time, paused while the
 controlling connections lag ``max_lag_chunks`` chunks), the session's chunk ``seq``,
-frame encoding (once per chunk, shared by every member), a replay buffer of the last
+frame encoding (once per chunk, shared by every member; frames a worker already encoded
+as this world's media and quality are used as they are), a replay buffer of the last
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
 each with its own event-id mapping (wire ids are per member; the session sees one
 increasing sequence), its ack state, its resume token, and what it missed while parked.
@@ -32,10 +33,10 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
+from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
-from worldserve.server.encoding import encode_frames
 from worldserve.server.messages import (
     ChunkFrames,
     ChunkMessage,
@@ -65,7 +66,12 @@ class WorldBackend(Protocol):
     @property
     def spec(self) -> ModelSpec: ...
 
-    async def create_session(self, *, prompt: str | None, seed: int, image: bytes | None) -> Session[Chunk]: ...
+    async def create_session(
+        self, *, prompt: str | None, seed: int, image: bytes | None, encoding: FrameEncoding | None = None
+    ) -> Session[Chunk]:
+        """A new session; ``encoding`` is how its frames will be sent (the runtime's workers may
+        encode them so, handing back :class:`~worldserve.media.EncodedFrames`)."""
+        ...
 
     async def close_session(self, session_id: str) -> None: ...
 
@@ -623,9 +629,9 @@ class WorldHost:
 
     async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:
         tick_seconds = committed - started
-        frames = chunk.frames
         metadata = chunk.metadata
-        payloads = await asyncio.to_thread(encode_frames, frames, self.media, self._quality)
+        encoded, encode_s = await self._encoded(chunk)
+        payloads = encoded.payloads
         self._seq += 1
         seq = self._seq
         latency = {
@@ -651,8 +657,8 @@ class WorldHost:
             frames=ChunkFrames(
                 count=len(payloads),
                 media="jpeg" if self.media == "jpeg" else "raw",
-                width=int(frames.shape[2]),
-                height=int(frames.shape[1]),
+                width=encoded.width,
+                height=encoded.height,
                 sizes=[len(payload) for payload in payloads],
             ),
             timings={
@@ -660,9 +666,10 @@ class WorldHost:
                 "queued_ms": chunk.queued_s * 1000.0,
                 "model_ms": chunk.compute_s * 1000.0,
                 "engine_ms": chunk.roundtrip_s * 1000.0,
+                "encode_ms": encode_s * 1000.0,
             },
             batch_size=chunk.batch_size,
-            payloads=tuple(payloads),
+            payloads=payloads,
         )
         self._replay.append(made)
         for member in self.members:
@@ -670,6 +677,20 @@ class WorldHost:
         if not self._first_chunk_sent:
             self._first_chunk_sent = True
             self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)
+
+    async def _encoded(self, chunk: Chunk) -> tuple[EncodedFrames, float]:
+        """The chunk's frames in this world's encoding, and the time spent encoding them: a
+        worker's payloads as they are when they match (its time, for its batch), else encoded
+        here in a thread (frames a worker encoded otherwise are decoded first)."""
+        wanted = FrameEncoding(self.media, self._quality)
+        frames = chunk.frames
+        if isinstance(frames, EncodedFrames) and frames.encoding.same_bytes(wanted):
+            return frames, chunk.encode_s
+        began = time.perf_counter()
+        if isinstance(frames, EncodedFrames):
+            frames = await asyncio.to_thread(decode_frames, frames)
+        encoded = await asyncio.to_thread(encode, frames, wanted)
+        return encoded, time.perf_counter() - began
 
     def _deliver(self, member: Member, made: _Made) -> None:
         """Post a chunk to a connected member; a viewer ``max_lag_chunks`` behind skips it instead."""

@@ -281,7 +281,9 @@ class ChunkMessage(_ServerMessage):
     frames: ChunkFrames
     timings: dict[str, float] = Field(
         description="tick_ms: next_chunk() on the server (snapshot to commit); queued_ms: waiting in the engine "
-        "for company or a worker; model_ms: the model's step for the whole batch; engine_ms: dispatch to result."
+        "for company or a worker; model_ms: the model's step for the whole batch; engine_ms: dispatch to result; "
+        "encode_ms: encoding the frames (by the worker, for the whole batch, when workers encode; else by the "
+        "server, for this chunk)."
     )
     batch_size: int = Field(description="Sessions in the model step that produced this chunk.")
     applied_latency_ms: list[float] = Field(
