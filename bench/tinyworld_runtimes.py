@@ -221,10 +221,10 @@ def main() -> int:
     print(
         f"\ntinyworld chunk denoising ({len(net.config.steps)} steps, full cache), float32, {threads} threads, "
         f"torch {torch.__version__}, caps: {caps or 'none'}; ms per chunk (median of {args.repeats} alternating "
-        f"repeats), speed-up over eager (median of per-repeat ratios), largest |x0 - reference|"
+        f"repeats), speed-up over eager (median of per-repeat ratios), largest |x0 - reference| (Δx0)"
     )
     others = [name for name in runs if name != "eager"]
-    header = ["sessions", *runs, *(f"{name} vs eager" for name in others), *(f"|x0| {name}" for name in runs)]
+    header = ["sessions", *runs, *(f"{name} vs eager" for name in others), *(f"Δx0 {name}" for name in runs)]
     rows = [header]
     for sessions in args.batches:
         eager = times[("eager", sessions)]
