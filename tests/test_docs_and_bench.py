@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -43,6 +44,26 @@ def test_tinyworld_benchmark_smoke() -> None:
     assert done.returncode == 0, done.stderr
     assert re.search(r"\| 1 session, frames/s +\| [\d.]+ ", done.stdout), done.stdout
     assert re.search(r"8 sessions batched, aggregate frames/s \| [\d.]+ \([\d.]+x one session\)", done.stdout)
+
+
+def test_tinyworld_profile_benchmark_smoke() -> None:
+    command = [sys.executable, "bench/tinyworld_profile.py", "--steps", "1", "--batches", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\| denoising: convolutions +\| [\d.]+ ms \(\d+%\)", done.stdout), done.stdout
+    assert re.search(r"\| convolutions: arithmetic, rate +\| [\d.]+ GFLOP, \d+ GFLOP/s", done.stdout), done.stdout
+
+
+def test_tinyworld_runtimes_benchmark_smoke() -> None:
+    # ONNX Runtime and OpenVINO are not dependencies: without onnx it says so; with it, it compares.
+    command = [sys.executable, "bench/tinyworld_runtimes.py", "--repeats", "1", "--chunks", "1", "--batches", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
+    if importlib.util.find_spec("onnx") is None:
+        assert done.returncode == 2
+        assert "needs the onnx package" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"\| 1 +\| [\d.]+ ms", done.stdout), done.stdout
 
 
 @pytest.mark.timeout(90)

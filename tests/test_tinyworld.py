@@ -270,6 +270,36 @@ def test_fast_path_equals_reference_with_shipped_weights(keyframes: int) -> None
     assert _fast_vs_reference(load_net(), keyframes) < FAST_X0_TOLERANCE
 
 
+#: |key|, |value| tolerance of the fast cache pass against the reference (keys and values reach ~20).
+FAST_KV_TOLERANCE = 1e-4
+
+
+@pytest.mark.parametrize("motion_path", [True, False])
+def test_fast_cache_pass_equals_reference(motion_path: bool) -> None:
+    # From the sink (empty cache) through a filling cache (masked) to a full, sliding one:
+    # the fast pass writes the same keys and values into the same slots.
+    config = TinyWorldConfig(window=2, dim=64, depth=2, heads=2, channels=(8, 16, 32), motion_path=motion_path)
+    for net in (_random_net(config), load_net()):
+        config = net.config
+        fast = FastSampler(net)
+        generator = torch.Generator().manual_seed(6)
+        reference = [KVCache(config) for _ in range(3)]
+        served = [KVCache(config) for _ in range(3)]
+        for _ in range(config.window + 3):
+            frames = torch.rand((3, 3, config.height, config.width), generator=generator) * 2 - 1
+            text = torch.randint(0, config.text_buckets, (3, config.max_words), generator=generator)
+            text[1] = 0  # an empty prompt
+            controls = torch.randn((3, 4), generator=generator) * 2
+            encode_keyframes(net, reference, frames, text, controls)
+            fast.encode_keyframes(served, frames, text, controls)
+            for one, two in zip(reference, served, strict=True):
+                assert one.written == two.written
+                assert torch.equal(one.valid, two.valid)
+                assert float((one.keys - two.keys).abs().max()) < FAST_KV_TOLERANCE
+                assert float((one.values - two.values).abs().max()) < FAST_KV_TOLERANCE
+        assert float(reference[0].keys.abs().max()) > 0.1  # the caches are not trivially equal
+
+
 def test_fast_model_serves_the_reference_frames_and_caches() -> None:
     # Sessions run on for several chunks, so that any difference would compound through the
     # uint8 keyframes fed back: frames stay within 2 levels (nearly all equal), caches close.

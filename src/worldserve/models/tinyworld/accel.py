@@ -16,14 +16,18 @@ Owns: :class:`FastSampler` (a drop-in for :func:`~.sampler.sample_chunk` over a
   (inductor, the system C++ compiler), batch size dynamic. If compiling fails, it falls back
   to ``"eager"`` for good and says why (:attr:`FastSampler.fallback`).
 
-The cache pass (:func:`~.sampler.encode_keyframes`) is the reference one on every path: it
-runs once per chunk against four denoising steps. Must not know: sessions, ticks, numpy.
+The cache pass (:meth:`FastSampler.encode_keyframes`, for :func:`~.sampler.encode_keyframes`)
+is hoisted the same way, and it skips what the reference computes and drops: the last
+transformer block's attention output and MLP (only that block's keys and values are kept).
+Must not know: sessions, ticks, numpy.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +82,15 @@ class FastSampler:
             self.stem_noisy = encoder.stem.weight[:, :3].detach().contiguous(memory_format=torch.channels_last)
             self.stem_extra = encoder.stem.weight[:, 3:].detach().contiguous(memory_format=torch.channels_last)
         self.mod_sizes = [linear.out_features for linear in linears]
+        # The cache pass modulates the encoder's conv blocks and the transformer blocks only.
+        keyframe_linears = [block.film for block in self.conv_blocks[:3]] + [block.ada for block in net.block_list]
+        with torch.no_grad():
+            self.kf_weight = torch.cat([linear.weight for linear in keyframe_linears]).detach().clone()
+            self.kf_bias = torch.cat([linear.bias for linear in keyframe_linears]).detach().clone()
+            # A keyframe is clean: its noise-level term of the conditioning is a constant.
+            zero_t = _timestep_features(torch.zeros(1, device=self.kf_weight.device), 64)
+            self.kf_t_term = net.conditioner.t_mlp(zero_t)[0].detach().clone()
+        self.kf_sizes = [linear.out_features for linear in keyframe_linears]
         #: Why compiling failed (then it serves eagerly), else None.
         self.fallback: str | None = None
         #: Whether denoising steps run through ``torch.compile`` (False after a fallback).
@@ -171,6 +184,56 @@ class FastSampler:
                 self.compiled = False
         return self._denoise_step(x, cond, share, shifted, keys, values, mask)
 
+    @torch.no_grad()
+    def encode_keyframes(self, caches: Sequence[KVCache], frames: Tensor, text: Tensor, controls: Tensor) -> None:
+        """As :func:`~.sampler.encode_keyframes`: each session's new keyframe ``frames`` [B, 3, H, W]
+        attends to its cache, and its keys and values join it."""
+        net = self.net
+        config = self.config
+        b = frames.shape[0]
+        p = config.tokens_per_frame
+        dim = config.dim
+        conditioner = net.conditioner
+        sink = torch.tensor([cache.written == 0 for cache in caches], device=frames.device)
+        roles = torch.where(sink, config.frames_per_chunk + 1, config.frames_per_chunk).to(torch.int64)
+        scaled = controls / torch.tensor(
+            [4.0, 4.0, conditioner.max_shift, conditioner.max_shift], dtype=controls.dtype, device=controls.device
+        )
+        features = torch.cat([_fourier(scaled, 2.0, 8), scaled], dim=-1)
+        cond = self.kf_t_term + conditioner.control_mlp(features) + conditioner.text(text) + conditioner.role(roles)
+        mods = torch.split(F.linear(F.silu(cond), self.kf_weight, self.kf_bias), self.kf_sizes, dim=-1)
+        # Encoder: the stem's 4 motion channels are zeros for a keyframe.
+        encoder = net.encoder
+        pixels = frames.contiguous(memory_format=torch.channels_last)
+        h = F.conv2d(pixels, self.stem_noisy, encoder.stem.bias, padding=1)
+        h = _conv_block(encoder.block1, h, mods[0])
+        h = _conv_block(encoder.block2, encoder.down1(h), mods[1])
+        h = _conv_block(encoder.block3, encoder.down2(h), mods[2])
+        x = encoder.patch(h).flatten(2).transpose(1, 2).add(net.pos)  # [B, P, dim]
+        context, valid = gather(caches)
+        mask: Tensor | None = None
+        if not bool(valid.all()):
+            mask = torch.cat([valid, valid.new_ones(b, p)], dim=1)[:, None, None]
+        blocks = net.block_list
+        layers: list[tuple[Tensor, Tensor]] = []
+        for index, (block, mod, (ctx_k, ctx_v)) in enumerate(zip(blocks, mods[3:], context, strict=True)):
+            m = mod.view(b, 1, 6, dim)
+            h_tok = F.layer_norm(x, (dim,), eps=1e-6) * (1.0 + m[:, :, 1]) + m[:, :, 0]
+            q, k, v = block.qkv(h_tok).chunk(3, dim=-1)
+            layers.append((k, v))
+            if index + 1 == len(blocks):
+                break  # the last block's output is not kept: only its keys and values are
+            heads = block.heads
+            qh = q.reshape(b, p, heads, -1).transpose(1, 2)
+            kh = torch.cat([ctx_k, k], dim=1).view(b, -1, heads, dim // heads).transpose(1, 2)
+            vh = torch.cat([ctx_v, v], dim=1).view(b, -1, heads, dim // heads).transpose(1, 2)
+            attn = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask).transpose(1, 2).reshape(b, p, dim)
+            x = x + m[:, :, 2] * block.proj(attn)
+            h_tok = F.layer_norm(x, (dim,), eps=1e-6) * (1.0 + m[:, :, 4]) + m[:, :, 3]
+            x = x + m[:, :, 5] * _mlp(block.mlp, h_tok)
+        for row, cache in enumerate(caches):
+            cache.write([(k[row], v[row]) for k, v in layers])
+
     # -- per step ----------------------------------------------------------------------------
 
     def _denoise_step(
@@ -223,7 +286,7 @@ class FastSampler:
             attn = attn.transpose(1, 2).reshape(b, f, p, dim)
             x = x + m[..., 2, :] * block.proj(attn)
             h_tok = F.layer_norm(x, (dim,), eps=1e-6) * (1.0 + m[..., 4, :]) + m[..., 3, :]
-            x = x + m[..., 5, :] * block.mlp(h_tok)
+            x = x + m[..., 5, :] * _mlp(block.mlp, h_tok)
         shift, scale = head.view(b, f, 1, 2 * dim).chunk(2, dim=-1)
         out_tokens = net.head(F.layer_norm(x, (dim,), eps=1e-6) * (1.0 + scale) + shift)  # [B, F, P, dim]
         # Decoder.
@@ -254,3 +317,20 @@ def _conv_block(block: ConvBlock, x: Tensor, film: Tensor) -> Tensor:
     h = h.mul_(1.0 + scale[..., None, None]).add_(shift[..., None, None])
     out: Tensor = block.conv2(F.silu(h, inplace=True)).add_(x)
     return out
+
+
+#: sqrt(2 / pi), of the tanh approximation of GELU.
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _mlp(mlp: nn.Sequential, x: Tensor) -> Tensor:
+    """A block's ``Linear -> GELU(tanh) -> Linear``; in float32 the GELU in place and through the
+    identity ``0.5 * (1 + tanh(z)) = sigmoid(2z)`` (cheaper than the tanh kernel here, equal to
+    float rounding). In bfloat16 each of those five steps would round: there it is ``F.gelu``."""
+    first, second = cast(nn.Linear, mlp[0]), cast(nn.Linear, mlp[2])
+    h = F.linear(x, first.weight, first.bias)
+    if h.dtype != torch.float32:
+        return F.linear(F.gelu(h, approximate="tanh"), second.weight, second.bias)
+    z = h * h
+    z = z.mul_(0.044715 * 2.0 * _GELU_C).add_(2.0 * _GELU_C).mul_(h).sigmoid_().mul_(h)
+    return F.linear(z, second.weight, second.bias)

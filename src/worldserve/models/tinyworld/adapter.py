@@ -203,13 +203,20 @@ class TinyWorldModel:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
 
+    def _encode_keyframes(self, caches: list[KVCache], frames: Tensor, text: Tensor, controls: Tensor) -> None:
+        """The cache pass, on this model's serving path."""
+        with self._autocast():
+            if self._fast is None:
+                encode_keyframes(self.net, caches, frames, text, controls)
+            else:
+                self._fast.encode_keyframes(caches, frames, text, controls)
+
     def new_state(self, session_id: str, options: SessionOptions) -> TinyWorldState:
         options.check_image(self._spec)
         frame = to_pixels(self.start_frame(options)).to(self.device)
         cache = KVCache(self.config, self.device)
         zeros = torch.zeros(1, 4, device=self.device)
-        with self._autocast():
-            encode_keyframes(self.net, [cache], frame[None], self._text([options.prompt]), zeros)
+        self._encode_keyframes([cache], frame[None], self._text([options.prompt]), zeros)
         return TinyWorldState(session_id, options, cache, frame)
 
     def _prepare(self, batch: Sequence[tuple[Any, TickRequest]]) -> tuple[list[TinyWorldState], Tensor, Tensor]:
@@ -246,8 +253,7 @@ class TinyWorldModel:
                 x0 = self._fast.sample_chunk(caches, noise, text, controls, keyframes)
         frames = to_uint8(x0)  # [B, F, H, W, 3]
         last = to_pixels(frames[:, -1]).to(self.device)
-        with self._autocast():
-            encode_keyframes(self.net, caches, last, text, controls[:, -1])
+        self._encode_keyframes(caches, last, text, controls[:, -1])
         outputs = []
         for row, (state, (_, tick)) in enumerate(zip(states, batch, strict=True)):
             state.keyframe = last[row]
@@ -259,8 +265,7 @@ class TinyWorldModel:
         """Teacher forcing: append a true chunk (``uint8 [F, H, W, 3]``, made under ``tick``) to the context."""
         _, controls, text = self._prepare([(state, tick)])
         last = to_pixels(frames[-1]).to(self.device)
-        with self._autocast():
-            encode_keyframes(self.net, [state.cache], last[None], text, controls[:, -1])
+        self._encode_keyframes([state.cache], last[None], text, controls[:, -1])
         state.keyframe = last
 
     def snapshot(self, state: Any) -> TinyWorldUndo:
