@@ -350,3 +350,31 @@ def test_compile_failure_falls_back_to_the_eager_fast_path(monkeypatch: pytest.M
     assert not compiled.compiled
     assert compiled.fallback == "RuntimeError: no C++ compiler here"
     assert torch.equal(out, eager.sample_chunk(caches, noise, text, controls, keyframe))
+
+
+def test_a_shorter_sampler_schedule_runs_fewer_denoising_steps() -> None:
+    """``steps``: a subset of the trained noise levels (the way to real time on slow float32 CPUs)."""
+    full = TinyWorldModel(precision="float32", accel="none")
+    short = TinyWorldModel(precision="float32", accel="none", steps="1,0.25")
+    fast = TinyWorldModel(precision="float32", accel="eager", steps=(1.0, 0.25))
+    assert short.config.steps == fast.config.steps == (1.0, 0.25)
+    assert short.spec.version == f"{full.spec.version} steps=1,0.25"  # a journal replays with the same sampler
+    calls = 0
+    denoise = short.net.denoise_chunk
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return denoise(*args, **kwargs)  # type: ignore[arg-type]
+
+    short.net.denoise_chunk = counted  # type: ignore[method-assign]
+    frames = {}
+    for name, model in (("full", full), ("short", short), ("fast", fast)):
+        state = model.new_state("s", SessionOptions(prompt="forest", seed=3))
+        frames[name] = parse_chunk_envelope(model.step([(state, tick("s", 0, keys("D")))])[0])[0].astype(np.int16)
+    assert calls == 2
+    assert np.abs(frames["short"] - frames["fast"]).max() <= 2  # the fast path computes the same schedule
+    assert np.abs(frames["short"] - frames["full"]).mean() > 0.5  # and it is not the 4-step one
+    for wrong in ("0.25,1", "1,0.3", "0.5,0.25", ""):
+        with pytest.raises(ValueError, match="trained on"):
+            TinyWorldModel(precision="float32", steps=wrong)

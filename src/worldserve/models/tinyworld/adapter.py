@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ class TinyWorldModel:
         device: str = "cpu",
         precision: str = "auto",
         accel: str = "auto",
+        steps: str | Sequence[float] | None = None,
         net: TinyWorldNet | None = None,
     ) -> None:
         if threads is not None:
@@ -128,6 +130,9 @@ class TinyWorldModel:
         self.device = torch.device(device)
         self.net = net if net is not None else load_net(None if weights is None else Path(weights))
         version = "custom" if net is not None else weights_version(None if weights is None else Path(weights))
+        if steps is not None:  # a subset of the trained noise levels: fewer denoising steps per chunk
+            self.net.config = replace(self.net.config, steps=_sampler_steps(steps, self.net.config.steps))
+            version = f"{version} steps={','.join(f'{t:g}' for t in self.net.config.steps)}"
         self.net.to(self.device)
         self.net.eval()
         #: bfloat16 autocast (weights and cache stay float32): on a GPU, or a CPU with native
@@ -284,3 +289,22 @@ class TinyWorldModel:
     def release(self, state: Any) -> None:
         if isinstance(state, TinyWorldState):
             state.cache.clear()
+
+
+def _sampler_steps(steps: str | Sequence[float], trained: tuple[float, ...]) -> tuple[float, ...]:
+    """Parse and check a sampler schedule: trained noise levels, descending, starting at the first."""
+    try:
+        levels = tuple(float(t) for t in (steps.split(",") if isinstance(steps, str) else steps))
+    except ValueError:
+        levels = ()
+    if (
+        not levels
+        or any(t not in trained for t in levels)
+        or levels[0] != trained[0]
+        or list(levels) != sorted(set(levels), reverse=True)
+    ):
+        raise ValueError(
+            f"steps must be noise levels the network was trained on ({', '.join(f'{t:g}' for t in trained)}), "
+            f"descending from {trained[0]:g}, e.g. '1,0.25'; got {steps!r}."
+        )
+    return levels
