@@ -105,3 +105,21 @@ async def check_procedural_frames(url: str) -> None:
                     assert np.array_equal(chunk.frames, made)
                 else:
                     assert np.abs(chunk.frames.astype(np.int16) - made).mean() < JPEG_MEAN_ERROR
+
+
+async def check_frames_and_events(server: RunningServer) -> None:
+    """A ``--model procedural`` server end to end, then stopped: valid frames of each media, and 4
+    clients' events each applied exactly once or reported dropped (none lost, none twice, no errors)."""
+    from worldserve.loadtest import run_bench
+
+    try:
+        await check_procedural_frames(server.ws)
+        result = await run_bench(server.ws, clients=4, duration=3.0, event_interval=0.1, settle=5.0)
+        for report in result.reports:
+            assert report.chunks > 0
+            assert report.accepted > 0
+            assert (report.lost, report.applied_twice, dict(report.errors)) == (0, 0, {})
+            assert report.applied_once + report.dropped == report.accepted
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()

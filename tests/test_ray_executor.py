@@ -25,9 +25,8 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from runtime_models import Truth  # noqa: E402
-from server_harness import check_procedural_frames, start_server  # noqa: E402
+from server_harness import check_frames_and_events, start_server  # noqa: E402
 from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
-from worldserve.loadtest import run_bench  # noqa: E402
 from worldserve.media import EncodedFrames, FrameEncoding, encode_frames  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
 from worldserve.runtime import (  # noqa: E402
@@ -263,17 +262,7 @@ async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nod
         "--model", "procedural", "--workers", "2", "--executor", "ray", "--ray-address", address,
         "--ray-num-cpus", "0", "--ray-resource", resource, "--encode-frames", "worker", timeout=90.0,
     )  # fmt: skip
-    try:
-        await check_procedural_frames(server.ws)  # JPEG and raw payloads made by the Ray workers
-        result = await run_bench(server.ws, clients=4, duration=3.0, event_interval=0.1, settle=5.0)
-        for report in result.reports:
-            assert report.chunks > 0
-            assert report.accepted > 0
-            assert (report.lost, report.applied_twice, dict(report.errors)) == (0, 0, {})
-            assert report.applied_once + report.dropped == report.accepted
-    finally:
-        server.stop()
-    assert "Traceback" not in server.log()
+    await check_frames_and_events(server)  # JPEG and raw payloads made by the Ray workers
 
 
 def test_ray_flags_and_no_ray_import_unless_named() -> None:
