@@ -220,7 +220,7 @@ class WorldHost:
         self._registry = registry
         self._clock = clock
         self.media = media
-        self._quality = quality
+        self._encoding = FrameEncoding(media, quality)  # what members are sent
         self.viewer_token = _token() if share_viewers else None
         self.controller_token = _token() if share_controllers else None
         self.members: list[Member] = []
@@ -682,7 +682,7 @@ class WorldHost:
         """The chunk's frames in this world's encoding, and the time spent encoding them: a
         worker's payloads as they are when they match (its time, for its batch), else encoded
         here in a thread (frames a worker encoded otherwise are decoded first)."""
-        wanted = FrameEncoding(self.media, self._quality)
+        wanted = self._encoding
         frames = chunk.frames
         if isinstance(frames, EncodedFrames) and frames.encoding.same_bytes(wanted):
             return frames, chunk.encode_s
