@@ -3,9 +3,9 @@
 Owns: the event-loop side of the runtime -- affinity (a session's ticks reach the
 worker holding its state), continuous batching (one
 :class:`~worldserve.runtime.scheduler.BatchQueue` per worker, one step in flight per
-worker), the chunk clock of each worker (:mod:`~worldserve.runtime.clock`: the instants
-its paced sessions issue ticks at, stretched when the worker falls behind, and the step
-times admission weighs against the period), tick deadlines (a late tick fails at once, its session fails closed),
+worker), driving each worker's tick gathering (:mod:`~worldserve.runtime.gathering`: the
+chunk clock its paced sessions issue ticks at, stretched when the worker falls behind,
+and the step times admission weighs against the period), tick deadlines (a late tick fails at once, its session fails closed),
 hung-worker kills, worker deaths (only the dead worker's sessions fail, with
 ``worker_died``, and a replacement starts), cancelling a tick (``cancel_tick``: a
 queued one leaves its queue; a running one's result is discarded and its worker told
@@ -32,7 +32,6 @@ from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
 from worldserve.runtime.admission import Admission
 from worldserve.runtime.chunk import Chunk
-from worldserve.runtime.clock import ChunkClock, StepTimes, tick_instant
 from worldserve.runtime.errors import (
     DeadlineExceededError,
     RuntimeClosedError,
@@ -41,6 +40,7 @@ from worldserve.runtime.errors import (
     error_from_code,
 )
 from worldserve.runtime.executor.abstract import Executor
+from worldserve.runtime.gathering import Gathering
 from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, StepReport, TickOutput
 from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
@@ -126,43 +126,25 @@ class _Worker:
     """One worker as the engine sees it."""
 
     __slots__ = (
-        "clock",
+        "gathering",
         "hang_timer",
         "index",
         "overdue",
-        "paced",
-        "planned",
         "queue",
         "ready",
         "running",
-        "served",
-        "steps",
         "timer",
     )
 
     def __init__(self, index: int, queue: BatchQueue[_Tick], period: float) -> None:
         self.index = index
         self.queue = queue
-        self.clock = ChunkClock(period)  # runs once a paced session asks for an instant
-        self.steps = StepTimes()  # dispatch -> results, per batch size
-        self.planned: dict[str, float] = {}  # session -> the instant its next tick is due
-        # session -> when it last asked for an instant, and its slack then (its chunk's playout
-        # instant minus its tick's instant; None: not told)
-        self.paced: dict[str, tuple[float, float | None]] = {}
-        self.served = float("-inf")  # when the last batch was taken
+        self.gathering = Gathering(period)  # its chunk clock, step times and paced sessions
         self.running: list[Queued[_Tick]] | None = None  # the batch in flight
         self.timer: asyncio.TimerHandle | None = None  # wakes a waiting batch
         self.hang_timer: asyncio.TimerHandle | None = None
         self.ready = False
         self.overdue = False  # a tick of the step in flight missed its deadline
-
-    def pacing(self, now: float) -> tuple[int, float | None]:
-        """The sessions paced on the clock lately (asked within two periods: a session held back by its
-        client's acks does not count) and the least of their slacks (None: none told)."""
-        horizon = now - 2 * self.clock.period
-        for session_id in [sid for sid, (asked, _) in self.paced.items() if asked < horizon]:
-            del self.paced[session_id]
-        return len(self.paced), min((slack for _, slack in self.paced.values() if slack is not None), default=None)
 
     def stalled(self, now: float, stall_after_s: float) -> bool:
         """Whether the step in flight is overdue (an admission would wait behind it): one of its
@@ -264,7 +246,7 @@ class Engine:
             self._counters.tick_failures[error.code] += 1
             raise error
         worker = self._workers[route.worker]
-        worker.planned.pop(tick.session_id, None)
+        worker.gathering.arrived(tick.session_id)
         pending = _Tick(tick, loop.create_future())
         entry = worker.queue.push(pending, loop.time())
         deadline = self.config.tick_deadline_s
@@ -305,35 +287,27 @@ class Engine:
         if route is None or route.worker is None:
             return now if want is None else max(now, want)
         worker = self._workers[route.worker]
-        if want is None and self._router.resident_count(worker.index) <= 1 and not worker.planned:
-            worker.clock = ChunkClock(worker.clock.nominal)  # alone: the clock starts over from this session
-        instant = tick_instant(worker.clock, now, want, served=worker.served, eager=eager)
-        worker.planned[session_id] = instant
-        # a lead chunk's instant is "now", not one of the clock's: it tells no slack
-        worker.paced[session_id] = (now, None if due is None or eager else due - instant)
+        alone = self._router.resident_count(worker.index) <= 1
+        instant, waited = worker.gathering.ask(session_id, now, want, eager=eager, due=due, alone=alone)
+        if waited:
+            self._schedule(worker)  # a batch may have been waiting for this session
         return instant
-
-    def _waiting_for(self, worker: _Worker, now: float) -> int:
-        """Sessions due at an instant up to ``now`` whose tick has not arrived (stale plans dropped)."""
-        stale = now - 2 * worker.clock.period
-        for session_id in [sid for sid, due in worker.planned.items() if due < stale]:
-            del worker.planned[session_id]
-        return sum(1 for due in worker.planned.values() if due <= now + 1e-6)
 
     def _headroom_refusal(self, index: int) -> str | None:
         """Why a clocked worker should take no more sessions (its step would outgrow the period), or None."""
         worker = self._workers[index]
         load = self._router.load(index)
-        if not worker.clock.started or load == 0:
+        clock = worker.gathering.clock
+        if not clock.started or load == 0:
             return None  # an empty worker takes a session (and measures it)
-        predicted = worker.steps.predict(load + 1)
-        budget = worker.clock.nominal * self.config.step_budget
+        predicted = worker.gathering.steps.predict(load + 1)
+        budget = clock.nominal * self.config.step_budget
         if predicted is None or predicted <= budget:
             return None
         return (
             f"worker {index}: no real-time headroom (a step of {load + 1} sessions is predicted at "
             f"{predicted * 1000:.0f} ms, over {budget * 1000:.0f} ms of the "
-            f"{worker.clock.nominal * 1000:.0f} ms period)"
+            f"{clock.nominal * 1000:.0f} ms period)"
         )
 
     def cancel_tick(self, tick: TickRequest) -> None:
@@ -394,20 +368,8 @@ class Engine:
         loop = self._require_running()
         now = loop.time()
         resident = self._router.resident_count(worker.index)
-        if worker.clock.started:
-            queued = len(worker.queue)
-            paced, slack = worker.pacing(now)
-            due = worker.queue.clocked_due_at(
-                resident,
-                now=now,
-                clock=worker.clock,
-                served=worker.served,
-                waiting_for=self._waiting_for(worker, now),
-                gather_wait_s=self.config.gather_wait_s,
-                step_s=worker.steps.predict(queued) if queued else None,
-                instant_step_s=worker.steps.predict(max(paced, 1)),
-                slack_s=slack,
-            )
+        if worker.gathering.clock.started:
+            due = worker.gathering.batch_due(worker.queue, resident, now, self.config.gather_wait_s)
         else:
             due = worker.queue.due_at(resident)
         if due is None:
@@ -436,7 +398,7 @@ class Engine:
         for entry in batch:
             entry.item.dispatched = now
         worker.running = batch
-        worker.served = now
+        worker.gathering.taken(now)
         self._counters.batches += 1
         self._counters.batch_size.observe(len(batch))
         future = self._executor.step(worker.index, [entry.item.tick for entry in batch])
@@ -457,25 +419,20 @@ class Engine:
         error = RuntimeClosedError("the runtime is shut down.") if done.cancelled() else done.exception()
         if error is not None:
             failure = error if isinstance(error, TickFailedError) else TickFailedError(f"step failed: {error!r}")
+            worker.gathering.step_done((), None, now)
             for entry in batch:
                 self._fail_tick(entry.item, failure)
         else:
             report: StepReport = done.result()
-            self._observe_step(worker, len(batch), now - batch[0].item.dispatched, now)
+            worker.gathering.step_done(
+                [entry.item.tick.session_id for entry in batch], now - batch[0].item.dispatched, now
+            )
             overhead = max(0.0, (now - batch[0].item.dispatched) - report.compute_s - report.encode_s)
             self._counters.overhead.observe(overhead)
             for entry, result in zip(batch, report.results, strict=True):
                 self._deliver(worker, entry, result, report, now)
         if self._state == "running":
             self._schedule(worker)
-
-    def _observe_step(self, worker: _Worker, size: int, seconds: float, now: float) -> None:
-        """Record a step's time; a clocked worker's period follows its step at the count of its paced sessions."""
-        worker.steps.observe(size, seconds)
-        if worker.clock.started:
-            predicted = worker.steps.predict(max(size, worker.pacing(now)[0]))
-            if predicted is not None:
-                worker.clock.stretch(predicted, now)
 
     def _deliver(self, worker: _Worker, entry: Queued[_Tick], result: Any, report: StepReport, now: float) -> None:
         pending = entry.item
@@ -561,8 +518,7 @@ class Engine:
         worker.overdue = False
         self._cancel_timers(worker)
         self._counters.worker_deaths += 1
-        worker.planned.clear()
-        worker.paced.clear()
+        worker.gathering.clear()
         lost = self._router.worker_died(index, error)
         for entry in worker.queue.drain():
             self._fail_tick(entry.item, error)
@@ -639,8 +595,7 @@ class Engine:
         closed cannot hang. The session stays admitted: a reset re-creates its state.
         """
         for worker in self._workers:
-            worker.planned.pop(session_id, None)
-            worker.paced.pop(session_id, None)
+            worker.gathering.forget(session_id)
         self._require_admission().release(session_id, f"session {session_id!r} was released; reset it to go on.")
 
     def forget_session(self, session_id: str) -> None:
@@ -718,7 +673,9 @@ class Engine:
             resident=tuple(self._router.resident_count(index) for index in range(self.num_workers)),
             queued_ticks=sum(len(worker.queue) for worker in self._workers),
             workers_alive=sum(self._executor.is_alive(index) for index in range(self.num_workers)),
-            chunk_periods=tuple(worker.clock.period if worker.clock.started else None for worker in self._workers),
+            chunk_periods=tuple(
+                worker.gathering.clock.period if worker.gathering.clock.started else None for worker in self._workers
+            ),
         )
 
 

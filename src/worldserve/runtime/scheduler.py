@@ -95,6 +95,7 @@ class BatchQueue(Generic[T]):
         step_s: float | None,
         instant_step_s: float | None = None,
         slack_s: float | None = None,
+        freed: float = float("-inf"),
     ) -> float | None:
         """When an idle worker on ``clock`` should take a batch: ``-inf`` now, a time, or None.
 
@@ -104,6 +105,9 @@ class BatchQueue(Generic[T]):
         session resident on the worker); None: unknown. ``slack_s``: how long after its
         instant an instant's batch may end with every chunk still ready by its playout
         instant (the least of the sessions'; None: one period, what pacing guarantees).
+        ``freed``: when the worker's last step ended; an instant's batch waits for its
+        sessions at most ``gather_wait_s`` after the instant or after that, whichever is
+        later (a step that ran past the instant held its sessions' next ticks back).
         """
         queue = self._queue
         if not queue:
@@ -114,7 +118,7 @@ class BatchQueue(Generic[T]):
         if served < instant:  # this instant's batch has not gone: it forms now
             if waiting_for <= 0:
                 return float("-inf")
-            return max(instant, queue[0].arrived) + gather_wait_s
+            return max(instant, queue[0].arrived, freed) + gather_wait_s
         following = clock.after(now)
         slack = clock.period if slack_s is None else slack_s
         if step_s is None or _fits_before(now + step_s, following, slack, instant_step_s):
