@@ -182,7 +182,8 @@ class RuntimeConfig:
             "--gather-wait-ms",
             type=float,
             default=20.0,
-            help="on a worker's chunk clock: longest wait at an instant for the sessions due at it",
+            help="on a worker's chunk clock: longest wait for the sessions due at an instant "
+            "(from the instant, or from the end of a step that ran past it)",
         )
         group.add_argument(
             "--step-budget",

@@ -5,8 +5,8 @@ worker holding its state), continuous batching (one
 :class:`~worldserve.runtime.scheduler.BatchQueue` per worker, one step in flight per
 worker), driving each worker's tick gathering (:mod:`~worldserve.runtime.gathering`: the
 chunk clock its paced sessions issue ticks at, stretched when the worker falls behind,
-and the step times admission weighs against the period), tick deadlines (a late tick fails at once, its session fails closed),
-hung-worker kills, worker deaths (only the dead worker's sessions fail, with
+and the step times admission weighs against the period), tick deadlines (a late tick
+fails at once, its session fails closed), hung-worker kills, worker deaths (only the dead worker's sessions fail, with
 ``worker_died``, and a replacement starts), cancelling a tick (``cancel_tick``: a
 queued one leaves its queue; a running one's result is discarded and its worker told
 to roll the state back before any later call), lifecycle RPCs in the shape
@@ -68,7 +68,8 @@ class EngineConfig:
     ``batch_wait_s``: the longest an idle worker's tick waits for company;
     ``max_batch_size``: cap below the model's own limit (None: the model's);
     ``gather_wait_s``: on a worker whose chunk clock runs, the longest the batch of an
-    instant waits for the sessions due at it; ``step_budget``: the share of the chunk
+    instant waits for the sessions due at it (counted from the instant, or from the end
+    of a step that ran past it); ``step_budget``: the share of the chunk
     period a clocked worker's predicted step (with one more session) may take for it to
     admit another session;
     ``tick_deadline_s``: a tick not done by then fails its session (None: never);

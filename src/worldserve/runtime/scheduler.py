@@ -9,7 +9,8 @@ waits for company at most ``batch_wait_s`` after its oldest tick arrived.
 On a worker whose :class:`~worldserve.runtime.clock.ChunkClock` runs (its sessions
 issue their ticks at its instants), :meth:`BatchQueue.clocked_due_at` applies instead:
 the batch of an instant goes once every session due at it has arrived (at most
-``gather_wait_s`` after the instant). A tick off the instants (a joiner's first chunk,
+``gather_wait_s`` after the instant, or after the worker's last step ended if that ran
+past it). A tick off the instants (a joiner's first chunk,
 its lead chunk, a straggler) runs at once if it ends before the next instant, or if
 the next instant's batch, started after it, still ends before the earliest playout
 instant of its chunks (pacing issues a tick at least one period before its chunk
