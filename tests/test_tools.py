@@ -90,3 +90,55 @@ def test_record_refuses_a_bad_script(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "must carry a prompt and/or controls" in done.stderr
+
+
+async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search itself, against a fake bench: a count is held up to 11 sessions; the 12th is refused."""
+    import worldserve.loadtest as loadtest
+
+    tried: list[int] = []
+
+    async def fake_bench(url: str, *, clients: int, **_: object) -> loadtest.BenchResult:
+        tried.append(clients)
+        reports = []
+        for index in range(clients):
+            report = loadtest.ClientReport(chunk_period=0.25, chunks=10)
+            report.arrivals = [0.25 * k for k in range(10)]
+            if clients > 11 and index == clients - 1:
+                report.errors["admission_refused"] += 1
+                report.error_messages.append("session 'x' refused: no real-time headroom")
+            reports.append(report)
+        return loadtest.BenchResult(clients=clients, duration=1.0, reports=reports)
+
+    monkeypatch.setattr(loadtest, "run_bench", fake_bench)
+    capacity, steps = await loadtest.find_capacity("ws://unused", start=2, max_clients=32)
+    assert capacity == 11
+    assert tried == [2, 4, 8, 16, 12, 10, 11]
+    assert [step.held for step in steps] == [True, True, True, False, False, True, True]
+    table = loadtest.format_capacity_table(capacity, steps)
+    assert "sessions held at <= 1 % late chunks: 11" in table
+    assert "at 12 clients, first error: session 'x' refused: no real-time headroom" in table
+
+
+def test_playout_lateness_counts_a_late_chunk_once_and_reanchors() -> None:
+    from worldserve.loadtest import playout_lateness
+
+    assert playout_lateness([0.0, 0.25, 0.5], 0.25) == (0, 0.0)
+    late, stall = playout_lateness([0.0, 0.2, 0.6, 0.85, 1.2], 0.25)  # 0.6 is 0.1 late; 1.1 due, 1.2 late
+    assert late == 2
+    assert stall == pytest.approx(0.2)
+
+
+async def test_bench_staggered_and_open_loop_against_a_real_server(server: RunningServer) -> None:
+    staggered = await run_bench(server.ws, clients=3, duration=1.0, stagger=0.6, settle=3.0, seed=1)
+    starts = sorted(report.started_at or 0.0 for report in staggered.reports)
+    assert starts[-1] - starts[0] > 0.05  # they did not start together
+    assert "staggered" in staggered.arrivals
+    opened = await run_bench(server.ws, duration=1.0, arrival_rate=4.0, session_seconds=0.8, settle=3.0, seed=2)
+    assert "open loop" in opened.arrivals
+    for report in [*staggered.reports, *opened.reports]:
+        assert not report.errors, report.error_messages
+        assert report.chunks > 1
+        assert report.lost == 0
+        assert report.applied_twice == 0
+    assert opened.clients == len(opened.reports)

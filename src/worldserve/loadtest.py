@@ -73,6 +73,7 @@ class ClientReport:
     superseded: int = 0  # of dropped: replaced in the queue by a newer held-key event (reported, not lost)
     lost: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    error_messages: list[str] = field(default_factory=list)  # what the server said, for the codes in ``errors``
     latencies: list[float] = field(default_factory=list)  # event sent -> its chunk received (client), seconds
     applied: list[float] = field(default_factory=list)  # event accepted -> its chunk committed (server), seconds
     boundary_wait: list[float] = field(default_factory=list)  # the same minus that chunk's own tick time
@@ -292,6 +293,7 @@ async def _run_client(
                     )
                 except WorldError as error:
                     report.errors[error.code] += 1
+                    report.error_messages.append(str(error))
                     continue
                 if acceptance.status == "accepted":
                     accepted.add(event_id)
@@ -324,6 +326,7 @@ async def _run_client(
             }
     except (WorldError, WorldClientError, OSError) as error:
         report.errors[getattr(error, "code", type(error).__name__)] += 1
+        report.error_messages.append(str(error))
         return report
     report.accepted = len(accepted)
     report.applied_once = sum(1 for event in accepted if applied[event] == 1)
@@ -675,6 +678,10 @@ def format_capacity_table(capacity: int, steps: list[CapacityStep], *, label: st
         lines.append("| " + " | ".join(_step_cells(step)) + " |")
     lines.append("")
     lines.append(f"{label}sessions held at <= {LATE_LIMIT * 100:g} % late chunks: {capacity}")
+    for step in sorted(steps, key=lambda item: item.clients):  # why sessions failed: the server's words
+        said = next((message for r in step.result.reports for message in r.error_messages), None)
+        if said is not None:
+            lines.append(f"  at {step.clients} clients, first error: {said[:300]}")
     return "\n".join(lines)
 
 
