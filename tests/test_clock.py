@@ -47,7 +47,7 @@ def test_stretch_keeps_past_instants_and_spaces_later_ones() -> None:
 
 
 def test_step_times_predict() -> None:
-    steps = StepTimes(alpha=0.5)
+    steps = StepTimes()
     assert steps.predict(1) is None
     steps.observe(2, 0.1)
     assert steps.predict(2) == 0.1
@@ -57,7 +57,13 @@ def test_step_times_predict() -> None:
     assert steps.predict(3) == pytest.approx(0.12)  # between: the line
     assert steps.predict(6) == pytest.approx(0.18)  # above: the line through the extremes
     steps.observe(4, 0.18)
-    assert steps.measured(4) == pytest.approx(0.16)  # an EWMA
+    assert steps.measured(4) == pytest.approx(0.16)  # the median of the recent steps
+    steps.observe(4, 0.9)  # one step slowed by something else moves it little
+    assert steps.measured(4) == pytest.approx(0.18)
+    assert steps.predict(5) == pytest.approx(0.18 + (0.18 - 0.1) / 2)
+    for _ in range(3):  # the model really is slower now: the majority says so
+        steps.observe(4, 0.3)
+    assert steps.measured(4) == pytest.approx(0.3)
 
 
 def test_tick_instant() -> None:

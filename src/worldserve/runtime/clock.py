@@ -2,7 +2,7 @@
 
 Owns: :class:`ChunkClock` (origin + k * period; the period stretched to the worker's
 measured step time when it cannot hold real time, so every session on it slows the
-same), :class:`StepTimes` (an EWMA of a worker's step time per batch size, and a
+same), :class:`StepTimes` (a worker's recent step time per batch size, and a
 prediction for sizes not measured yet), and :func:`tick_instant`, the rule a paced
 producer uses to put its next tick on the clock.
 
@@ -17,6 +17,8 @@ Pure: the caller passes the time. Must not know: asyncio, workers, sessions, mod
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 __all__ = ["ChunkClock", "StepTimes", "tick_instant"]
 
@@ -76,35 +78,43 @@ class ChunkClock:
 
 
 class StepTimes:
-    """An EWMA of one worker's step time (dispatch to results) per batch size."""
+    """One worker's step time (dispatch to results) per batch size: the median of the last few.
 
-    __slots__ = ("_alpha", "_by_size")
+    A median, not a mean: one step slowed by something else (an admission's state built on
+    the worker, a burst of other work on its cores) must not make admission refuse the
+    next session or stretch every session's period; three slow steps in five do.
+    """
 
-    def __init__(self, alpha: float = 0.25) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1]; got {alpha!r}.")
-        self._alpha = alpha
-        self._by_size: dict[int, float] = {}
+    __slots__ = ("_by_size", "_window")
+
+    def __init__(self, window: int = 5) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1; got {window!r}.")
+        self._window = window
+        self._by_size: dict[int, deque[float]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._by_size)
 
     def observe(self, batch: int, seconds: float) -> None:
-        old = self._by_size.get(batch)
-        self._by_size[batch] = seconds if old is None else old + self._alpha * (seconds - old)
+        samples = self._by_size.get(batch)
+        if samples is None:
+            samples = self._by_size[batch] = deque(maxlen=self._window)
+        samples.append(seconds)
 
     def measured(self, batch: int) -> float | None:
-        return self._by_size.get(batch)
+        samples = self._by_size.get(batch)
+        return None if samples is None else statistics.median(samples)
 
     def predict(self, batch: int) -> float | None:
         """The step time expected at ``batch`` (None: nothing measured yet).
 
-        A measured size answers its EWMA; between measured sizes the line between the
+        A measured size answers its median; between measured sizes the line between the
         neighbours; below the smallest, the smallest's time; above the largest, the line
         through the smallest and largest measured sizes (with one size measured: time
         proportional to the batch, a pessimistic guess that the first larger step corrects).
         """
-        known = self._by_size
+        known = {size: statistics.median(samples) for size, samples in self._by_size.items()}
         if not known:
             return None
         if batch in known:
