@@ -70,6 +70,38 @@ def test_the_runner_encodes_only_the_sessions_that_asked_and_times_it_apart(thre
         ModelRunner(load_model("procedural"), encode_threads=0)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_chunk_that_fails_to_encode_fails_only_its_own_session(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import worldserve.runtime.runner as runner_module
+
+    doomed = FrameEncoding("jpeg", 77)
+
+    def encoder_that_breaks_on_quality_77(frames: np.ndarray, encoding: FrameEncoding) -> EncodedFrames:
+        if encoding == doomed:
+            raise OSError("encoder broke")
+        return encode(frames, encoding)
+
+    runner = ModelRunner(load_model("procedural"), encode_threads=threads)
+    runner.admit("bad", SessionOptions(seed=1, encoding=doomed))
+    runner.admit("good", SessionOptions(seed=2, encoding=JPEG))
+    runner.admit("array", SessionOptions(seed=3))
+    monkeypatch.setattr(runner_module, "encode", encoder_that_breaks_on_quality_77)
+    report = runner.step([tick("bad", 0), tick("good", 0), tick("array", 0)])
+    failed, encoded, array = report.results
+    assert isinstance(failed, TickFailure)
+    assert failed.code == "bad_output"
+    assert "could not be encoded as jpeg" in failed.message
+    assert isinstance(encoded, TickOutput)
+    assert isinstance(encoded.frames, EncodedFrames)
+    assert list(encoded.frames.payloads) == encode_frames(Truth(2).next(None, ()), "jpeg", 80)
+    assert isinstance(array, TickOutput)
+    assert isinstance(array.frames, np.ndarray)
+    assert "bad" not in runner.resident_sessions()  # computed past what was delivered: released
+    again = runner.step([tick("bad", 1), tick("good", 1)])
+    assert isinstance(again.results[0], TickFailure)
+    assert isinstance(again.results[1], TickOutput)
+
+
 def test_encoded_outputs_ride_the_pipe_beside_the_slots() -> None:
     shape = (4, 48, 48, 3)
     parent = FrameBuffer.create(shape, max_slots=1)

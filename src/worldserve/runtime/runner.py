@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.errors import ErrorCode
-from worldserve.media import FrameEncoding, encode
+from worldserve.media import EncodedFrames, FrameEncoding, encode
 from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -274,17 +274,22 @@ class ModelRunner:
             for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
         encodings = {
-            index: resident.options.encoding
-            for index, _, resident, _ in runnable
+            index: (sid, resident.options.encoding)
+            for index, sid, resident, _ in runnable
             if resident.options.encoding is not None
         }
         encode_s = self._encode(results, encodings) if encodings else 0.0
         return StepReport(tuple(result for result in results if result is not None), self._compute_s, encode_s)
 
-    def _encode(self, results: list[TickOutput | TickFailure | None], encodings: dict[int, FrameEncoding]) -> float:
-        """Replace the outputs of sessions with an encoding by their encoded frames; the seconds it took."""
+    def _encode(
+        self, results: list[TickOutput | TickFailure | None], encodings: dict[int, tuple[str, FrameEncoding]]
+    ) -> float:
+        """Replace the outputs of sessions with an encoding by their encoded frames; the seconds it took.
+
+        A chunk that fails to encode fails its own tick (``bad_output``, its state released:
+        the chunk was computed but cannot be delivered); the batch's other chunks go on."""
         jobs: list[tuple[int, npt.NDArray[np.uint8], FrameEncoding]] = []
-        for index, encoding in encodings.items():
+        for index, (_, encoding) in encodings.items():
             output = results[index]
             if isinstance(output, TickOutput) and isinstance(output.frames, np.ndarray):
                 jobs.append((index, output.frames, encoding))
@@ -292,13 +297,23 @@ class ModelRunner:
         if self._encode_threads > 1 and len(jobs) > 1:
             if self._encoder is None:
                 self._encoder = ThreadPoolExecutor(self._encode_threads, thread_name_prefix="worldserve-encode")
-            encoded = list(self._encoder.map(lambda job: encode(job[1], job[2]), jobs))
+            encoded = list(self._encoder.map(_try_encode, jobs))
         else:
-            encoded = [encode(frames, encoding) for _, frames, encoding in jobs]
-        for (index, _, _), frames in zip(jobs, encoded, strict=True):
+            encoded = [_try_encode(job) for job in jobs]
+        for (index, _, encoding), frames in zip(jobs, encoded, strict=True):
             output = results[index]
             assert isinstance(output, TickOutput)
-            results[index] = TickOutput(frames, output.metadata)
+            if isinstance(frames, Exception):
+                sid = encodings[index][0]
+                _log.error("encoding session %r's chunk as %s failed: %r", sid, encoding.media, frames)
+                self._drop(sid)
+                results[index] = TickFailure(
+                    ErrorCode.BAD_OUTPUT,
+                    f"chunk {output.metadata.chunk_index} of session {sid!r} could not be encoded as "
+                    f"{encoding.media}: {frames}; reset the session to go on.",
+                )
+            else:
+                results[index] = TickOutput(frames, output.metadata)
         return time.perf_counter() - began
 
     def _admit_tick(self, tick: TickRequest) -> _Resident | TickFailure:
@@ -391,3 +406,11 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)}"
     return type(value).__name__
+
+
+def _try_encode(job: tuple[int, npt.NDArray[np.uint8], FrameEncoding]) -> EncodedFrames | Exception:
+    """Encode one chunk's frames, or the error that stopped it (one chunk fails, not its batch)."""
+    try:
+        return encode(job[1], job[2])
+    except Exception as error:
+        return error
