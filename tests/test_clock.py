@@ -311,6 +311,28 @@ def test_eight_staggered_sessions_with_noisy_steps_batch_and_play_on_time() -> N
         assert playout_lateness([done for done, _ in session.chunks], PERIOD) == (0, 0.0)
 
 
+def held_at_full_batches(
+    sessions: int, *, fixed: float, per_session: float, noise: float, react: float = 0.003, seeds: int = 6
+) -> None:
+    """``sessions`` joining at random in the first 4 s, steps of ``fixed + per_session * batch``
+    off by up to ``noise`` at random: every chunk plays on time, every step after 6 s is full."""
+    import random
+
+    from worldserve.loadtest import playout_lateness
+
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        sim = Sim(lambda batch, rng=rng: (fixed + per_session * batch) * rng.uniform(1 - noise, 1 + noise), react=react)
+        joined = [sim.join(f"s{i}", rng.uniform(0.0, 4.0)) for i in range(sessions)]
+        sim.run(until=20.0)
+        for session in joined:
+            late, _ = playout_lateness([done for done, _ in session.chunks], PERIOD)
+            assert late == 0, (seed, session.name)
+        settled = [names for start, names in sim.batches if start > 6.0]
+        assert settled
+        assert all(len(names) == sessions for names in settled)
+
+
 def test_joiners_keep_their_lead_chunk_at_capacity() -> None:
     """tinyworld's quiet-box step (22 + 21.5 ms per session), 9 sessions staggered, steps off by up to 10 %.
 
@@ -320,21 +342,7 @@ def test_joiners_keep_their_lead_chunk_at_capacity() -> None:
     the engine runs it at once because the next batch still ends before its chunks play.
     Pacing alone (no clock) holds the same 9 here; the clock must not hold fewer.
     """
-    import random
-
-    from worldserve.loadtest import playout_lateness
-
-    for seed in range(6):
-        rng = random.Random(seed)
-        sim = Sim(lambda batch, rng=rng: (0.022 + 0.0215 * batch) * rng.uniform(0.9, 1.1))
-        sessions = [sim.join(f"s{i}", rng.uniform(0.0, 4.0)) for i in range(9)]
-        sim.run(until=20.0)
-        for session in sessions:
-            late, _ = playout_lateness([done for done, _ in session.chunks], PERIOD)
-            assert late == 0, (seed, session.name)
-        settled = [names for start, names in sim.batches if start > 6.0]
-        assert settled
-        assert all(len(names) == 9 for names in settled)
+    held_at_full_batches(9, fixed=0.022, per_session=0.0215, noise=0.1)
 
 
 @pytest.mark.parametrize("react", [0.0, 0.004])
@@ -348,21 +356,7 @@ def test_a_batch_waits_for_the_sessions_whose_chunk_just_came_back(react: float)
     and it played without a lead from then on (late on any noise). The engine guesses the
     instant such a session will ask for and the batch waits for it.
     """
-    import random
-
-    from worldserve.loadtest import playout_lateness
-
-    for seed in range(6):
-        rng = random.Random(seed)
-        sim = Sim(lambda batch, rng=rng: (0.034 + 0.046 * batch) * rng.uniform(0.98, 1.02), react=react)
-        sessions = [sim.join(f"s{i}", rng.uniform(0.0, 4.0)) for i in range(4)]
-        sim.run(until=20.0)
-        for session in sessions:
-            late, _ = playout_lateness([done for done, _ in session.chunks], PERIOD)
-            assert late == 0, (seed, session.name)
-        settled = [names for start, names in sim.batches if start > 6.0]
-        assert settled
-        assert all(len(names) == 4 for names in settled)
+    held_at_full_batches(4, fixed=0.034, per_session=0.046, noise=0.02, react=react)
 
 
 def test_gathering_guesses_lapse_once_their_batch_went() -> None:
