@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from worldserve.runtime.config import RuntimeConfig
 
@@ -209,17 +210,17 @@ def _bench(args: argparse.Namespace) -> int:
         run_viewers_bench,
     )
 
+    # what every mode of the bench takes from the command line alike
+    common: dict[str, Any] = {"duration": args.duration, "event_interval": args.event_interval, "token": args.token}
     if args.find_capacity:
         capacity, steps = asyncio.run(
             find_capacity(
                 args.url,
                 start=args.clients,
                 max_clients=args.max_clients,
-                duration=args.duration,
                 stagger=args.stagger,
-                event_interval=args.event_interval,
-                token=args.token,
                 seed=args.seed,
+                **common,
             )
         )
         print(format_capacity_table(capacity, steps))
@@ -227,13 +228,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.viewers > 0:
         alone, shared = asyncio.run(
             run_viewers_bench(
-                args.url,
-                clients=args.clients,
-                duration=args.duration,
-                event_interval=args.event_interval,
-                viewers=args.viewers,
-                token=args.token,
-                drop_resume=args.drop_resume,
+                args.url, clients=args.clients, viewers=args.viewers, drop_resume=args.drop_resume, **common
             )
         )
         print(format_viewers_table(alone, shared))
@@ -243,14 +238,12 @@ def _bench(args: argparse.Namespace) -> int:
             run_bench(
                 args.url,
                 clients=args.clients,
-                duration=args.duration,
-                event_interval=args.event_interval,
-                token=args.token,
                 drop_resume=args.drop_resume,
                 stagger=args.stagger,
                 arrival_rate=args.arrival_rate,
                 session_seconds=args.session_seconds,
                 seed=args.seed,
+                **common,
             )
         )
         print(format_table(result))
