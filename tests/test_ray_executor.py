@@ -288,3 +288,33 @@ def test_ray_flags_and_no_ray_import_unless_named() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_a_worker_lost_before_it_was_ready_is_placed_again_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray may place a starting actor on a node that is dying but not yet declared dead: the
+    actor dies before it is ready. That worker is placed again (as a replacement would be)
+    instead of failing the whole start; only the start timeout ends the retries. ``_launch``
+    is faked here (a real dying node cannot be timed); the node-loss tests above run it for real."""
+    from worldserve.runtime.errors import WorkerStartError
+    from worldserve.runtime.executor.ray_actor import _PlacementLost
+
+    executor = RayExecutor(WorkerConfig("procedural"), 2, retry_s=0.01)
+    tries: list[tuple[int, float | None]] = []
+
+    async def launch_losing_the_first_of_worker_1(index: int, timeout: float | None) -> None:
+        tries.append((index, timeout))
+        if index == 1 and sum(1 for i, _ in tries if i == 1) == 1:
+            raise _PlacementLost("it was lost before it was ready (ActorDiedError)")
+
+    monkeypatch.setattr(executor, "_launch", launch_losing_the_first_of_worker_1)
+    await asyncio.gather(executor._place(0, 5.0), executor._place(1, 5.0))
+    assert [index for index, _ in tries].count(1) == 2
+    assert [index for index, _ in tries].count(0) == 1
+    assert all(timeout is not None and 0 < timeout <= 5.0 for _, timeout in tries)
+
+    async def always_lost(index: int, timeout: float | None) -> None:
+        raise _PlacementLost("it was lost before it was ready (ActorDiedError)")
+
+    monkeypatch.setattr(executor, "_launch", always_lost)
+    with pytest.raises(WorkerStartError, match="until its start timed out"):
+        await executor._place(0, 0.05)

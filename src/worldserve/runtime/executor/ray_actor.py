@@ -108,7 +108,7 @@ class RayWorker:
 
 
 class _PlacementLost(Exception):
-    """A replacement actor died before it was ready, not because its model failed to load."""
+    """An actor died before it was ready, not because its model failed to load (its node was lost)."""
 
 
 class _Actor:
@@ -180,7 +180,7 @@ class RayExecutor(Executor):
             max_task_retries=0,
         )
         try:
-            await asyncio.gather(*(self._launch(index, self._start_timeout) for index in range(self.num_workers)))
+            await asyncio.gather(*(self._place(index, self._start_timeout) for index in range(self.num_workers)))
         except BaseException:
             await self.shutdown()
             raise
@@ -189,20 +189,32 @@ class RayExecutor(Executor):
     async def restart(self, worker: int) -> None:
         """Start a replacement wherever Ray finds room; with none, wait until a node joins.
 
-        A replacement lost before it was ready (Ray placed it on a node that was dying and
-        not yet declared dead) is started again after ``retry_s``; only a model that cannot
-        load raises (``WorkerStartError``).
+        Only a model that cannot load raises (``WorkerStartError``); see :meth:`_place`.
         """
         if self._closed:
             raise RuntimeClosedError("the executor is shut down.")
         self.kill(worker)
+        await self._place(worker, None)
+
+    async def _place(self, index: int, timeout: float | None) -> None:
+        """Start worker ``index`` within ``timeout`` seconds (None: however long it takes).
+
+        An actor lost before it was ready (Ray placed it on a node that was dying and not
+        yet declared dead) is started again after ``retry_s``, at start as for a
+        replacement: one dying node must not fail the whole start.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                await self._launch(worker, None)
+                await self._launch(index, remaining)
                 return
             except _PlacementLost as lost:
-                _log.warning("worker %d: %s; starting another in %g s", worker, lost, self._retry_s)
-                await asyncio.sleep(self._retry_s)
+                _log.warning("worker %d: %s; starting another in %g s", index, lost, self._retry_s)
+            if deadline is not None and loop.time() + self._retry_s >= deadline:
+                raise WorkerStartError(f"worker {index} was lost before it was ready until its start timed out.")
+            await asyncio.sleep(self._retry_s)
             if self._closed:
                 raise RuntimeClosedError("the executor is shut down.")
 
@@ -223,8 +235,8 @@ class RayExecutor(Executor):
             raise
         except ray.exceptions.RayActorError as error:
             ray.kill(actor.handle, no_restart=True)
-            if not error.actor_init_failed and timeout is None:
-                raise _PlacementLost(f"its replacement was lost before it was ready ({type(error).__name__})") from None
+            if not error.actor_init_failed:
+                raise _PlacementLost(f"it was lost before it was ready ({type(error).__name__})") from None
             raise WorkerStartError(f"worker {index} could not start: {type(error).__name__}: {error}") from error
         except Exception as error:
             ray.kill(actor.handle, no_restart=True)
