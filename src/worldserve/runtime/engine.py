@@ -6,8 +6,9 @@ worker holding its state), continuous batching (one
 worker), driving each worker's tick gathering (:mod:`~worldserve.runtime.gathering`: the
 chunk clock its paced sessions issue ticks at, stretched when the worker falls behind,
 and the step times admission weighs against the period), tick deadlines (a late tick
-fails at once, its session fails closed), hung-worker kills, worker deaths (only the dead worker's sessions fail, with
-``worker_died``, and a replacement starts), cancelling a tick (``cancel_tick``: a
+fails at once, its session fails closed), hung-worker kills, worker deaths (only the
+dead worker's sessions fail, with ``worker_died``, and a replacement starts),
+cancelling a tick (``cancel_tick``: a
 queued one leaves its queue; a running one's result is discarded and its worker told
 to roll the state back before any later call), lifecycle RPCs in the shape
 :class:`~worldserve.lifecycle.WorkerLifecycle` accepts, and the engine counters. It

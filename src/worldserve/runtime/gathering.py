@@ -114,8 +114,8 @@ class Gathering:
 
     def waiting_for(self, now: float) -> int:
         """Sessions due at an instant up to ``now`` whose tick has not arrived (asked for, or
-        guessed; a guess lapses once its instant's batch has gone)."""
-        self.pacing(now)
+        guessed; a guess lapses once its instant's batch has gone). Records of sessions that
+        stopped asking are dropped by :meth:`pacing`, which :meth:`batch_due` calls first."""
         count = 0
         for pacer in self._pacers.values():
             if pacer.guessed and pacer.instant is not None and pacer.instant <= self.served:

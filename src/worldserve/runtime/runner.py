@@ -288,11 +288,11 @@ class ModelRunner:
 
         A chunk that fails to encode fails its own tick (``bad_output``, its state released:
         the chunk was computed but cannot be delivered); the batch's other chunks go on."""
-        jobs: list[tuple[int, npt.NDArray[np.uint8], FrameEncoding]] = []
-        for index, (_, encoding) in encodings.items():
+        jobs: list[tuple[int, str, npt.NDArray[np.uint8], FrameEncoding]] = []
+        for index, (sid, encoding) in encodings.items():
             output = results[index]
             if isinstance(output, TickOutput) and isinstance(output.frames, np.ndarray):
-                jobs.append((index, output.frames, encoding))
+                jobs.append((index, sid, output.frames, encoding))
         began = time.perf_counter()
         if self._encode_threads > 1 and len(jobs) > 1:
             if self._encoder is None:
@@ -300,11 +300,10 @@ class ModelRunner:
             encoded = list(self._encoder.map(_try_encode, jobs))
         else:
             encoded = [_try_encode(job) for job in jobs]
-        for (index, _, encoding), frames in zip(jobs, encoded, strict=True):
+        for (index, sid, _, encoding), frames in zip(jobs, encoded, strict=True):
             output = results[index]
             assert isinstance(output, TickOutput)
             if isinstance(frames, Exception):
-                sid = encodings[index][0]
                 _log.error("encoding session %r's chunk as %s failed: %r", sid, encoding.media, frames)
                 self._drop(sid)
                 results[index] = TickFailure(
@@ -408,9 +407,9 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def _try_encode(job: tuple[int, npt.NDArray[np.uint8], FrameEncoding]) -> EncodedFrames | Exception:
+def _try_encode(job: tuple[int, str, npt.NDArray[np.uint8], FrameEncoding]) -> EncodedFrames | Exception:
     """Encode one chunk's frames, or the error that stopped it (one chunk fails, not its batch)."""
     try:
-        return encode(job[1], job[2])
+        return encode(job[2], job[3])
     except Exception as error:
         return error
