@@ -12,7 +12,8 @@ one period plus one step.
 The clients run on the same machine as the server: on a small box they take CPU from it.
 
 Usage: ``python bench/capacity.py [--model tinyworld] [--model-option precision=float32]
-[--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off]``.
+[--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off]
+[--server-arg '--step-budget 0.95']``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen
         command += ["--model-option", option]
     if args.threads_per_worker is not None:
         command += ["--threads-per-worker", str(args.threads_per_worker)]
+    for extra in args.server_arg:
+        command += extra.split()
     with log.open("wb") as out:
         # bench/ on the path: models such as timed_model:TimedModel live here
         path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
@@ -115,6 +118,13 @@ def main() -> int:
     parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads-per-worker", type=int, default=None, help="passed to the server (default: its own)")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="more `worldserve serve` arguments for both sides, e.g. --server-arg '--step-budget 0.95'",
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per session at each step")
     parser.add_argument("--stagger", type=float, default=5.0, help="start offsets: uniform in [0, STAGGER] s")
     parser.add_argument("--start", type=int, default=2, help="first client count")
@@ -125,6 +135,7 @@ def main() -> int:
 
     options = " ".join(args.model_option) or "defaults"
     threads = "" if args.threads_per_worker is None else f" of {args.threads_per_worker} thread(s)"
+    threads += "".join(f", {extra}" for extra in args.server_arg)
     print(
         f"capacity bench: model {args.model} ({options}), {args.workers} worker(s){threads}, {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()}), {args.duration:g} s per session, "
