@@ -21,6 +21,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -121,11 +122,7 @@ def print_accel_table(
         row += [f"{statistics.median(times[(a, sessions)]):.1f} ms" for a in models]
         row += [f"{statistics.median(ratios[(a, sessions)]):.2f}x" for a in list(models)[1:]]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(row)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print_table(rows)
     sys.stdout.flush()
 
 
@@ -192,7 +189,6 @@ def main() -> int:
         value = f"{statistics.median(batched[sessions]):.1f} ({ratio:.2f}x one session)"
         rows.append((f"{sessions} sessions batched, aggregate frames/s", value, bar, verdict))
     spec = model.spec
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     if model.device.type == "cuda":
         device = torch.cuda.get_device_name(model.device)
     else:
@@ -203,11 +199,17 @@ def main() -> int:
         f"{model.device.type} ({device}), {model.precision}, accel={model.accel}, "
         f"state {spec.state_bytes / 1024:.0f} KiB/session"
     )
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Print ``rows`` (the first is the header) as a Markdown table with aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
-        print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(row)) + " |")
+        print("| " + " | ".join(cell.ljust(widths[j]) for j, cell in enumerate(row)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return 0
 
 
 if __name__ == "__main__":

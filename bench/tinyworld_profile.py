@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from tinyworld import print_table
 from worldserve.models.base import SessionOptions
 from worldserve.models.tinyworld import adapter as adapter_module
 from worldserve.models.tinyworld.accel import ACCELS
@@ -187,11 +188,7 @@ def main() -> int:
             cells.append(f"{gflop:.2f} GFLOP, {gflop / seconds:.0f} GFLOP/s")
         rows.append([f"{name}: arithmetic, rate", *cells])
     rows.append(["float32 matrix product 2048x2048 (ceiling)", *[f"{ceiling:.0f} GFLOP/s"] * len(args.batches)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(row)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print_table(rows)
     return 0
 
 

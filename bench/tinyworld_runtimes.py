@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from tinyworld import print_table
 from worldserve.models.tinyworld.accel import FastSampler
 from worldserve.models.tinyworld.cache import KVCache, gather
 from worldserve.models.tinyworld.network import TinyWorldNet, _timestep_features
@@ -236,11 +237,7 @@ def main() -> int:
         ]
         row += [f"{worst[(name, sessions)]:.1e}" for name in runs]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(row)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print_table(rows)
     print(notes, f"; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     sys.stdout.flush()
     return 0
