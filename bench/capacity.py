@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from worldserve.loadtest import CapacityStep, find_capacity, format_capacity_table
+from worldserve.tools.loadtest import CapacityStep, find_capacity, format_capacity_table
 
 
 def _free_port() -> int:

@@ -110,7 +110,7 @@ async def check_procedural_frames(url: str) -> None:
 async def check_frames_and_events(server: RunningServer) -> None:
     """A ``--model procedural`` server end to end, then stopped: valid frames of each media, and 4
     clients' events each applied exactly once or reported dropped (none lost, none twice, no errors)."""
-    from worldserve.loadtest import run_bench
+    from worldserve.tools.loadtest import run_bench
 
     try:
         await check_procedural_frames(server.ws)

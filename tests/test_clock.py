@@ -284,7 +284,7 @@ def test_overload_stretches_every_sessions_period_equally() -> None:
 
 
 def test_playout_lateness_reanchors_after_a_stall() -> None:
-    from worldserve.loadtest import playout_lateness
+    from worldserve.tools.loadtest import playout_lateness
 
     assert playout_lateness([], PERIOD) == (0, 0.0)
     assert playout_lateness([1.0, 1.2, 1.5, 1.74], PERIOD) == (0, 0.0)  # each by its instant
@@ -298,7 +298,7 @@ def test_eight_staggered_sessions_with_noisy_steps_batch_and_play_on_time() -> N
     """At tinyworld's quiet-box scale (a batch-8 step under the period), with steps off by up to 20 %."""
     import random
 
-    from worldserve.loadtest import playout_lateness
+    from worldserve.tools.loadtest import playout_lateness
 
     rng = random.Random(1)
     sim = Sim(lambda batch: (0.03 + 0.02 * batch) * rng.uniform(0.8, 1.2))
@@ -318,7 +318,7 @@ def held_at_full_batches(
     off by up to ``noise`` at random: every chunk plays on time, every step after 6 s is full."""
     import random
 
-    from worldserve.loadtest import playout_lateness
+    from worldserve.tools.loadtest import playout_lateness
 
     for seed in range(seeds):
         rng = random.Random(seed)

@@ -282,7 +282,7 @@ def test_ray_flags_and_no_ray_import_unless_named() -> None:
     with pytest.raises(ValueError, match="ray_ping_timeout_s"):
         RuntimeConfig(ray_ping_timeout_s=0)
     code = (
-        "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.cli;"
+        "import sys, worldserve, worldserve.server.app, worldserve.runtime, worldserve.tools.cli;"
         "from worldserve.runtime import Runtime; Runtime('procedural', executor='multiprocess');"
         "print('ray' in sys.modules)"
     )

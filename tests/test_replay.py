@@ -20,11 +20,11 @@ import websockets
 from runtime_models import keys
 from server_harness import start_server
 from worldserve import SessionEvent
-from worldserve.cli import main
 from worldserve.models.world import camera_control
-from worldserve.replay import replay
 from worldserve.runtime import Runtime
 from worldserve.runtime.journal import read_journal
+from worldserve.tools.cli import main
+from worldserve.tools.replay import replay
 
 
 async def _play(url: str) -> tuple[str, list[dict[str, Any]], np.ndarray]:

@@ -19,7 +19,7 @@ import pytest
 from runtime_models import Truth
 from server_harness import RunningServer, start_server
 from worldserve.client import ClientChunk, WorldClient, WorldError, keys
-from worldserve.loadtest import format_table, run_bench
+from worldserve.tools.loadtest import format_table, run_bench
 
 pytestmark = pytest.mark.timeout(120)
 

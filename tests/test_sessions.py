@@ -262,7 +262,7 @@ async def test_a_viewer_that_never_reads_or_acks_does_not_slow_the_host(server: 
 
 
 async def test_bench_smoke_with_viewers_and_drop_resume(server: RunningServer) -> None:
-    from worldserve.loadtest import format_viewers_table, run_viewers_bench
+    from worldserve.tools.loadtest import format_viewers_table, run_viewers_bench
 
     alone, shared = await run_viewers_bench(
         server.ws, clients=1, duration=1.5, event_interval=0.2, viewers=2, drop_resume=True

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from server_harness import RunningServer, start_server
-from worldserve.loadtest import format_table, run_bench
+from worldserve.tools.loadtest import format_table, run_bench
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_record_refuses_a_bad_script(tmp_path: Path) -> None:
 
 async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search itself, against a fake bench: a count is held up to 11 sessions; the 12th is refused."""
-    import worldserve.loadtest as loadtest
+    import worldserve.tools.loadtest as loadtest
 
     tried: list[int] = []
 
@@ -121,7 +121,7 @@ async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatc
 
 
 def test_playout_lateness_counts_a_late_chunk_once_and_reanchors() -> None:
-    from worldserve.loadtest import playout_lateness
+    from worldserve.tools.loadtest import playout_lateness
 
     assert playout_lateness([0.0, 0.25, 0.5], 0.25) == (0, 0.0)
     late, stall = playout_lateness([0.0, 0.2, 0.6, 0.85, 1.2], 0.25)  # 0.6 is 0.1 late; 1.1 due, 1.2 late

@@ -2,6 +2,6 @@
 
 import sys
 
-from worldserve.cli import main
+from worldserve.tools.cli import main
 
 sys.exit(main())

@@ -201,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from worldserve.loadtest import (
+    from worldserve.tools.loadtest import (
         find_capacity,
         format_capacity_table,
         format_table,
@@ -254,7 +254,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from worldserve.record import load_script, record, write_video
+    from worldserve.tools.record import load_script, record, write_video
 
     script = load_script(args.script)
     recording = asyncio.run(record(args.url, script, token=args.token))
@@ -266,8 +266,8 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from worldserve.record import write_video
-    from worldserve.replay import replay
+    from worldserve.tools.record import write_video
+    from worldserve.tools.replay import replay
 
     result = asyncio.run(replay(args.journal, executor=args.executor))
     write_video(result.frames, args.out, fps=result.start.fps, scale=args.scale)
