@@ -72,7 +72,7 @@ def test_the_runner_encodes_only_the_sessions_that_asked_and_times_it_apart(thre
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_chunk_that_fails_to_encode_fails_only_its_own_session(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    import worldserve.runtime.runner as runner_module
+    import worldserve.media as media_module
 
     doomed = FrameEncoding("jpeg", 77)
 
@@ -85,7 +85,7 @@ def test_a_chunk_that_fails_to_encode_fails_only_its_own_session(threads: int, m
     runner.admit("bad", SessionOptions(seed=1, encoding=doomed))
     runner.admit("good", SessionOptions(seed=2, encoding=JPEG))
     runner.admit("array", SessionOptions(seed=3))
-    monkeypatch.setattr(runner_module, "encode", encoder_that_breaks_on_quality_77)
+    monkeypatch.setattr(media_module, "encode", encoder_that_breaks_on_quality_77)  # what each session's encoder calls
     report = runner.step([tick("bad", 0), tick("good", 0), tick("array", 0)])
     failed, encoded, array = report.results
     assert isinstance(failed, TickFailure)

@@ -2,12 +2,14 @@
 
 Owns: one connection (``websockets``), a reader task that demultiplexes replies (by
 the client message ``id`` it stamps on every request), chunks (a JSON header, then its
-binary frames, decoded to ``uint8 [frames, height, width, 3]`` numpy arrays),
+binary messages -- one per frame for JPEG and raw, one fMP4 fragment for H.264, decoded with
+PyAV by the one H.264 stream decoder of the connection's session -- as ``uint8 [frames,
+height, width, 3]`` numpy arrays),
 dropped-event notices and session failures; and acknowledging each chunk as it is
 consumed, which is what lets the server pace generation to this client.
 
 Must not know: the server's internals. Needs the ``client`` extra (websockets, numpy,
-pillow).
+pillow, av).
 
     async with WorldClient("ws://127.0.0.1:8000/v1/world") as client:
         await client.start(prompt="snowy peaks", seed=3)
@@ -35,6 +37,7 @@ import websockets
 from PIL import Image
 from websockets.asyncio.client import ClientConnection
 
+from worldserve.h264 import H264Decoder
 from worldserve.protocol import ControlInput
 
 __all__ = [
@@ -147,6 +150,7 @@ class WorldClient:
         self._ids = itertools.count(1)
         self._event_ids = itertools.count(1)
         self._epoch = 0
+        self._h264: H264Decoder | None = None  # the session's H.264 stream, decoded in order
         self.session: SessionInfo | None = None
         #: Every ``input.dropped`` notice received, in order.
         self.dropped: list[Dropped] = []
@@ -275,20 +279,24 @@ class WorldClient:
         seed: int = 0,
         image: npt.NDArray[np.uint8] | bytes | None = None,
         media: str = "raw",
-        quality: int = 90,
+        quality: int | None = None,
+        bitrate_kbps: int | None = None,
         model: str | None = None,
         share_viewers: bool = False,
         share_controllers: bool = False,
     ) -> SessionInfo:
         """Start this connection's session; ``image`` is an optional start image.
 
+        ``media``: "raw" (exact), "jpeg" or "h264" (decoded here either way); ``quality`` and, for
+        h264, ``bitrate_kbps`` as in docs/protocol.md (``None``: the server's default for the media).
         ``share_viewers`` / ``share_controllers`` ask for tokens others can :meth:`join` with.
         """
-        message: dict[str, Any] = {
-            "type": "session.start",
-            "seed": seed,
-            "options": {"media": media, "quality": quality},
-        }
+        options: dict[str, Any] = {"media": media}
+        if quality is not None:
+            options["quality"] = quality
+        if bitrate_kbps is not None:
+            options["bitrate_kbps"] = bitrate_kbps
+        message: dict[str, Any] = {"type": "session.start", "seed": seed, "options": options}
         if share_viewers or share_controllers:
             message["share"] = {"viewers": share_viewers, "controllers": share_controllers}
         if prompt is not None:
@@ -436,7 +444,7 @@ class WorldClient:
         assert self._ws is not None
         info = header["frames"]
         payloads = []
-        for _ in range(info["count"]):
+        for _ in range(len(info["sizes"])):
             payload = await self._ws.recv()
             if not isinstance(payload, bytes):
                 raise WorldClientError("expected a binary frame after a chunk header.")
@@ -444,6 +452,8 @@ class WorldClient:
         height, width = info["height"], info["width"]
         if info["media"] == "raw":
             frames = np.stack([np.frombuffer(p, dtype=np.uint8).reshape(height, width, 3) for p in payloads])
+        elif info["media"] == "h264":
+            frames = await asyncio.to_thread(self._decode_h264, payloads[0], int(info.get("init_bytes") or 0))
         else:
             frames = await asyncio.to_thread(_decode_jpegs, payloads)
         return ClientChunk(
@@ -458,6 +468,14 @@ class WorldClient:
             applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
             received_at=time.monotonic(),
         )
+
+    def _decode_h264(self, payload: bytes, init_bytes: int) -> npt.NDArray[np.uint8]:
+        if self._h264 is None or init_bytes:
+            self._h264 = self._h264 or H264Decoder()
+        try:
+            return self._h264.decode(payload[init_bytes:], payload[:init_bytes])
+        except ValueError as error:
+            raise WorldClientError(f"undecodable h264 chunk: {error}") from error
 
 
 def _decode_jpegs(payloads: list[bytes]) -> npt.NDArray[np.uint8]:

@@ -45,7 +45,7 @@ from worldserve.runtime.gathering import Gathering
 from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, StepReport, TickOutput
 from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
-from worldserve.runtime.runner import ADMIT, STEP
+from worldserve.runtime.runner import ADMIT, REQUEST_KEYFRAME_RPC, STEP
 from worldserve.runtime.scheduler import BatchQueue, Queued
 from worldserve.session import SessionStateError
 
@@ -54,7 +54,7 @@ __all__ = ["Engine", "EngineConfig"]
 _log = logging.getLogger(__name__)
 
 #: Runner methods only the engine may call (they would bypass batching, affinity and admission).
-_ENGINE_ONLY = frozenset({STEP, ADMIT, ROLLBACK_SESSION_RPC})
+_ENGINE_ONLY = frozenset({STEP, ADMIT, ROLLBACK_SESSION_RPC, REQUEST_KEYFRAME_RPC})
 
 
 def _optional_positive(value: float | None, name: str) -> None:
@@ -355,6 +355,23 @@ class Engine:
         pending.future.set_exception(
             ChunkCancelledError(f"chunk {tick.chunk_index} of session {tick.session_id!r} was cancelled.")
         )
+
+    def request_keyframe(self, session_id: str) -> bool:
+        """Ask the session's worker to start its next encoded chunk with an IDR frame (H.264).
+
+        Returns at once: the worker applies it before its next step (calls to a worker run
+        in order), so the chunk after the one being made, at the latest, starts with it.
+        ``False`` when the session holds no state on a live worker (its next chunk, after a
+        reset or re-admission, starts a stream with an IDR frame anyway).
+        """
+        route = self._router.find(session_id)
+        if self._state != "running" or route is None or route.worker is None:
+            return False
+        if not self._executor.is_alive(route.worker):
+            return False
+        future = self._executor.call(route.worker, REQUEST_KEYFRAME_RPC, (session_id,))
+        future.add_done_callback(_log_keyframe_failure)
+        return True
 
     def _on_rollback_done(self, done: asyncio.Future[Any]) -> None:
         # False or an error: the worker released the state (or lost it); the next tick says so.
@@ -679,6 +696,11 @@ class Engine:
                 worker.gathering.clock.period if worker.gathering.clock.started else None for worker in self._workers
             ),
         )
+
+
+def _log_keyframe_failure(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        _log.warning("a keyframe request failed: %r", done.exception())
 
 
 def _fresh(error: BaseException) -> BaseException:

@@ -12,9 +12,12 @@ fail-closed release of states whose tick failed; the lifecycle RPC methods
 chunk; and encoding the frames of sessions whose options carry an ``encoding``
 (:class:`~worldserve.media.FrameEncoding`) right after ``model.step``, so the step's reply
 holds their compressed payloads instead of raw arrays (the time is reported as
-``StepReport.encode_s``, apart from the model's ``compute_s``). With ``encode_threads`` > 1
-a batch's chunks are encoded in parallel (Pillow releases the GIL while it encodes), so the
-encoding adds less to the step.
+``StepReport.encode_s``, apart from the model's ``compute_s``). Each such session has its
+own :class:`~worldserve.media.FrameEncoder` (for H.264, the session's one stream: kept
+across a reset, which starts with an IDR frame; a cancelled chunk is rolled out of it too;
+``request_keyframe`` starts its next chunk with an IDR frame, for a viewer that needs to
+start there). With ``encode_threads`` > 1 a batch's chunks are encoded in parallel (Pillow
+and PyAV release the GIL while they encode), so the encoding adds less to the step.
 
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
@@ -39,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.errors import ErrorCode
-from worldserve.media import EncodedFrames, FrameEncoding, encode
+from worldserve.media import EncodedFrames, FrameEncoder
 from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -52,7 +55,7 @@ from worldserve.runtime.messages import (
     TickOutput,
 )
 
-__all__ = ["ADMIT", "RUNNER_RPC_METHODS", "STEP", "ModelRunner"]
+__all__ = ["ADMIT", "REQUEST_KEYFRAME_RPC", "RUNNER_RPC_METHODS", "STEP", "ModelRunner"]
 
 _log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ _log = logging.getLogger(__name__)
 STEP = "step"
 #: Creating a session's state (:meth:`ModelRunner.admit`); like :data:`STEP`, only the engine calls it.
 ADMIT = "admit"
+#: Start a session's next chunk with an IDR frame (:meth:`ModelRunner.request_keyframe`).
+REQUEST_KEYFRAME_RPC = "request_keyframe"
 
 #: Methods an engine may call on a runner (anything else answers ``supported: False``).
 RUNNER_RPC_METHODS = frozenset(
@@ -71,6 +76,7 @@ RUNNER_RPC_METHODS = frozenset(
         "resident_sessions",
         "residency",
         ROLLBACK_SESSION_RPC,
+        REQUEST_KEYFRAME_RPC,
     }
 )
 
@@ -78,13 +84,14 @@ _MAX_TOMBSTONES = 4096
 
 
 class _Resident:
-    __slots__ = ("next_chunk", "options", "state", "undo")
+    __slots__ = ("encoder", "next_chunk", "options", "state", "undo")
 
     def __init__(self, state: Any, options: SessionOptions) -> None:
         self.state = state
         self.options = options
         self.next_chunk = 0
         self.undo: tuple[int, Any] | None = None  # (chunk index of the last step, the model's snapshot before it)
+        self.encoder: FrameEncoder | None = None  # made on its first encoded chunk
 
 
 class ModelRunner:
@@ -193,6 +200,7 @@ class ModelRunner:
         except Exception:  # the state is dropped either way
             _log.exception("model %r failed to release session %r's state", self._spec.name, session_id)
         resident.state = None
+        resident.encoder = None  # a step may still be encoding with it; it is freed with its last reference
 
     def resident_sessions(self) -> tuple[str, ...]:
         return tuple(self._resident)
@@ -213,8 +221,25 @@ class ModelRunner:
         self._tombstones.pop(session_id, None)
         resident = self._resident.pop(session_id, None)
         if resident is not None:
+            # The session's frames go on as one stream (a viewer keeps its decoder), from an IDR frame.
+            encoder, resident.encoder = resident.encoder, None
             self._release(session_id, resident)
-            self._resident[session_id] = _Resident(self._new_state(session_id, resident.options), resident.options)
+            fresh = self._resident[session_id] = _Resident(
+                self._new_state(session_id, resident.options), resident.options
+            )
+            if encoder is not None:
+                encoder.keyframe()
+                fresh.encoder = encoder
+        return True
+
+    def request_keyframe(self, session_id: str) -> bool:
+        """Start the session's next encoded chunk with an IDR frame (H.264: where a late joiner, a
+        viewer that skipped chunks or a resumed connection can start); ``False`` if it is not here."""
+        resident = self._resident.get(session_id)
+        if resident is None:
+            return False
+        if resident.encoder is not None:
+            resident.encoder.keyframe()
         return True
 
     def close_ar_diffusion_session(self, session_id: str) -> bool:
@@ -244,6 +269,8 @@ class ModelRunner:
             self._drop(session_id)
             return False
         resident.next_chunk = chunk_index
+        if resident.encoder is not None:  # the undone chunk was encoded but never delivered
+            resident.encoder.rollback(self._spec.frames_per_chunk)
         return True
 
     # -- ticks ---------------------------------------------------------------------------
@@ -267,32 +294,40 @@ class ModelRunner:
                 results[index] = checked
             else:
                 runnable.append((index, sid, checked, tick))
+        # Taken before the step: a session whose tick closes it still has its last chunk encoded.
+        encoders = {
+            index: (sid, self._session_encoder(resident))
+            for index, sid, resident, _ in runnable
+            if resident.options.encoding is not None
+        }
         self._compute_s = 0.0
         limit = self._spec.max_batch_size
         for start in range(0, len(runnable), limit):
             group = runnable[start : start + limit]
             for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
-        encodings = {
-            index: (sid, resident.options.encoding)
-            for index, sid, resident, _ in runnable
-            if resident.options.encoding is not None
-        }
-        encode_s = self._encode(results, encodings) if encodings else 0.0
+        encode_s = self._encode(results, encoders) if encoders else 0.0
         return StepReport(tuple(result for result in results if result is not None), self._compute_s, encode_s)
 
+    def _session_encoder(self, resident: _Resident) -> FrameEncoder:
+        if resident.encoder is None:
+            assert resident.options.encoding is not None
+            spec = self._spec
+            resident.encoder = FrameEncoder(resident.options.encoding, spec.width, spec.height, spec.fps)
+        return resident.encoder
+
     def _encode(
-        self, results: list[TickOutput | TickFailure | None], encodings: dict[int, tuple[str, FrameEncoding]]
+        self, results: list[TickOutput | TickFailure | None], encoders: dict[int, tuple[str, FrameEncoder]]
     ) -> float:
         """Replace the outputs of sessions with an encoding by their encoded frames; the seconds it took.
 
         A chunk that fails to encode fails its own tick (``bad_output``, its state released:
         the chunk was computed but cannot be delivered); the batch's other chunks go on."""
-        jobs: list[tuple[int, str, npt.NDArray[np.uint8], FrameEncoding]] = []
-        for index, (sid, encoding) in encodings.items():
+        jobs: list[tuple[int, str, npt.NDArray[np.uint8], FrameEncoder]] = []
+        for index, (sid, encoder) in encoders.items():
             output = results[index]
             if isinstance(output, TickOutput) and isinstance(output.frames, np.ndarray):
-                jobs.append((index, sid, output.frames, encoding))
+                jobs.append((index, sid, output.frames, encoder))
         began = time.perf_counter()
         if self._encode_threads > 1 and len(jobs) > 1:
             if self._encoder is None:
@@ -300,16 +335,17 @@ class ModelRunner:
             encoded = list(self._encoder.map(_try_encode, jobs))
         else:
             encoded = [_try_encode(job) for job in jobs]
-        for (index, sid, _, encoding), frames in zip(jobs, encoded, strict=True):
+        for (index, sid, _, encoder), frames in zip(jobs, encoded, strict=True):
             output = results[index]
             assert isinstance(output, TickOutput)
             if isinstance(frames, Exception):
-                _log.error("encoding session %r's chunk as %s failed: %r", sid, encoding.media, frames)
+                media = encoder.encoding.media
+                _log.error("encoding session %r's chunk as %s failed: %r", sid, media, frames)
                 self._drop(sid)
                 results[index] = TickFailure(
                     ErrorCode.BAD_OUTPUT,
                     f"chunk {output.metadata.chunk_index} of session {sid!r} could not be encoded as "
-                    f"{encoding.media}: {frames}; reset the session to go on.",
+                    f"{media}: {frames}; reset the session to go on.",
                 )
             else:
                 results[index] = TickOutput(frames, output.metadata)
@@ -407,9 +443,9 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def _try_encode(job: tuple[int, str, npt.NDArray[np.uint8], FrameEncoding]) -> EncodedFrames | Exception:
+def _try_encode(job: tuple[int, str, npt.NDArray[np.uint8], FrameEncoder]) -> EncodedFrames | Exception:
     """Encode one chunk's frames, or the error that stopped it (one chunk fails, not its batch)."""
     try:
-        return encode(job[2], job[3])
+        return job[3].encode(job[2])
     except Exception as error:
         return error

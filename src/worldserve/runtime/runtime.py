@@ -169,6 +169,12 @@ class Runtime:
         if self.journals is not None:
             self.journals.close(session_id)
 
+    def request_keyframe(self, session_id: str) -> bool:
+        """Start the session's next encoded chunk with an IDR frame (H.264), for a viewer that
+        must start there; returns at once (see :meth:`Engine.request_keyframe
+        <worldserve.runtime.engine.Engine.request_keyframe>`)."""
+        return self.engine.request_keyframe(session_id)
+
     def capacity(self) -> Capacity:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
         return self.engine.capacity()

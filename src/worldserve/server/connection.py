@@ -30,7 +30,7 @@ from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image
-from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldHosts
+from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldHosts, wire_media
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import (
     ChunkAck,
@@ -316,7 +316,8 @@ class Connection:
                 await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
                 return
         try:
-            encoding = FrameEncoding(message.options.media, message.options.quality)
+            options = message.options
+            encoding = FrameEncoding.for_media(options.media, options.quality, options.bitrate_kbps)
             session = await self._backend.create_session(
                 prompt=message.prompt, seed=message.seed, image=image, encoding=encoding
             )
@@ -338,8 +339,9 @@ class Connection:
             config=self._config,
             metrics=self._metrics,
             registry=self._hosts,
-            media=message.options.media,
-            quality=message.options.quality,
+            media=encoding.media,
+            quality=encoding.quality,
+            bitrate_kbps=encoding.bitrate_kbps,
             share_viewers=message.share.viewers,
             share_controllers=message.share.controllers,
             clock=self._clock,
@@ -355,7 +357,7 @@ class Connection:
                 id=message.id,
                 session_id=session.session_id,
                 model=spec.to_dict(),
-                media="jpeg" if host.media == "jpeg" else "raw",
+                media=wire_media(host.media),
                 max_pending_events=session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
@@ -383,7 +385,7 @@ class Connection:
                 session_id=host.session_id,
                 role="controller" if role is Role.CONTROLLER else "viewer",
                 model=self._backend.spec.to_dict(),
-                media="jpeg" if host.media == "jpeg" else "raw",
+                media=wire_media(host.media),
                 max_pending_events=host.session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 seq=host.seq + member.seq_base,
@@ -416,7 +418,7 @@ class Connection:
                     session_id=host.session_id,
                     role=member.role.value,
                     model=self._backend.spec.to_dict(),
-                    media="jpeg" if host.media == "jpeg" else "raw",
+                    media=wire_media(host.media),
                     max_pending_events=host.session.max_pending_events,
                     max_lag_chunks=self._config.max_lag_chunks,
                     seq=host.seq + member.seq_base,

@@ -8,6 +8,13 @@ as this world's media and quality are used as they are), a replay buffer of the 
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
 each with its own event-id mapping (wire ids are per member; the session sees one
 increasing sequence), its ack state, its resume token, and what it missed while parked.
+For H.264 (one stream per world, encoded once for everyone) it also owns where each member
+stands in that stream: a member that has not received the stream's start (it joined late,
+skipped chunks as a lagging viewer, or resumed past a gap) gets nothing until a chunk that
+starts with an IDR frame, sent with the init segment in front; the world asks the encoder
+for one at once (:meth:`WorldBackend.request_keyframe`: the worker's encoder, or its own
+when the server encodes), so the wait is a chunk or two and every other member's stream
+goes on untouched.
 :class:`WorldHosts` is the registry of the server's worlds by session id.
 
 Sans-I/O towards sockets: members are reached through :class:`Outlet` (``post`` never
@@ -28,12 +35,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
 from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
-from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
+from worldserve.media import EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
@@ -55,7 +62,7 @@ from worldserve.session import (
     SessionStatus,
 )
 
-__all__ = ["Member", "Outlet", "Role", "WorldBackend", "WorldHost", "WorldHosts"]
+__all__ = ["Member", "Outlet", "Role", "WorldBackend", "WorldHost", "WorldHosts", "wire_media"]
 
 log = logging.getLogger("worldserve.server")
 
@@ -74,6 +81,11 @@ class WorldBackend(Protocol):
         ...
 
     async def close_session(self, session_id: str) -> None: ...
+
+    def request_keyframe(self, session_id: str) -> bool:
+        """Start the session's next chunk with an IDR frame (H.264) where its worker encodes;
+        ``False`` when it cannot be asked (the world then encodes, or the stream starts anew)."""
+        ...
 
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
@@ -125,6 +137,8 @@ class Member:
     applied: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
     held: list[tuple[BaseModel, ...]] = field(default_factory=list)  # notices while parked
     skipped_from: int | None = None
+    needs_key: bool = True  # H.264: it cannot decode a chunk that does not start with an IDR frame
+    stream_init: bytes = b""  # H.264: the init segment it was sent last
     failure_reported: tuple[int, str | None, str | None] | None = None
     reported_dropped: set[int] = field(default_factory=set)  # session ids reported with session.failed
     expiry: asyncio.Task[None] | None = None
@@ -153,20 +167,43 @@ class _Made:
     timings: dict[str, float]
     batch_size: int
     payloads: tuple[bytes, ...]
+    keyframe: bool = False  # H.264: the fragment starts with an IDR frame ...
+    init: bytes = b""  # ... and this is its stream's init segment
 
-    def header(self, member: Member) -> ChunkMessage:
+    @property
+    def nbytes(self) -> int:
+        return sum(len(payload) for payload in self.payloads)
+
+    def for_member(self, member: Member) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
+        """The header and binary messages ``member`` gets; None while it waits for a keyframe (H.264).
+
+        An H.264 member gets the init segment in front of the fragment when the chunk starts a
+        stream it has not begun (its first, or its first after a gap, or a new encoder's)."""
+        frames, payloads = self.frames, self.payloads
+        if frames.media == "h264":
+            fresh = self.keyframe and (member.needs_key or member.stream_init != self.init)
+            if member.needs_key and not fresh:
+                return None
+            if fresh:
+                member.needs_key = False
+                member.stream_init = self.init
+                payloads = (self.init + payloads[0],)
+            frames = frames.model_copy(
+                update={"sizes": [len(payloads[0])], "keyframe": self.keyframe, "init_bytes": len(self.init) * fresh}
+            )
         event_ids, latencies = member.applied.get(self.seq, ([], []))
-        return ChunkMessage(
+        header = ChunkMessage(
             seq=self.seq + member.seq_base,
             epoch=self.epoch,
             chunk_index=self.chunk_index,
             request_id=self.request_id,
             applied_event_ids=event_ids,
-            frames=self.frames,
+            frames=frames,
             timings=self.timings,
             batch_size=self.batch_size,
             applied_latency_ms=latencies,
         )
+        return header, payloads
 
 
 def _skipped(member: Member, first: int, last: int) -> ChunkSkipped:
@@ -207,7 +244,8 @@ class WorldHost:
         metrics: ServerMetrics,
         registry: WorldHosts,
         media: str,
-        quality: int,
+        quality: int | None = None,
+        bitrate_kbps: int | None = None,
         share_viewers: bool = False,
         share_controllers: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -220,7 +258,9 @@ class WorldHost:
         self._registry = registry
         self._clock = clock
         self.media = media
-        self._encoding = FrameEncoding(media, quality)  # what members are sent
+        self._encoding = FrameEncoding.for_media(media, quality, bitrate_kbps)  # what members are sent
+        self._encoder: FrameEncoder | None = None  # for frames a worker did not encode
+        self._keyframe_asked = False  # H.264: an IDR frame is on its way (asked, not yet seen)
         self.viewer_token = _token() if share_viewers else None
         self.controller_token = _token() if share_controllers else None
         self.members: list[Member] = []
@@ -273,7 +313,10 @@ class WorldHost:
         if self.closed or not allowed or role is Role.HOST:
             return None
         self._metrics.members_joined.labels(role=role.value).inc()
-        return self._add(role, outlet, seq_base)
+        member = self._add(role, outlet, seq_base)
+        if self._seq >= 0:
+            self._want_keyframe()  # it starts at the stream's next IDR frame (H.264)
+        return member
 
     def find_resumable(self, token: str) -> Member | None:
         """The member whose resume token this is (every token is compared, in constant time)."""
@@ -303,8 +346,20 @@ class WorldHost:
         return last
 
     def buffered_after(self, last_seq: int) -> int:
-        """How many buffered chunks a resume from ``last_seq`` gets re-sent."""
-        return sum(1 for made in self._replay if made.seq > last_seq)
+        """How many buffered chunks a resume from ``last_seq`` gets re-sent (H.264: from the first
+        chunk it can decode: the next one when nothing is missing, else the first keyframe)."""
+        count = 0
+        contiguous = True
+        expected = last_seq + 1
+        for made in self._replay:
+            if made.seq <= last_seq:
+                continue
+            contiguous = contiguous and made.seq == expected
+            expected = made.seq + 1
+            if self._encoding.stateful and not contiguous and not made.keyframe and count == 0:
+                continue
+            count += 1
+        return count
 
     def replay(self, member: Member, last_seq: int) -> int:
         """Post what ``member`` missed after ``last_seq`` (session seq): chunks (or ``chunk.skipped``), then notices."""
@@ -317,15 +372,25 @@ class WorldHost:
             if made.seq <= last_seq:
                 continue
             if made.seq > missing_from:
+                member.needs_key = True  # a gap: an H.264 stream can go on only from an IDR frame
+            sent = made.for_member(member)
+            if sent is None:
+                continue  # withheld (H.264, waiting for a keyframe): reported as skipped with the gap
+            if made.seq > missing_from:
                 outlet.post((_skipped(member, missing_from, made.seq - 1),))
                 self._metrics.chunks_skipped.inc(made.seq - missing_from)
-            outlet.post((made.header(member),), made.payloads)
-            self._metrics.frames_sent.inc(len(made.payloads))
+            outlet.post((sent[0],), sent[1])
+            self._count_sent(made)
             missing_from = made.seq + 1
             member.sent_seq = made.seq
             replayed += 1
         if missing_from <= self._seq:  # older than the replay buffer, and nothing newer buffered
+            member.needs_key = True
             outlet.post((_skipped(member, missing_from, self._seq),))
+            member.acked_seq = max(member.acked_seq, self._seq)
+            member.sent_seq = self._seq
+        if member.needs_key and self._seq >= 0:
+            self._want_keyframe()
         held, member.held = member.held, []
         for messages in held:
             outlet.post(messages)
@@ -493,6 +558,8 @@ class WorldHost:
     async def reset(self) -> None:
         """Reset the world (a controller asked); raises as ``Session.reset`` does."""
         await self.session.reset()
+        if self._encoder is not None:
+            self._encoder.keyframe()  # the new epoch starts with an IDR frame, as a worker's encoder does
         for member in self.members:
             if member.outlet is not None:  # nothing of the old epoch counts as lag any more
                 member.acked_seq = member.sent_seq = self._seq
@@ -632,6 +699,8 @@ class WorldHost:
         metadata = chunk.metadata
         encoded, encode_s = await self._encoded(chunk)
         payloads = encoded.payloads
+        if encoded.keyframe:
+            self._keyframe_asked = False
         self._seq += 1
         seq = self._seq
         latency = {
@@ -655,8 +724,8 @@ class WorldHost:
             chunk_index=metadata.chunk_index,
             request_id=metadata.request_id,
             frames=ChunkFrames(
-                count=len(payloads),
-                media="jpeg" if self.media == "jpeg" else "raw",
+                count=encoded.count,
+                media=wire_media(self.media),
                 width=encoded.width,
                 height=encoded.height,
                 sizes=[len(payload) for payload in payloads],
@@ -670,6 +739,8 @@ class WorldHost:
             },
             batch_size=chunk.batch_size,
             payloads=payloads,
+            keyframe=encoded.keyframe,
+            init=encoded.init,
         )
         self._replay.append(made)
         for member in self.members:
@@ -689,8 +760,28 @@ class WorldHost:
         began = time.perf_counter()
         if isinstance(frames, EncodedFrames):
             frames = await asyncio.to_thread(decode_frames, frames)
-        encoded = await asyncio.to_thread(encode, frames, wanted)
+        if self._encoder is None:
+            spec = self._backend.spec
+            self._encoder = FrameEncoder(wanted, spec.width, spec.height, spec.fps)
+        encoded = await asyncio.to_thread(self._encoder.encode, frames)
         return encoded, time.perf_counter() - began
+
+    def _want_keyframe(self) -> None:
+        """H.264: a member waits for an IDR frame; ask for one unless one is already on its way."""
+        if not self._encoding.stateful or self._keyframe_asked:
+            return
+        if self._encoder is not None:  # this world encodes its own frames
+            self._encoder.keyframe()
+            self._keyframe_asked = True
+            return
+        try:
+            self._keyframe_asked = self._backend.request_keyframe(self.session_id)
+        except Exception:
+            log.exception("asking for a keyframe for session %s failed", self.session_id)
+
+    def _count_sent(self, made: _Made) -> None:
+        self._metrics.frames_sent.inc(made.frames.count)
+        self._metrics.media_bytes_sent.labels(media=made.frames.media).inc(made.nbytes)
 
     def _deliver(self, member: Member, made: _Made) -> None:
         """Post a chunk to a connected member; a viewer ``max_lag_chunks`` behind skips it instead."""
@@ -699,16 +790,38 @@ class WorldHost:
             return  # parked: the replay buffer keeps it for a resume
         lag = max(member.sent_seq - member.acked_seq, outlet.backlog)
         if member.role is Role.VIEWER and lag >= self._config.max_lag_chunks:
-            if member.skipped_from is None:
-                member.skipped_from = made.seq
-            self._metrics.chunks_skipped.inc()
+            self._skip(member, made)
+            member.needs_key = True  # H.264: the chunk after the gap cannot be decoded
+            return
+        sent = made.for_member(member)
+        if sent is None:  # H.264: it must start at an IDR frame; one is asked for
+            self._skip(member, made)
+            member.acked_seq = max(member.acked_seq, made.seq)  # a withheld chunk never holds generation back
+            member.sent_seq = made.seq
+            self._want_keyframe()
             return
         if member.skipped_from is not None:
             outlet.post((_skipped(member, member.skipped_from, made.seq - 1),))
             member.skipped_from = None
-        outlet.post((made.header(member),), made.payloads)
+        outlet.post((sent[0],), sent[1])
         member.sent_seq = made.seq
-        self._metrics.frames_sent.inc(len(made.payloads))
+        self._count_sent(made)
+
+    def _skip(self, member: Member, made: _Made) -> None:
+        if member.skipped_from is None:
+            member.skipped_from = made.seq
+        self._metrics.chunks_skipped.inc()
+
+
+def wire_media(media: str) -> Literal["jpeg", "raw", "h264"]:
+    """``media`` as the wire's literal type."""
+    if media == "jpeg":
+        return "jpeg"
+    if media == "raw":
+        return "raw"
+    if media == "h264":
+        return "h264"
+    raise ValueError(f"unknown media {media!r}.")
 
 
 class WorldHosts:

@@ -38,6 +38,7 @@ __all__ = [
     "InputAccepted",
     "InputDropped",
     "InputEvent",
+    "Media",
     "Ping",
     "Pong",
     "ServerMessage",
@@ -90,11 +91,41 @@ class ControlModel(_Message):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
 
+#: The media a chunk's frames travel as.
+Media = Literal["jpeg", "raw", "h264"]
+
+
 class StartOptions(_Message):
-    media: Literal["jpeg", "raw"] = Field(
-        default="jpeg", description="Frame encoding: JPEG bytes, or raw RGB (height*width*3 bytes)."
+    media: Media = Field(
+        default="jpeg",
+        description="Frame encoding: JPEG bytes per frame, raw RGB per frame (height*width*3 bytes), or H.264: "
+        "one fragmented-MP4 fragment per chunk (yuv420p, no B-frames), the init segment in front where a stream "
+        "starts.",
     )
-    quality: Annotated[int, Field(ge=1, le=100)] = 90
+    quality: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=100,
+            description="JPEG quality, or H.264's constant quality (CRF = round((100 - quality) * 51 / 99)); "
+            "absent: 90 for JPEG, 65 (CRF 18) for H.264.",
+        ),
+    ] = None
+    bitrate_kbps: Annotated[
+        int | None,
+        Field(
+            ge=16,
+            le=100_000,
+            description="H.264 only: the cap on its bitrate, kbit/s; absent: 0.3 bits per pixel per frame, "
+            "at least 128 kbit/s.",
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _bitrate_is_h264s(self) -> StartOptions:
+        if self.bitrate_kbps is not None and self.media != "h264":
+            raise ValueError("bitrate_kbps applies to media h264 only")
+        return self
 
 
 class ShareOptions(_Message):
@@ -210,7 +241,7 @@ class SessionStarted(_ServerMessage):
     type: Literal["session.started"] = "session.started"
     session_id: str
     model: dict[str, Any]
-    media: Literal["jpeg", "raw"]
+    media: Media
     max_pending_events: int
     max_lag_chunks: int
     resume_token: str | None = Field(
@@ -224,7 +255,7 @@ class SessionJoined(_ServerMessage):
     session_id: str
     role: Literal["viewer", "controller"]
     model: dict[str, Any]
-    media: Literal["jpeg", "raw"]
+    media: Media
     max_pending_events: int
     max_lag_chunks: int
     seq: int = Field(description="The world's last chunk seq; the next chunk this connection gets is later.")
@@ -236,7 +267,7 @@ class SessionResumed(_ServerMessage):
     session_id: str
     role: Literal["host", "viewer", "controller"]
     model: dict[str, Any]
-    media: Literal["jpeg", "raw"]
+    media: Media
     max_pending_events: int
     max_lag_chunks: int
     seq: int = Field(description="The world's last chunk seq now.")
@@ -262,15 +293,27 @@ class InputAccepted(_ServerMessage):
 
 
 class ChunkFrames(_Message):
-    count: int
-    media: Literal["jpeg", "raw"]
+    """What the binary messages after a ``chunk`` hold: one per entry of ``sizes``, in order."""
+
+    count: int = Field(description="Frames in the chunk.")
+    media: Media
     width: int
     height: int
-    sizes: list[int]
+    sizes: list[int] = Field(
+        description="The byte length of each binary message that follows: one per frame for jpeg and raw, "
+        "one (the chunk's fMP4 fragment) for h264."
+    )
+    keyframe: bool | None = Field(default=None, description="h264: the fragment starts with an IDR frame.")
+    init_bytes: int | None = Field(
+        default=None,
+        description="h264: the binary message starts with the stream's init segment (ftyp + moov) of this many "
+        "bytes, then the fragment; 0: the fragment alone. Sent where this connection's stream starts: its first "
+        "chunk, after a gap, or when the encoder started a new stream.",
+    )
 
 
 class ChunkMessage(_ServerMessage):
-    """Header of one generated chunk; ``frames.count`` binary messages follow it."""
+    """Header of one generated chunk; ``len(frames.sizes)`` binary messages follow it."""
 
     type: Literal["chunk"] = "chunk"
     seq: int

@@ -1,7 +1,7 @@
 """Prometheus metrics of one server (prometheus-client), in a registry of its own.
 
 Owns: the server's own instruments (sessions started/active, time to first chunk,
-chunk latency, frames sent, resumes, joins, skipped chunks, the process's CPU time,
+chunk latency, frames sent and their bytes by media, resumes, joins, skipped chunks, the process's CPU time,
 client errors and session failures by code) and a collector that reads, at scrape
 time, the control plane's counters and latency histogram (``SessionManager.stats()``),
 its queue depth, and the engine's counters.
@@ -171,6 +171,14 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.frames_sent = Counter("worldserve_frames_sent", "Frames sent to clients.", registry=self.registry)
+        self.media_bytes_sent = Counter(
+            "worldserve_media_bytes_sent",
+            "Bytes of frames (binary messages) sent to clients, by media (jpeg, raw, h264).",
+            ["media"],
+            registry=self.registry,
+        )
+        for media in ("jpeg", "raw", "h264"):
+            self.media_bytes_sent.labels(media=media)
         self.client_errors = Counter(
             "worldserve_client_errors", "Error messages sent to clients, by code.", ["code"], registry=self.registry
         )
