@@ -170,8 +170,11 @@ def server() -> Iterator[RunningServer]:
 
 
 @contextlib.contextmanager
-def open_page(server: RunningServer) -> Iterator[Page]:
-    """The player page of ``server`` in Debian's headless Chromium, with :data:`RECORDER` added."""
+def open_page(server: RunningServer, query: str = "?media=raw", recorder: str = RECORDER) -> Iterator[Page]:
+    """The player page of ``server`` in Debian's headless Chromium, with ``recorder`` (:data:`RECORDER`) added.
+
+    ``query``: raw frames by default, so that every frame drawn can be matched exactly
+    (``test_browser_h264`` plays the default, H.264)."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}; `make test` installs Debian's chromium package.")
     with sync_playwright() as playwright:
@@ -189,8 +192,8 @@ def open_page(server: RunningServer) -> Iterator[Page]:
             ],
         )
         page = browser.new_page()
-        page.add_init_script(RECORDER)
-        page.goto(server.http + "/")
+        page.add_init_script(recorder)
+        page.goto(server.http + "/" + query)
         yield page
         browser.close()
 

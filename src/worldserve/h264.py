@@ -17,10 +17,11 @@ Why a short-lived muxer per chunk: libavformat's mp4 muxer writes a fragment onl
 which PyAV does not expose), so a long-lived muxer would hold each chunk's last frame back
 until the next chunk (vllm-omni's stream has that one-frame lag). Here the chunk's packets
 go to an mp4 muxer that is closed at once (``frag_custom``: one fragment at close;
-``empty_moov``; ``default_base_moof``; timestamps not shifted, so each fragment's decode
-time continues the stream's); its ``ftyp`` + ``moov`` are the init segment (the same bytes
-every time: same codec parameters), its ``moof`` + ``mdat`` the fragment, and its trailing
-``mfra`` index is dropped. The encoder itself lives for the whole session.
+``empty_moov``; ``default_base_moof``; ``frag_discont`` with timestamps not shifted, so each
+fragment's decode time, ``tfdt``, continues the stream's instead of starting at 0); its
+``ftyp`` + ``moov`` are the init segment (the same bytes every time: same codec
+parameters), its ``moof`` + ``mdat`` the fragment, and its trailing ``mfra`` index is
+dropped. The encoder itself lives for the whole session.
 
 PyAV is imported when the first encoder or decoder is made. Must not know: sockets,
 sessions, workers.
@@ -226,7 +227,10 @@ class H264Encoder:
             buffer,
             mode="w",
             format="mp4",
-            options={"movflags": "+frag_custom+empty_moov+default_base_moof", "avoid_negative_ts": "disabled"},
+            options={
+                "movflags": "+frag_custom+empty_moov+default_base_moof+frag_discont",
+                "avoid_negative_ts": "disabled",
+            },
         )
         try:
             stream = muxer.add_stream_from_template(self._stream)

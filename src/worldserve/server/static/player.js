@@ -1,7 +1,9 @@
 // worldserve browser player: one WebSocket session, frames played at the model's rate,
 // keyboard and mouse-drag controls sent as input events, an overlay of live figures;
 // share links (?join=SESSION&token=TOKEN&role=viewer|controller) and resume after a drop.
-// Plain JS, no build step. Protocol: docs/protocol.md.
+// Frames arrive as H.264 (played through Media Source Extensions, see "H.264 playback"
+// below), or JPEG where the browser cannot; ?media=raw|jpeg|h264 picks one.
+// Plain JS, no build step. Protocol: docs/protocol.md; media: docs/media.md.
 "use strict";
 
 (() => {
@@ -37,6 +39,8 @@
     lastAppliedMs: null,
     fpsTimes: [],
     nextFrameAt: 0,
+    media: null, // what this session's frames arrive as
+    frameInChunk: -1, // the frame of its chunk shown last
     camera: { dragging: false, x: 0, y: 0, dx: 0, dy: 0, last: { dx: 0, dy: 0 } },
   };
   // A read-only window for tests and curious users.
@@ -49,6 +53,9 @@
     get chunkIndex() { return state.chunkIndex; },
     get displayed() { return state.displayed; },
     get spec() { return state.spec; },
+    get media() { return state.media; },
+    get frameInChunk() { return state.frameInChunk; },
+    get kbps() { return meter.kbps; },
   };
 
   function log(text, kind) {
@@ -92,6 +99,8 @@
     state.resumeToken = message.resume_token || null;
     state.epoch = 0;
     state.queue = [];
+    state.media = message.media;
+    mseClose();
     canvas.width = message.model.width;
     canvas.height = message.model.height;
     $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
@@ -151,7 +160,7 @@
       const message = {
         type: "session.start",
         seed: Number($("seed").value) || 0,
-        options: { media: "raw" },
+        options: { media: chooseMedia() },
         share: { viewers: true, controllers: true },
       };
       if (prompt) message.prompt = prompt;
@@ -200,7 +209,7 @@
       case "chunk":
         state.header = message;
         state.frames = [];
-        if (message.frames.count === 0) finishChunk();
+        if (message.frames.sizes.length === 0) finishChunk();
         break;
       case "input.accepted":
         if (message.status === "duplicate") log(`event ${message.event_id} was a duplicate`);
@@ -242,7 +251,15 @@
   function onFrame(buffer) {
     const header = state.header;
     if (!header) return;
+    meterAdd(buffer.byteLength);
     const { width, height, media } = header.frames;
+    if (media === "h264") {
+      state.header = null;
+      state.lastSeq = Math.max(state.lastSeq, header.seq);
+      noteApplied(header);
+      mseChunk(header, buffer);
+      return;
+    }
     if (media === "raw") {
       const rgb = new Uint8Array(buffer);
       const rgba = new Uint8ClampedArray(width * height * 4);
@@ -253,7 +270,7 @@
     } else {
       state.frames.push(createImageBitmap(new Blob([buffer], { type: "image/jpeg" })));
     }
-    if (state.frames.length === header.frames.count) finishChunk();
+    if (state.frames.length === header.frames.sizes.length) finishChunk();
   }
 
   function finishChunk() {
@@ -262,6 +279,16 @@
     const pending = state.frames;
     state.header = null;
     state.frames = [];
+    noteApplied(header);
+    Promise.all(pending).then((images) => {
+      images.forEach((image, index) => {
+        state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index });
+      });
+      if (images.length === 0) ack(header.seq);
+    });
+  }
+
+  function noteApplied(header) {
     const now = performance.now();
     for (const id of header.applied_event_ids) {
       const sentAt = state.sentAt.get(id);
@@ -271,12 +298,6 @@
       }
     }
     state.lastChunkMs = header.timings.tick_ms;
-    Promise.all(pending).then((images) => {
-      images.forEach((image, index) => {
-        state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index });
-      });
-      if (images.length === 0) ack(header.seq);
-    });
   }
 
   function ack(seq) {
@@ -285,7 +306,9 @@
 
   function play(now) {
     const period = state.spec ? 1000 / state.spec.fps : 1000 / 16;
-    if (state.queue.length === 0) {
+    if (mse.video) {
+      mseTick();
+    } else if (state.queue.length === 0) {
       state.nextFrameAt = Math.max(state.nextFrameAt, now);
     } else if (now >= state.nextFrameAt) {
       let item = state.queue.shift();
@@ -309,8 +332,198 @@
     $("stat-chunk").textContent = state.chunkIndex >= 0 ? String(state.chunkIndex) : "–";
     $("stat-chunk-ms").textContent = state.lastChunkMs === null ? "–" : state.lastChunkMs.toFixed(1);
     $("stat-applied-ms").textContent = state.lastAppliedMs === null ? "–" : state.lastAppliedMs.toFixed(0);
-    $("stat-buffered").textContent = String(state.queue.length);
+    $("stat-buffered").textContent = String(mse.video ? mseBuffered() : state.queue.length);
+    $("stat-media").textContent = state.media || "–";
+    $("stat-kbps").textContent = meterUpdate(now);
     requestAnimationFrame(play);
+  }
+
+  // ---- H.264 playback through Media Source Extensions ---------------------------------
+  // Kept apart from the rest of the player on purpose: the session gets one fMP4 fragment
+  // per chunk (docs/media.md), the init segment in front where this connection's stream
+  // starts. They are appended in order to one SourceBuffer in "sequence" mode (so a stream
+  // that starts again after a gap continues the timeline) of a muted <video> under the
+  // canvas; each frame the video presents is drawn onto the canvas, so input, overlay and
+  // scaling work as for the other media. The buffer stays short: generation is paced by
+  // our acks (sent when a chunk's first frame is shown), what has been played is trimmed,
+  // and a player that falls behind jumps to the live edge.
+  const PROBE_TYPE = 'video/mp4; codecs="avc1.42E01E"';
+  const mse = {
+    video: null, source: null, buffer: null, url: null,
+    appends: [], // binaries waiting for the SourceBuffer
+    chunks: [], // {start, count, seq, epoch, chunk, acked}: where each chunk lies, in frames
+    frames: 0, // frames appended so far (the timeline, in frames)
+    keys: [], // where chunks that start with an IDR frame begin (frames): the buffer is cut only there
+    shown: -1, // the last frame drawn
+  };
+
+  function h264Playable() {
+    return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported(PROBE_TYPE);
+  }
+
+  function chooseMedia() {
+    const asked = state.forceMedia || new URLSearchParams(location.search).get("media");
+    if (asked === "raw" || asked === "jpeg") return asked;
+    if (h264Playable()) return "h264";
+    log("this browser cannot play H.264 (Media Source Extensions); frames come as JPEG");
+    return "jpeg";
+  }
+
+  function codecOf(init) {
+    // The avcC box: configurationVersion, then profile, compatibility and level bytes.
+    const hex = (byte) => byte.toString(16).padStart(2, "0");
+    for (let i = 4; i + 8 <= init.length; i++) {
+      if (init[i] === 0x61 && init[i + 1] === 0x76 && init[i + 2] === 0x63 && init[i + 3] === 0x43) {
+        return `avc1.${hex(init[i + 5])}${hex(init[i + 6])}${hex(init[i + 7])}`;
+      }
+    }
+    return "avc1.42E01E";
+  }
+
+  function mseClose() {
+    if (!mse.video) return;
+    mse.video.pause();
+    mse.video.remove();
+    URL.revokeObjectURL(mse.url);
+    Object.assign(mse, {
+      video: null, source: null, buffer: null, url: null, appends: [], chunks: [], frames: 0, keys: [], shown: -1,
+    });
+  }
+
+  function mseOpen(type) {
+    mseClose();
+    const video = document.createElement("video");
+    video.className = "mse";
+    video.muted = true;
+    video.playsInline = true;
+    const source = new MediaSource();
+    mse.url = URL.createObjectURL(source);
+    video.src = mse.url;
+    canvas.parentElement.prepend(video);
+    Object.assign(mse, { video, source });
+    source.addEventListener("sourceopen", () => {
+      try {
+        const buffer = source.addSourceBuffer(type);
+        buffer.mode = "sequence";
+        buffer.timestampOffset = 0; // the first fragment plays at 0, whatever its decode time
+        buffer.addEventListener("updateend", mseFeed);
+        buffer.addEventListener("error", () => mseFail("the SourceBuffer refused a fragment"));
+        mse.buffer = buffer;
+        mseFeed();
+      } catch (error) {
+        mseFail(error.message);
+      }
+    }, { once: true });
+    if ("requestVideoFrameCallback" in video) {
+      const onFrame = (_, meta) => {
+        if (mse.video !== video) return;
+        mseShow(meta.mediaTime);
+        video.requestVideoFrameCallback(onFrame);
+      };
+      video.requestVideoFrameCallback(onFrame);
+    }
+  }
+
+  function mseFail(reason) {
+    log(`cannot play H.264 here (${reason})`, "error");
+    mseClose();
+    if (state.role === "host") { // start over with JPEG
+      state.forceMedia = "jpeg";
+      log("starting again with JPEG");
+      connect(false);
+    }
+  }
+
+  function mseChunk(header, buffer) {
+    const bytes = new Uint8Array(buffer);
+    const initBytes = header.frames.init_bytes || 0;
+    if (!mse.video) {
+      if (!initBytes) return ack(header.seq); // nothing to start from (the server sends the init first)
+      const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
+      if (typeof MediaSource === "undefined" || !MediaSource.isTypeSupported(type)) return mseFail(`${type} unsupported`);
+      mseOpen(type);
+    }
+    const count = header.frames.count;
+    if (header.frames.keyframe) mse.keys.push(mse.frames);
+    mse.chunks.push({ start: mse.frames, count, seq: header.seq, epoch: header.epoch, chunk: header.chunk_index, acked: false });
+    mse.frames += count;
+    mse.appends.push(bytes);
+    mseFeed();
+  }
+
+  function mseFeed() {
+    const buffer = mse.buffer;
+    if (!buffer || buffer.updating) return;
+    if (mse.appends.length) {
+      try {
+        buffer.appendBuffer(mse.appends.shift());
+      } catch (error) {
+        mseFail(error.message);
+      }
+      return;
+    }
+    // Trim what has been played: everything before the last IDR frame that is over a second
+    // old (cutting inside a group of pictures would drop the frames that depend on it), so the
+    // buffer holds at most the current group (IDR frames come at least every 10 s).
+    const video = mse.video;
+    const fps = state.spec.fps;
+    const cut = mse.keys.filter((frame) => frame / fps <= video.currentTime - 1).pop();
+    if (cut !== undefined && buffer.buffered.length && cut / fps > buffer.buffered.start(0) + 0.5 / fps) {
+      mse.keys = mse.keys.filter((frame) => frame >= cut);
+      buffer.remove(0, cut / fps);
+    }
+  }
+
+  function mseBuffered() {
+    const video = mse.video;
+    if (!video || !video.buffered.length) return 0;
+    return Math.max(0, Math.round((video.buffered.end(video.buffered.length - 1) - video.currentTime) * state.spec.fps));
+  }
+
+  function mseShow(mediaTime) {
+    const fps = state.spec.fps;
+    const frame = Math.round(mediaTime * fps);
+    if (frame === mse.shown) return;
+    mse.shown = frame;
+    const item = mse.chunks.find((c) => c.start <= frame && frame < c.start + c.count);
+    for (const c of mse.chunks) { // a chunk is played once its first frame is shown (or passed)
+      if (!c.acked && c.start <= frame) {
+        c.acked = true;
+        ack(c.seq);
+      }
+    }
+    while (mse.chunks.length > 1 && mse.chunks[0].start + mse.chunks[0].count < frame - 4 * fps) mse.chunks.shift();
+    if (!item || item.epoch < state.epoch) return; // made before a reset: not shown
+    ctx.drawImage(mse.video, 0, 0, canvas.width, canvas.height);
+    state.chunkIndex = item.chunk;
+    state.frameInChunk = frame - item.start;
+    state.displayed += 1;
+    state.fpsTimes.push(performance.now());
+  }
+
+  function mseTick() {
+    const video = mse.video;
+    if (!video.buffered.length) return;
+    const end = video.buffered.end(video.buffered.length - 1);
+    const period = state.spec.frames_per_chunk / state.spec.fps;
+    // Fallen behind (a busy tab, a stall): jump to the live edge rather than play old frames.
+    if (end - video.currentTime > Math.max(1, 4 * period)) video.currentTime = Math.max(0, end - period);
+    if (video.paused && video.readyState >= 2) video.play().catch(() => {});
+    if (!("requestVideoFrameCallback" in video)) mseShow(video.currentTime);
+  }
+
+  // The bitrate overlay: bytes of frames received over the last two seconds.
+  const meter = { samples: [], kbps: 0 };
+
+  function meterAdd(bytes) {
+    meter.samples.push([performance.now(), bytes]);
+  }
+
+  function meterUpdate(now) {
+    while (meter.samples.length && meter.samples[0][0] < now - 2000) meter.samples.shift();
+    const bytes = meter.samples.reduce((sum, [, n]) => sum + n, 0);
+    meter.kbps = (bytes * 8) / 2000;
+    return meter.samples.length ? meter.kbps.toFixed(0) : "–";
   }
 
   function renderPresets(styles) {
