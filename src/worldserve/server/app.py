@@ -1,10 +1,13 @@
 """The HTTP + WebSocket application (Starlette): routes, authentication, origins.
 
 Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/models``,
-``GET /metrics`` and ``WS /v1/world``; the optional bearer token (header, or the
-``bearer.<token>`` WebSocket subprotocol browsers can send); the origin allow-list.
-Each WebSocket gets one :class:`~worldserve.server.connection.Connection`; the worlds
-they start, join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
+``GET /metrics``, ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime
+video protocol, over the same runtime and sessions); the optional bearer token (header,
+or the ``bearer.<token>`` WebSocket subprotocol browsers can send), the same for both
+sockets; the origin allow-list. Each ``/v1/world`` socket gets one
+:class:`~worldserve.server.connection.Connection`, each ``/v1/realtime/video`` socket one
+:class:`~worldserve.server.realtime_video.RealtimeVideoConnection`; the worlds they start,
+join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
 
 Must not know: how sessions, engines or models work.
 """
@@ -30,6 +33,7 @@ from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.realtime_video import RealtimeVideoConnection
 
 __all__ = ["PROTOCOL_NAME", "create_app"]
 
@@ -111,7 +115,8 @@ def create_app(
             return unauthorized()
         return Response(metrics().render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def world(websocket: WebSocket) -> None:
+    async def admitted(websocket: WebSocket) -> list[str] | None:
+        """The subprotocols offered, once the token and origin are right; None: refused (HTTP 403)."""
         offered = [
             part.strip() for part in websocket.headers.get("sec-websocket-protocol", "").split(",") if part.strip()
         ]
@@ -120,9 +125,23 @@ def create_app(
             token = next((p[len(_BEARER_PREFIX) :] for p in offered if p.startswith(_BEARER_PREFIX)), None)
         if not _token_ok(config.token, token) or not _origin_ok(websocket, config.allowed_origins):
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
+            return None
+        return offered
+
+    async def world(websocket: WebSocket) -> None:
+        offered = await admitted(websocket)
+        if offered is None:
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
         await Connection(websocket, backend(), config, metrics(), state["hosts"]).run()
+
+    async def realtime_video(websocket: WebSocket) -> None:
+        offered = await admitted(websocket)
+        if offered is None:
+            return
+        # vllm-omni's clients offer no subprotocol; a browser that sends its token as one gets it back.
+        await websocket.accept(subprotocol=offered[0] if offered else None)
+        await RealtimeVideoConnection(websocket, backend(), config, metrics(), state["hosts"]).run()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -141,6 +160,7 @@ def create_app(
             Route("/v1/models", models),
             Route("/metrics", metrics_route),
             WebSocketRoute("/v1/world", world),
+            WebSocketRoute("/v1/realtime/video", realtime_video),
             Mount("/static", StaticFiles(directory=_static_dir()), name="static"),
         ],
         lifespan=lifespan,

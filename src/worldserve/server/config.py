@@ -38,6 +38,10 @@ class ServerConfig:
     resume_grace_s: float = 30.0
     #: The last chunks a session keeps, encoded, to re-send after a resume (at least ``max_lag_chunks``).
     replay_chunks: int = 8
+    #: ``/v1/realtime/video``: the first message must be ``session.start`` within this long (vllm-omni: 10 s) ...
+    realtime_start_timeout_s: float = 10.0
+    #: ... and a session with no chunk sent and no ``session.ping`` this long ends (vllm-omni: 60 s).
+    realtime_stall_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():
@@ -54,3 +58,5 @@ class ServerConfig:
             raise ValueError("resume_grace_s must be non-negative.")
         if self.replay_chunks < self.max_lag_chunks:
             raise ValueError("replay_chunks must be at least max_lag_chunks.")
+        if not self.realtime_start_timeout_s > 0 or not self.realtime_stall_timeout_s > 0:
+            raise ValueError("realtime_start_timeout_s and realtime_stall_timeout_s must be positive.")

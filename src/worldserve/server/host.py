@@ -32,7 +32,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Literal, Protocol
@@ -275,6 +275,9 @@ class WorldHost:
         self._wake = asyncio.Event()
         self._started_at = clock()
         self._first_chunk_sent = False
+        #: Called right before each tick is issued (after pacing): what the next chunk applies is
+        #: decided there by a route that schedules events per chunk (``/v1/realtime/video``).
+        self.before_tick: Callable[[Session[Chunk]], Awaitable[None]] | None = None
         registry.add(self)
 
     @property
@@ -677,6 +680,11 @@ class WorldHost:
                     continue
                 if self._clock() < target:
                     continue  # woken early (an ack): wait out the rest
+            if self.before_tick is not None:
+                try:
+                    await self.before_tick(session)
+                except Exception:
+                    log.exception("session %s: the route's before-tick step failed", self.session_id)
             started = self._clock()
             try:
                 chunk = await session.next_chunk()

@@ -179,6 +179,19 @@ class ServerMetrics:
         )
         for media in ("jpeg", "raw", "h264"):
             self.media_bytes_sent.labels(media=media)
+        self.realtime_sessions_started = Counter(
+            "worldserve_realtime_video_sessions_started",
+            "Sessions started over /v1/realtime/video (also counted in worldserve_sessions_started).",
+            registry=self.registry,
+        )
+        self.realtime_errors = Counter(
+            "worldserve_realtime_video_errors",
+            "error messages sent on /v1/realtime/video, by code (none: vllm-omni's uncoded errors).",
+            ["code"],
+            registry=self.registry,
+        )
+        for code in ("none", "event_id_conflict", "interaction_failed"):
+            self.realtime_errors.labels(code=code)
         self.client_errors = Counter(
             "worldserve_client_errors", "Error messages sent to clients, by code.", ["code"], registry=self.registry
         )

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the HTTP + WebSocket server (browser player at /)",
-        description="Run the server: the player at /, WS /v1/world, /healthz, /v1/models, /metrics.",
+        description="Run the server: the player at /, WS /v1/world, WS /v1/realtime/video (vllm-omni's realtime "
+        "video protocol), /healthz, /v1/models, /metrics.",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
@@ -92,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--replay-chunks", type=_positive_int, default=8, help="chunks kept to re-send on resume (%(default)s)"
+    )
+    serve.add_argument(
+        "--realtime-start-timeout-s",
+        type=_positive_float,
+        default=10.0,
+        help="/v1/realtime/video: session.start must come within this long (%(default)s)",
+    )
+    serve.add_argument(
+        "--realtime-stall-timeout-s",
+        type=_positive_float,
+        default=60.0,
+        help="/v1/realtime/video: end a session with no chunk sent and no session.ping this long (%(default)s)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
@@ -183,6 +196,8 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_clock=args.chunk_clock == "on",
         resume_grace_s=args.resume_grace_s,
         replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
+        realtime_start_timeout_s=args.realtime_start_timeout_s,
+        realtime_stall_timeout_s=args.realtime_stall_timeout_s,
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
@@ -193,7 +208,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         ws="websockets-sansio",
-        ws_max_size=max(4 * 1024 * 1024, 2 * args.max_message_bytes),
+        # Above /v1/realtime/video's 4 MiB session.start, so that the route refuses a larger one itself.
+        ws_max_size=max(8 * 1024 * 1024, 2 * args.max_message_bytes),
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
     )
