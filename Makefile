@@ -41,3 +41,4 @@ bench: venv
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/tinyworld.py
 	$(BIN)/python bench/capacity.py
+	$(BIN)/python bench/media.py

@@ -75,3 +75,20 @@ def test_capacity_benchmark_smoke() -> None:
     assert ", --gather-wait-ms 10," in done.stdout.splitlines()[0]  # passed on to the server
     assert re.search(r"sessions held at <= 1 % late chunks: \d+", done.stdout), done.stdout
     assert re.search(r"\| on \| \d+ \| [\d.]+ \|", done.stdout), done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_media_benchmark_smoke() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/media.py", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\| h264, quality 65 \(CRF 18\), cap 128 kbit/s \(default\) +\| [\d.]+ +\|", done.stdout)
+    assert re.search(r"At equal-or-better PSNR: h264 [\d.]+ kB/s vs JPEG quality \d+", done.stdout), done.stdout
+    assert re.search(r"\| 48x48 \| h264 +\| [\d.]+ ", done.stdout), done.stdout
+    assert "### Viewers, h264" in done.stdout

@@ -286,6 +286,7 @@ class H264Decoder:
             if fresh:
                 decoder = av.CodecContext.create(stream.codec_context.name, "r")
                 decoder.extradata = stream.codec_context.extradata
+                decoder.thread_count = 1  # a chunk's few frames: threads cost more than they save, and jitter
                 self._decoder = decoder
             for packet in container.demux(stream):
                 if packet.size == 0:

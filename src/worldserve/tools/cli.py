@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="viewers joined to each session; runs the load without viewers first and compares (%(default)s)",
     )
     bench.add_argument(
+        "--media",
+        choices=("raw", "jpeg", "h264"),
+        default="raw",
+        help="how the sessions' frames travel (the clients decode them all; %(default)s)",
+    )
+    bench.add_argument(
         "--drop-resume",
         action="store_true",
         help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
@@ -244,7 +250,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.viewers > 0:
         alone, shared = asyncio.run(
             run_viewers_bench(
-                args.url, clients=args.clients, viewers=args.viewers, drop_resume=args.drop_resume, **common
+                args.url,
+                clients=args.clients,
+                viewers=args.viewers,
+                drop_resume=args.drop_resume,
+                media=args.media,
+                **common,
             )
         )
         print(format_viewers_table(alone, shared))
@@ -259,6 +270,7 @@ def _bench(args: argparse.Namespace) -> int:
                 arrival_rate=args.arrival_rate,
                 session_seconds=args.session_seconds,
                 seed=args.seed,
+                media=args.media,
                 **common,
             )
         )

@@ -29,6 +29,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from worldserve.client import SessionInfo, WorldClient, WorldClientError, WorldError, keys
@@ -116,6 +117,7 @@ class ServerSample:
     cpu_seconds: float
     chunks: float
     frames_sent: float
+    media_bytes_sent: float = 0.0  # bytes of frames sent to every client, all media
 
 
 @dataclass
@@ -165,16 +167,20 @@ def _read_sample(url: str, token: str | None) -> ServerSample | None:
     except OSError:
         return None
     values: dict[str, float] = {}
+    media_bytes = 0.0
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in ("process_cpu_seconds_total", "worldserve_chunks_total", "worldserve_frames_sent_total"):
             values[name] = float(value)
+        elif name.startswith("worldserve_media_bytes_sent_total{"):
+            media_bytes += float(value)
     if "process_cpu_seconds_total" not in values:
         return None
     return ServerSample(
         values["process_cpu_seconds_total"],
         values.get("worldserve_chunks_total", 0.0),
         values.get("worldserve_frames_sent_total", 0.0),
+        media_bytes,
     )
 
 
@@ -215,6 +221,7 @@ async def _run_client(
     drop_resume: bool = False,
     viewer_reports: list[ViewerReport] | None = None,
     delay: float = 0.0,
+    media: str = "raw",
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -227,7 +234,7 @@ async def _run_client(
     try:
         async with WorldClient(url, token=token) as client:
             started = time.monotonic()
-            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media="raw", share_viewers=viewers > 0)
+            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media=media, share_viewers=viewers > 0)
             report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
             stop_viewers = asyncio.Event()
             viewer_tasks = [asyncio.create_task(_run_viewer(url, token, info, stop_viewers)) for _ in range(viewers)]
@@ -351,6 +358,7 @@ async def run_bench(
     arrival_rate: float | None = None,
     session_seconds: float | None = None,
     seed: int = 0,
+    media: str = "raw",
 ) -> BenchResult:
     """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
@@ -359,6 +367,7 @@ async def run_bench(
     (``arrival_rate``): sessions arrive at that rate (exponential gaps) for ``duration``
     seconds and each lives ``session_seconds`` (default: ``duration``). ``viewers`` join
     each session; with ``drop_resume`` every client loses its socket once and resumes.
+    ``media``: how the sessions' frames travel (raw, jpeg or h264; clients decode them all).
     """
     rng = random.Random(seed)
     lifetime = session_seconds if session_seconds is not None else duration
@@ -389,6 +398,7 @@ async def run_bench(
                 drop_resume=drop_resume,
                 viewer_reports=viewer_reports,
                 delay=offset,
+                media=media,
             )
             for index, offset in enumerate(offsets)
         )
@@ -481,20 +491,19 @@ async def run_viewers_bench(
     viewers: int,
     token: str | None = None,
     drop_resume: bool = False,
+    media: str = "raw",
 ) -> tuple[BenchResult, BenchResult]:
     """The same load without viewers, then with ``viewers`` joined to each session: the two sides of one table."""
-    alone = await run_bench(
-        url, clients=clients, duration=duration, event_interval=event_interval, token=token, drop_resume=drop_resume
-    )
-    shared = await run_bench(
-        url,
-        clients=clients,
-        duration=duration,
-        event_interval=event_interval,
-        token=token,
-        viewers=viewers,
-        drop_resume=drop_resume,
-    )
+    common: dict[str, Any] = {
+        "clients": clients,
+        "duration": duration,
+        "event_interval": event_interval,
+        "token": token,
+        "drop_resume": drop_resume,
+        "media": media,
+    }
+    alone = await run_bench(url, **common)
+    shared = await run_bench(url, viewers=viewers, **common)
     return alone, shared
 
 
@@ -601,6 +610,14 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def _bytes_per_second(result: BenchResult) -> str:
+    """Frame bytes the server sent per second, over every client and viewer (kB/s)."""
+    if result.server is None or result.duration <= 0:
+        return "-"
+    before, after = result.server
+    return f"{(after.media_bytes_sent - before.media_bytes_sent) / result.duration / 1000:.1f}"
+
+
 def _server_cost(result: BenchResult) -> tuple[str, str, str]:
     """Server CPU ms per chunk made, frames sent per chunk, CPU us per frame sent."""
     if result.server is None:
@@ -637,6 +654,7 @@ def format_viewers_table(alone: BenchResult, shared: BenchResult) -> str:
             cpu,
             per_chunk,
             per_frame,
+            _bytes_per_second(result),
             f"{sum(r.lost for r in result.reports)} / {sum(r.applied_twice for r in result.reports)}",
             ", ".join(f"{code}={count}" for code, count in sorted(errors.items())) or "0",
         ]
@@ -649,6 +667,7 @@ def format_viewers_table(alone: BenchResult, shared: BenchResult) -> str:
         "server CPU ms per chunk made",
         "frames sent per chunk made",
         "server CPU us per frame sent",
+        "frame kB/s sent (all sockets)",
         "lost / applied twice",
         "errors",
     ]
