@@ -5,15 +5,17 @@
    moving with keys, a camera pan, a prompt switch) are encoded by each media with the code a
    worker runs (``worldserve.media.FrameEncoder``, one per session) and decoded as a client
    does: PSNR against the raw frames, bytes per second per viewer, worker encode ms per
-   chunk, client decode ms per chunk, and the transfer of a chunk over a 20 Mbit/s link. JPEG
+   chunk, client decode ms per chunk (CPU time of the thread that does it: on a shared
+   machine, wall time adds whatever else runs), and the transfer of a chunk over a 20
+   Mbit/s link. JPEG
    is also measured at the lowest quality whose PSNR is at least H.264's (equal or better
    PSNR, found by bisection), and the cost of an IDR frame on demand (a late joiner) is the
    size of a keyframe chunk against the stream's other chunks.
 2. **End to end**, through a real ``worldserve serve`` (one worker process, procedural at each
    size): per media, the latency a chunk's frames add as the client sees it -- the server's
    tick beyond the model's step (the worker's encoding, the bytes' trip back to the server,
-   the commit) plus receiving and decoding the chunk at the client (over localhost) -- and
-   the difference to raw.
+   the commit) plus receiving (wall time, over localhost) and decoding (CPU time) the chunk
+   at the client -- and the difference to raw.
 3. **Viewers**: ``worldserve bench --viewers`` with ``--media h264``, and the same with JPEG.
 
 Usage: ``python bench/media.py [--seconds 8] [--sizes 48x48 832x480] [--viewers 4]
@@ -117,12 +119,12 @@ def measure_once(label: str, encoding: FrameEncoding, chunks: list[npt.NDArray[n
     decoder = H264Decoder()
     encode_s, decode_s, sizes, keys, decoded = [], [], [], [], []
     for frames in chunks:
-        began = time.perf_counter()
+        began = time.thread_time()  # CPU time: on a shared machine wall time adds the others' load
         made: EncodedFrames = encoder.encode(frames)
-        encode_s.append(time.perf_counter() - began)
-        began = time.perf_counter()
+        encode_s.append(time.thread_time() - began)
+        began = time.thread_time()
         back = decoder.decode(made.payloads[0], made.init) if encoding.media == "h264" else decode_frames(made)
-        decode_s.append(time.perf_counter() - began)
+        decode_s.append(time.thread_time() - began)
         sizes.append(made.nbytes)
         keys.append(made.keyframe)
         decoded.append(back)
@@ -287,6 +289,8 @@ async def chunk_latencies(port: int, media: str, chunks: int) -> dict[str, float
             header_at = time.perf_counter()
             frames = message["frames"]
             payloads = [await ws.recv() for _ in frames["sizes"]]
+            receive_s = time.perf_counter() - header_at
+            decode_began = time.thread_time()  # CPU time: on a shared machine wall time adds the others' load
             if media == "h264":
                 cut = frames.get("init_bytes") or 0
                 decoder.decode(payloads[0][cut:], payloads[0][:cut])
@@ -298,7 +302,7 @@ async def chunk_latencies(port: int, media: str, chunks: int) -> dict[str, float
             else:
                 for payload in payloads:
                     np.frombuffer(payload, np.uint8).reshape(frames["height"], frames["width"], 3)
-            client.append(time.perf_counter() - header_at)
+            client.append(receive_s + time.thread_time() - decode_began)
             await ws.send(json.dumps({"type": "chunk.ack", "seq": message["seq"]}))
             received += 1
             if received > 2:  # past the first chunks' warm-up
