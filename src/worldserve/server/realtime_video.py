@@ -389,9 +389,12 @@ class RealtimeVideoConnection:
             if self._clock() - self._progress > timeout and not self._finishing:
                 self._error("Stall timeout: no generation progress")
                 self._finish(True)
+                break
+        else:
+            return  # it ended otherwise
         writer = self._writer
-        if writer is not None:  # a client that stopped reading never takes the end: close it
-            await asyncio.wait({writer}, timeout=min(5.0, timeout))
+        if writer is not None:  # a client that stopped reading never takes the end: close its socket
+            await asyncio.wait({writer}, timeout=timeout)
             if not writer.done():
                 writer.cancel()
                 with contextlib.suppress(Exception):
