@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -570,7 +571,8 @@ class Engine:
 
         Returns the worker. Admitted now or refused now: raises
         :class:`AdmissionRefusedError` at once when no worker can make room (each keeps
-        sessions with a tick in flight), when every worker is down or restarting, or
+        sessions with a tick queued or in flight, and those marked in use:
+        :meth:`mark_in_use`), when every worker is down or restarting, or
         stalled in a step; a worker that dies or times out while admitting is skipped
         for the next. ``ValueError`` for options the model cannot take.
         """
@@ -605,6 +607,19 @@ class Engine:
         if self._admission is not None and self._state == "running":
             self.release_session(session_id)
         self._router.remove(session_id)
+
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """Someone is using the session: admission must not evict it for the next ``seconds``
+        (0: from now on it may be, least recently used first, like any idle session).
+
+        Without marks (a library user who never calls this) every session without a tick
+        queued or in flight may be evicted when a full worker admits another. The server marks
+        its sessions while a connected member plays or steers them (docs/sessions.md).
+        """
+        if isinstance(seconds, bool) or not seconds >= 0:
+            raise ValueError(f"seconds must be zero or positive; got {seconds!r}.")
+        until = time.monotonic() + seconds if seconds > 0 else float("-inf")
+        self._router.mark_in_use(session_id, until)
 
     def worker_of(self, session_id: str) -> int | None:
         """The worker holding the session's state (None: it holds none, or is unknown)."""

@@ -173,6 +173,13 @@ class Runtime:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
         return self.engine.capacity()
 
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """The session is in use for the next ``seconds``: a full worker never evicts it to admit
+        another (0: no longer in use). See :meth:`Engine.mark_in_use
+        <worldserve.runtime.engine.Engine.mark_in_use>`; without it, the runtime keeps its old
+        rule: any session without a tick queued or in flight may be evicted, least recently used first."""
+        self.engine.mark_in_use(session_id, seconds)
+
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session should issue its next tick to share its worker's chunk clock
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
