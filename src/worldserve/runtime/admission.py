@@ -98,15 +98,9 @@ class Admission:
             else:
                 refusals.append(f"worker {worker.index}: down, restarting")
         for index in self._router.placement_order(ready):
-            if self._stalled(index):
-                refusals.append(f"worker {index}: stalled in a step")
-                continue
-            if not self._may_take(index):
-                refusals.append(f"worker {index}: full, every session is in use or has a tick in flight")
-                continue
-            short = self._lacks_headroom(index)
-            if short is not None:
-                refusals.append(short)
+            unfit = self._unfit(index)
+            if unfit is not None:
+                refusals.append(unfit)
                 continue
             try:
                 await self.admit_on(index, session_id, options, timeout)
@@ -121,6 +115,24 @@ class Admission:
             "Close a session or try again later.",
             retry_after_s=self._retry_after_s,
         )
+
+    def slots(self) -> int | None:
+        """Session slots on ready workers, held or not (None: no residency limit)."""
+        ready = sum(worker.ready for worker in self._workers)
+        return None if self._capacity is None else self._capacity * ready
+
+    def has_room(self) -> bool:
+        """Whether :meth:`place` would ask some worker to admit a session now (its checks that
+        need no call): a cheap look for those waiting for room."""
+        return any(worker.ready and self._unfit(worker.index) is None for worker in self._workers)
+
+    def _unfit(self, index: int) -> str | None:
+        """Why worker ``index`` is skipped without a call (stalled, surely full, no headroom), or None."""
+        if self._stalled(index):
+            return f"worker {index}: stalled in a step"
+        if not self._may_take(index):
+            return f"worker {index}: full, every session is in use or has a tick in flight"
+        return self._lacks_headroom(index)
 
     def _protected(self, index: int) -> frozenset[str]:
         """The sessions on worker ``index`` it must not evict: a tick queued or running there, or in use."""

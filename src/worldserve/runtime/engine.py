@@ -681,8 +681,11 @@ class Engine:
         """Room for new sessions now (what ``/healthz`` reports to a balancer)."""
         if self._admission is None or self._state != "running":
             return Capacity(free=0, workers_alive=0)
+        admission = self._admission
         alive = sum(worker.ready for worker in self._workers)
-        return Capacity(free=self._admission.free_slots(), workers_alive=alive)
+        return Capacity(
+            free=admission.free_slots(), workers_alive=alive, slots=admission.slots(), room=admission.has_room()
+        )
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot(

@@ -30,6 +30,7 @@ from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.waiting import waiting_room
 
 __all__ = ["PROTOCOL_NAME", "create_app"]
 
@@ -92,12 +93,19 @@ def create_app(
     async def healthz(request: Request) -> Response:
         runtime = backend()
         capacity = runtime.capacity()
+        room = state["room"]
         return JSONResponse(
             {
                 "status": "ok",
                 "model": runtime.spec.name,
                 "sessions": len(runtime.manager),
-                "capacity": {"free": capacity.free, "workers_alive": capacity.workers_alive},
+                "capacity": {
+                    "free": capacity.free,
+                    "slots": capacity.slots,
+                    "room": capacity.room,
+                    "workers_alive": capacity.workers_alive,
+                },
+                "queue": {"waiting": room.waiting, "max": room.max_waiting},
             }
         )
 
@@ -122,7 +130,7 @@ def create_app(
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        await Connection(websocket, backend(), config, metrics(), state["hosts"]).run()
+        await Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"]).run()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -130,7 +138,9 @@ def create_app(
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
             state["hosts"] = hosts = WorldHosts()
+            state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             yield
+            await room.aclose()
             await hosts.shutdown()
             state.clear()
 

@@ -8,6 +8,10 @@ as this world's media and quality are used as they are), a replay buffer of the 
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
 each with its own event-id mapping (wire ids are per member; the session sees one
 increasing sequence), its ack state, its resume token, and what it missed while parked.
+And whether the world is *in use*: each time a connected member arrives, acks a chunk or
+sends an event, the runtime is told the session is in use for ``evict_idle_s`` more
+seconds (:meth:`WorldBackend.mark_in_use`), and when its last member parks that it no
+longer is, so a newcomer may evict only a world nobody is playing.
 :class:`WorldHosts` is the registry of the server's worlds by session id.
 
 Sans-I/O towards sockets: members are reached through :class:`Outlet` (``post`` never
@@ -36,6 +40,7 @@ from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
 from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.metrics import Capacity
 from worldserve.server.config import ServerConfig
 from worldserve.server.messages import (
     ChunkFrames,
@@ -77,6 +82,14 @@ class WorldBackend(Protocol):
 
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
+        ...
+
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """Someone plays the session: never evict it for the next ``seconds`` (0: it may be evicted)."""
+        ...
+
+    def capacity(self) -> Capacity:
+        """Room for new sessions now (slots, and whether a worker would take one)."""
         ...
 
 
@@ -242,6 +255,11 @@ class WorldHost:
         """The last chunk's seq (-1 before the first)."""
         return self._seq
 
+    @property
+    def age(self) -> float:
+        """Seconds since the world started."""
+        return self._clock() - self._started_at
+
     # -- members -------------------------------------------------------------------
 
     def _add(self, role: Role, outlet: Outlet, seq_base: int) -> Member:
@@ -257,6 +275,7 @@ class WorldHost:
         )
         self.members.append(member)
         self._wake.set()
+        self._in_use()
         return member
 
     def attach_host(self, outlet: Outlet, seq_base: int = 0) -> Member:
@@ -300,6 +319,7 @@ class WorldHost:
         member.sent_seq = last
         member.skipped_from = None
         self._metrics.sessions_resumed.inc()
+        self._in_use()
         return last
 
     def buffered_after(self, last_seq: int) -> int:
@@ -342,6 +362,7 @@ class WorldHost:
         if grace > 0 and not clean and not self.closed:
             member.held[:0] = outlet.unsent()  # posted before the drop, never written: a resume sends them first
             member.expiry = asyncio.create_task(self._expire(member, grace), name=f"park-{self.session_id}")
+            self._unattended()
             return
         await self._leave(member)
 
@@ -376,12 +397,24 @@ class WorldHost:
         with contextlib.suppress(ValueError):
             self.members.remove(member)
         self._wake.set()
+        self._unattended()
+
+    def _in_use(self) -> None:
+        """A connected member arrived, acked or sent an event: the world is in use a while more."""
+        if not self.closed:
+            self._backend.mark_in_use(self.session_id, self._config.evict_idle_s)
+
+    def _unattended(self) -> None:
+        """No member is connected (all parked or gone): a newcomer may evict this world now."""
+        if not self.closed and all(member.outlet is None for member in self.members):
+            self._backend.mark_in_use(self.session_id, 0.0)
 
     def wake(self) -> None:
         """Something the pacing depends on changed (a socket drained): look again."""
         self._wake.set()
 
     def ack(self, member: Member, wire_seq: int) -> None:
+        self._in_use()
         seq = wire_seq - member.seq_base
         if seq > member.acked_seq:
             member.acked_seq = min(seq, self._seq)
@@ -413,6 +446,7 @@ class WorldHost:
                 raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
         sid = max(self._next_sid, session.event_floor + 1)
         acceptance = await session.accept_event(replace(event, event_id=sid))
+        self._in_use()
         self._next_sid = sid + 1
         self._accepted_at[sid] = self._clock()
         member.sid_of[wire] = sid
@@ -712,10 +746,11 @@ class WorldHost:
 
 
 class WorldHosts:
-    """The server's worlds by session id."""
+    """The server's worlds by session id; ``on_end`` hears how long each world that ended ran."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, WorldHost] = {}
+        self.on_end: Callable[[float], None] | None = None
 
     def add(self, host: WorldHost) -> None:
         self._hosts[host.session_id] = host
@@ -723,6 +758,8 @@ class WorldHosts:
     def remove(self, host: WorldHost) -> None:
         if self._hosts.get(host.session_id) is host:
             del self._hosts[host.session_id]
+            if self.on_end is not None:
+                self.on_end(host.age)
 
     def get(self, session_id: str) -> WorldHost | None:
         return self._hosts.get(session_id)

@@ -93,6 +93,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--replay-chunks", type=_positive_int, default=8, help="chunks kept to re-send on resume (%(default)s)"
     )
+    serve.add_argument(
+        "--evict-idle-s",
+        type=_positive_float,
+        default=30.0,
+        help="a world is in use (never evicted for a newcomer) while a connected member acked a chunk or sent an "
+        "event within this many seconds; worlds whose members are all parked may be evicted (%(default)s)",
+    )
+    serve.add_argument(
+        "--queue-max",
+        type=_non_negative_int,
+        default=None,
+        help="at most this many session.start {queue: true} wait in line while the server is full "
+        "(default: four times the session slots, at least 8; 0: no line)",
+    )
+    serve.add_argument(
+        "--queue-timeout-s",
+        type=_positive_float,
+        default=300.0,
+        help="a start waiting in line longer than this is refused with admission_refused (%(default)s)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     RuntimeConfig.add_cli_arguments(serve)
 
@@ -183,6 +203,9 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_clock=args.chunk_clock == "on",
         resume_grace_s=args.resume_grace_s,
         replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
+        evict_idle_s=args.evict_idle_s,
+        queue_max=args.queue_max,
+        queue_timeout_s=args.queue_timeout_s,
     )
 
     runtime_config = RuntimeConfig.from_cli_arguments(args)
