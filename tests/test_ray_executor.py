@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from runtime_models import Truth  # noqa: E402
-from server_harness import check_frames_and_events, start_server  # noqa: E402
+from server_harness import check_a_playing_world_is_never_evicted, check_frames_and_events, start_server  # noqa: E402
 from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
 from worldserve.media import EncodedFrames, FrameEncoding, encode_frames  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
@@ -263,6 +263,19 @@ async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nod
         "--ray-num-cpus", "0", "--ray-resource", resource, "--encode-frames", "worker", timeout=90.0,
     )  # fmt: skip
     await check_frames_and_events(server)  # JPEG and raw payloads made by the Ray workers
+
+
+async def test_a_playing_world_is_never_evicted_on_ray_either(nodes: Nodes) -> None:
+    resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
+    server = start_server(
+        "--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1", "--executor", "ray",
+        "--ray-address", nodes.cluster.address, "--ray-num-cpus", "0", "--ray-resource", resource, timeout=90.0,
+    )  # fmt: skip
+    try:
+        await check_a_playing_world_is_never_evicted(server.ws)
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
 
 
 def test_ray_flags_and_no_ray_import_unless_named() -> None:

@@ -67,7 +67,7 @@
     badge.textContent = text || status;
     const live = status === "live" || status === "failed";
     $("reset").disabled = !live;
-    $("close").disabled = !live;
+    $("close").disabled = !live && status !== "queued"; // Close also leaves the waiting line
     $("apply-prompt").disabled = status !== "live" || state.role === "viewer";
     $("reset").disabled = !live || state.role === "viewer";
   }
@@ -153,6 +153,7 @@
         seed: Number($("seed").value) || 0,
         options: { media: "raw" },
         share: { viewers: true, controllers: true },
+        queue: true, // a full server puts this start in line (session.queued) instead of refusing it
       };
       if (prompt) message.prompt = prompt;
       state.lastSeq = -1;
@@ -182,6 +183,9 @@
         enterWorld(message, "host");
         showShare(message.share);
         log(`session ${message.session_id.slice(0, 8)}… started`);
+        break;
+      case "session.queued":
+        showQueued(message);
         break;
       case "session.joined":
         state.lastSeq = message.seq;
@@ -237,6 +241,14 @@
       default:
         break;
     }
+  }
+
+  // The waiting line of a full server: "you are #3 in line, about 40 s" until session.started.
+  function showQueued(message) {
+    const eta = message.eta_s == null ? "" : `, about ${Math.max(1, Math.round(message.eta_s))} s`;
+    const text = `you are #${message.position} in line${eta}`;
+    setStatus("queued", text);
+    log(`server full: ${text}`);
   }
 
   function onFrame(buffer) {
