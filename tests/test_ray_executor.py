@@ -25,7 +25,12 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from runtime_models import Truth  # noqa: E402
-from server_harness import check_a_playing_world_is_never_evicted, check_frames_and_events, start_server  # noqa: E402
+from server_harness import (  # noqa: E402
+    check_a_playing_world_is_never_evicted,
+    check_frames_and_events,
+    free_port,
+    start_server,
+)
 from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
 from worldserve.media import EncodedFrames, FrameEncoding, encode_frames  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
@@ -331,3 +336,77 @@ async def test_a_worker_lost_before_it_was_ready_is_placed_again_at_start(monkey
     monkeypatch.setattr(executor, "_launch", always_lost)
     with pytest.raises(WorkerStartError, match="until its start timed out"):
         await executor._place(0, 0.05)
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``worldserve serve --model procedural`` with ``args``, its output in a pipe."""
+    port = str(free_port())
+    command = [sys.executable, "-m", "worldserve", "serve", "--model", "procedural", "--port", port, *args]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
+
+
+def _output_until(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """Read the process's output lines until one contains ``marker`` (or it ends)."""
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if marker in line:
+            break
+    return lines
+
+
+def test_a_cluster_nothing_answers_at_exits_within_the_connect_timeout_naming_the_address() -> None:
+    process = _serve("--executor", "ray", "--ray-address", "127.0.0.1:9", "--ray-connect-timeout-s", "2")
+    out, _ = process.communicate(timeout=90)  # would retry for minutes (ignoring SIGTERM) before
+    assert process.returncode == 1
+    lines = [line for line in out.splitlines() if line.startswith("worldserve:")]
+    assert lines == [
+        "worldserve: cannot start: no Ray cluster answered at 127.0.0.1:9 within 2 s (--ray-connect-timeout-s); "
+        "is the head running, and is the address right?"
+    ]
+    assert "Traceback" not in out
+
+
+def test_workers_the_cluster_cannot_place_say_what_they_ask_and_stop_on_sigterm(nodes: Nodes) -> None:
+    # The cluster has no GPU: a worker asking for one waits (saying so), until the start timeout.
+    address = ("--ray-address", nodes.cluster.address)
+    process = _serve("--executor", "ray", *address, "--ray-num-gpus", "1", "--worker-start-timeout-s", "4")
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 1
+    ending = [line for line in out.splitlines() if line.startswith("worldserve:")]
+    assert len(ending) == 1
+    assert "worker 0 was not placed and ready within 4 s (--worker-start-timeout-s)" in ending[0]
+    assert "it asks for 1 CPU, 1 GPU; the cluster has" in ending[0]
+    assert " 0 GPU in all" in ending[0]
+    assert "Traceback" not in out
+
+    # SIGTERM while the start waits for placement: the process is gone within 5 s.
+    process = _serve("--executor", "ray", *address, "--ray-num-gpus", "1")
+    _output_until(process, "not placed and ready after")  # it says what it waits for
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=5)
+    assert process.returncode == 1
+    assert "worldserve: stopped by SIGTERM while starting." in out
+
+
+def test_serve_joins_the_cluster_ray_address_names(nodes: Nodes) -> None:
+    """docs/deploy.md: without --ray-address, serve joins the cluster RAY_ADDRESS names (and
+    tests/test_ray_start.py: else the one a `ray start` runs on this machine)."""
+    resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
+    process = _serve(
+        "--executor", "ray", "--ray-num-cpus", "0", "--ray-resource", resource,
+        env={"RAY_ADDRESS": nodes.cluster.address},
+    )  # fmt: skip
+    try:
+        lines = _output_until(process, "Uvicorn running on")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    text = "".join(lines) + rest
+    assert "Uvicorn running on" in text, text
+    assert f"joined the Ray cluster at {nodes.cluster.address}" in text
+    assert "Started a local Ray instance" not in text
+    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful stop

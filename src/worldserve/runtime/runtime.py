@@ -198,7 +198,12 @@ class Runtime:
 def _build_executor(config: RuntimeConfig) -> Executor:
     """The executor the configuration names (Ray's is imported only when named)."""
     if config.executor == "multiprocess":
-        return MultiprocExecutor(config.worker_config(), config.workers, frame_buffer_bytes=config.frame_buffer_bytes)
+        return MultiprocExecutor(
+            config.worker_config(),
+            config.workers,
+            frame_buffer_bytes=config.frame_buffer_bytes,
+            start_timeout=config.worker_start_timeout_s,
+        )
     if config.executor == "ray":
         from worldserve.runtime.executor.ray_actor import RayExecutor
 
@@ -207,9 +212,11 @@ def _build_executor(config: RuntimeConfig) -> Executor:
             config.workers,
             address=config.ray_address,
             num_cpus=config.ray_num_cpus,
-            num_gpus=config.ray_num_gpus,
+            num_gpus=config.ray_gpus_per_worker,
             resources=config.ray_resources,
             ping_interval_s=config.ray_ping_interval_s,
             ping_timeout_s=config.ray_ping_timeout_s,
+            start_timeout=config.worker_start_timeout_s,
+            connect_timeout=config.ray_connect_timeout_s,
         )
     return InprocExecutor(config.worker_config(), config.workers)

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from worldserve.runtime.config import RuntimeConfig
 
 __all__ = ["build_parser", "main"]
+
+#: The exit status of a server that could not start (or was stopped while starting).
+_START_FAILED = 1
 
 
 def _positive_int(text: str) -> int:
@@ -186,10 +192,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from worldserve.runtime import Runtime
-    from worldserve.server.app import create_app
     from worldserve.server.config import ServerConfig
 
     config = ServerConfig(
@@ -207,19 +209,81 @@ def _serve(args: argparse.Namespace) -> int:
         queue_max=args.queue_max,
         queue_timeout_s=args.queue_timeout_s,
     )
-
     runtime_config = RuntimeConfig.from_cli_arguments(args)
-    app = create_app(config, lambda: Runtime(config=runtime_config))
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        ws="websockets-sansio",
-        ws_max_size=max(4 * 1024 * 1024, 2 * args.max_message_bytes),
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
+    code = asyncio.run(_serve_started(args, config, runtime_config))
+    if code == _START_FAILED and runtime_config.executor == "ray":
+        # Ray's exit hook would shut its driver down again, for seconds, after the start already
+        # gave up (and released what it could): leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+async def _serve_started(args: argparse.Namespace, config: Any, runtime_config: RuntimeConfig) -> int:
+    """Start the runtime (workers placed, models loaded), then serve until a signal stops it.
+
+    The start runs before the server binds its port, with its own SIGTERM/SIGINT handlers: a
+    signal at any moment of it (joining a cluster, placing workers, loading models) stops
+    the process at once; a start that fails prints one line and exits 1.
+    """
+    import uvicorn
+
+    from worldserve.errors import SessionError
+    from worldserve.runtime import Runtime
+    from worldserve.server.app import create_app
+
+    runtime = Runtime(config=runtime_config)
+    starting = asyncio.ensure_future(runtime.start())
+    loop = asyncio.get_running_loop()
+    stopped_by: list[str] = []
+
+    def interrupt(name: str) -> None:
+        stopped_by.append(name)
+        starting.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, interrupt, signum.name)
+    try:
+        await starting
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runtime.aclose(), 3.0)
+        print(f"worldserve: stopped by {stopped_by[0] if stopped_by else 'a signal'} while starting.", file=sys.stderr)
+        return _START_FAILED
+    except (SessionError, ValueError, ImportError) as error:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runtime.aclose(), 3.0)
+        print(f"worldserve: cannot start: {error}", file=sys.stderr)
+        return _START_FAILED
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+    @contextlib.asynccontextmanager
+    async def started() -> AsyncIterator[Runtime]:
+        try:
+            yield runtime
+        finally:
+            await runtime.aclose()
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config, started),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            ws="websockets-sansio",
+            ws_max_size=max(4 * 1024 * 1024, 2 * args.max_message_bytes),
+            ws_ping_interval=20.0,
+            ws_ping_timeout=20.0,
+        )
     )
+    await server.serve()
+    if not server.started:  # e.g. the port is taken: uvicorn said why
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runtime.aclose(), 10.0)
+        return 1
     return 0
 
 
