@@ -237,15 +237,23 @@ async def test_a_model_that_cannot_load_fails_start_with_its_reason(executor: st
 
 async def test_capacity_counts_free_slots_on_ready_workers() -> None:
     async with Runtime("procedural", executor="inprocess", workers=2, max_sessions_per_worker=2) as rt:
-        assert rt.capacity() == Capacity(free=4, workers_alive=2)
+        assert rt.capacity() == Capacity(free=4, workers_alive=2, slots=4, room=True)
         await rt.create_session(seed=1)
-        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2, slots=4, room=True)
         rt.engine.executor.kill(1)  # worker 1 is down until its replacement is ready
-        assert rt.capacity() == Capacity(free=1, workers_alive=1)
+        assert rt.capacity() == Capacity(free=1, workers_alive=1, slots=2, room=True)
         await rt.engine.wait_workers_ready(timeout=30)
-        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2, slots=4, room=True)
+        for seed in (2, 3, 4):
+            session = await rt.create_session(seed=seed)
+            rt.mark_in_use(session.session_id, 600.0)
+        # Every slot held; the first session is not in use (it may be evicted): room, but no free slot.
+        assert rt.capacity() == Capacity(free=0, workers_alive=2, slots=4, room=True)
+        for session in rt.manager:
+            rt.mark_in_use(session.session_id, 600.0)
+        assert rt.capacity() == Capacity(free=0, workers_alive=2, slots=4, room=False)
     async with Runtime("procedural", executor="inprocess") as unlimited:
-        assert unlimited.capacity() == Capacity(free=None, workers_alive=1)
+        assert unlimited.capacity() == Capacity(free=None, workers_alive=1, slots=None, room=True)
     assert unlimited.capacity() == Capacity(free=0, workers_alive=0)  # shut down
 
 

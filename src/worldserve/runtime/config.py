@@ -83,6 +83,8 @@ class RuntimeConfig:
     ray_ping_timeout_s: float = 3.0
     #: executor="ray": joining a cluster that does not answer fails after this many seconds.
     ray_connect_timeout_s: float = 20.0
+    #: executor="ray": a head (GCS) that does not answer this long is lost, and every worker with it.
+    ray_head_timeout_s: float = 10.0
     #: How long a worker may take to start: placed (Ray) and its model loaded; then the start fails.
     worker_start_timeout_s: float = 300.0
     #: A newer event supersedes queued events on the tracks the model marks continuous
@@ -105,7 +107,13 @@ class RuntimeConfig:
         for name, amount in [("ray_num_cpus", self.ray_num_cpus), ("ray_num_gpus", self.ray_num_gpus or 0)]:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"{name} must be a non-negative number; got {amount!r}.")
-        for name in ("ray_ping_interval_s", "ray_ping_timeout_s", "ray_connect_timeout_s", "worker_start_timeout_s"):
+        for name in (
+            "ray_ping_interval_s",
+            "ray_ping_timeout_s",
+            "ray_connect_timeout_s",
+            "ray_head_timeout_s",
+            "worker_start_timeout_s",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds; got {value!r}.")
@@ -262,6 +270,13 @@ class RuntimeConfig:
             help="--executor ray: give up joining a Ray cluster that does not answer after this long (default 20)",
         )
         group.add_argument(
+            "--ray-head-timeout-s",
+            type=float,
+            default=10.0,
+            help="--executor ray: a Ray head (GCS) silent this long is lost: every session fails worker_died "
+            "and the server stops (default 10)",
+        )
+        group.add_argument(
             "--worker-start-timeout-s",
             type=float,
             default=300.0,
@@ -311,6 +326,7 @@ class RuntimeConfig:
             ray_ping_interval_s=namespace.ray_ping_interval_s,
             ray_ping_timeout_s=namespace.ray_ping_timeout_s,
             ray_connect_timeout_s=namespace.ray_connect_timeout_s,
+            ray_head_timeout_s=namespace.ray_head_timeout_s,
             worker_start_timeout_s=namespace.worker_start_timeout_s,
             coalesce_controls=namespace.coalesce_controls,
             encode_frames=namespace.encode_frames,

@@ -176,6 +176,7 @@ class Engine:
         self._admission: Admission | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = "new"
+        self._lost = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -191,11 +192,24 @@ class Engine:
     def num_workers(self) -> int:
         return self._executor.num_workers
 
+    @property
+    def lost(self) -> WorkerDiedError | None:
+        """Why no worker can run any more (the executor's cluster is gone), or None."""
+        return self._executor.lost
+
+    async def wait_lost(self) -> WorkerDiedError:
+        """Wait until no worker can run any more (every session of the engine failed ``worker_died``)."""
+        await self._lost.wait()
+        lost = self._executor.lost
+        assert lost is not None
+        return lost
+
     async def start(self) -> None:
         if self._state != "new":
             raise SessionStateError(f"the engine cannot start: it is {self._state}.")
         self._loop = asyncio.get_running_loop()
         self._executor.on_worker_death = self._on_worker_death
+        self._executor.on_lost = lambda error: self._lost.set()
         self._state = "starting"
         await self._executor.start()
         limit = min(self.spec.max_batch_size, self.config.max_batch_size or self.spec.max_batch_size)
@@ -533,7 +547,7 @@ class Engine:
         """Replace a dead worker, retrying with backoff until it starts or the engine closes."""
         delay = self.config.restart_backoff_s
         try:
-            while self._state == "running":
+            while self._state == "running" and self._executor.lost is None:
                 try:
                     await self._executor.restart(worker.index)
                 except Exception as error:

@@ -27,7 +27,7 @@ from worldserve.models.base import ModelSpec, SessionOptions, SpecControlValidat
 from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.config import RuntimeConfig
 from worldserve.runtime.engine import Engine
-from worldserve.runtime.errors import RuntimeClosedError
+from worldserve.runtime.errors import RuntimeClosedError, WorkerDiedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
 from worldserve.runtime.journal import Journals
 from worldserve.runtime.metrics import Capacity, EngineStats
@@ -185,6 +185,15 @@ class Runtime:
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
         return self.engine.tick_due(session_id, want, eager=eager, due=due)
 
+    @property
+    def lost(self) -> WorkerDiedError | None:
+        """Why no worker can run any more (e.g. the Ray head is gone), or None while the runtime can serve."""
+        return self.engine.lost
+
+    async def wait_lost(self) -> WorkerDiedError:
+        """Wait until no worker can run any more (the server then stops; see :attr:`lost`)."""
+        return await self.engine.wait_lost()
+
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())
 
@@ -218,5 +227,6 @@ def _build_executor(config: RuntimeConfig) -> Executor:
             ping_timeout_s=config.ray_ping_timeout_s,
             start_timeout=config.worker_start_timeout_s,
             connect_timeout=config.ray_connect_timeout_s,
+            head_timeout=config.ray_head_timeout_s,
         )
     return InprocExecutor(config.worker_config(), config.workers)

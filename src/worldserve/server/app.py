@@ -141,7 +141,7 @@ def create_app(
             state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             yield
             await room.aclose()
-            await hosts.shutdown()
+            await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
             state.clear()
 
     return Starlette(

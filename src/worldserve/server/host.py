@@ -55,6 +55,7 @@ from worldserve.session import (
     EventAcceptance,
     EventAcceptanceStatus,
     Session,
+    SessionError,
     SessionEvent,
     SessionStateError,
     SessionStatus,
@@ -378,14 +379,29 @@ class WorldHost:
         else:
             self.remove(member)
 
-    async def shutdown(self, reason: str) -> None:
-        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release."""
+    async def shutdown(self, reason: str, failure: SessionError | None = None) -> None:
+        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release.
+
+        ``failure``: why the world cannot go on anyway (e.g. the runtime lost every worker): each
+        connected member not told of a failure yet gets ``session.failed`` with its code first.
+        """
         await self._stop_generator(grace=0)
+        if failure is not None:
+            self._report_lost(failure)
         try:
             await self._backend.close_session(self.session_id)
         except Exception:
             log.exception("releasing session %s (%s) failed", self.session_id, reason)
         self._finish(reason, requester=None, message_id=None)
+
+    def _report_lost(self, failure: SessionError) -> None:
+        if self.session.status is SessionStatus.FAILED:
+            self._report_failure()  # its own failure (often this one), once per member
+            return
+        code = failure.code if isinstance(failure.code, str) else ErrorCode.TICK_FAILED
+        self._metrics.session_failures.labels(code=code).inc()
+        for member in self.members:
+            member.post(SessionFailed(code=code, message=str(failure)))
 
     def remove(self, member: Member) -> None:
         """A joiner leaves (``session.close``, or its grace ran out); the world goes on."""
@@ -767,7 +783,8 @@ class WorldHosts:
     def __len__(self) -> int:
         return len(self._hosts)
 
-    async def shutdown(self) -> None:
-        """The server stops: end every world still open (parked ones included)."""
+    async def shutdown(self, failure: SessionError | None = None) -> None:
+        """The server stops: end every world still open (parked ones included); ``failure``: why
+        they could not go on anyway, sent to each as ``session.failed`` first."""
         for host in list(self._hosts.values()):
-            await host.shutdown("shutdown")
+            await host.shutdown("shutdown", failure)

@@ -8,7 +8,8 @@ CPUs, GPUs and custom resources it was told to reserve; placed with Ray's
 with room), carrying calls as actor tasks awaited on the event loop through their
 futures, and noticing deaths: a call that fails because its actor is gone, or a
 liveness ping that does not come back within ``ping_timeout_s``, ends the worker's life
-(the base's death path: ``worker_died``, reported once).
+(the base's death path: ``worker_died``, reported once); a head (GCS) that does not answer
+within ``head_timeout`` ends every worker's life and the executor's (:attr:`Executor.lost`).
 
 Call order: :class:`RayWorker` is a synchronous actor whose default concurrency group
 has one thread, created with ``allow_out_of_order_execution=False``; Ray runs the tasks
@@ -213,6 +214,7 @@ class RayExecutor(Executor):
         ping_timeout_s: float = 3.0,
         start_timeout: float = 300.0,
         connect_timeout: float = 20.0,
+        head_timeout: float = 10.0,
         retry_s: float = 1.0,
     ) -> None:
         super().__init__(config, num_workers)
@@ -220,6 +222,8 @@ class RayExecutor(Executor):
         self._num_cpus = num_cpus
         self._num_gpus = num_gpus
         self._connect_timeout = connect_timeout
+        self._head_timeout = head_timeout
+        self._head_watch: asyncio.Task[None] | None = None
         self._resources = dict(resources or {})
         self._ping_interval_s = ping_interval_s
         self._ping_timeout_s = ping_timeout_s
@@ -254,6 +258,7 @@ class RayExecutor(Executor):
             await self.shutdown()
             raise
         self._pinger = asyncio.ensure_future(self._ping_forever())
+        self._head_watch = asyncio.ensure_future(self._watch_head())
 
     async def _connect(self, ray: ModuleType) -> None:
         """Join the cluster ``address`` names, else the one ``RAY_ADDRESS`` names, else the one a
@@ -330,6 +335,8 @@ class RayExecutor(Executor):
         """
         if self._closed:
             raise RuntimeClosedError("the executor is shut down.")
+        if self.lost is not None:
+            raise WorkerStartError(f"no worker can start: {self.lost}")
         self.kill(worker)
         await self._place(worker, None)
 
@@ -465,10 +472,33 @@ class RayExecutor(Executor):
         except Exception as error:
             self._lost(actor, f"its Ray actor is gone ({type(error).__name__})")
 
+    async def _watch_head(self) -> None:
+        """Ask the head (GCS) for the cluster's nodes every ``ping_interval_s``: a head that does not
+        answer within ``head_timeout`` is lost, and with it every worker (the front-end's Ray
+        driver cannot place, kill or replace an actor without it, and Ray ends the whole process
+        about a minute later): each worker dies with ``worker_died`` and the executor is lost.
+        Actor calls go straight to the actors, so the pings alone would not notice."""
+        ray = _ray()
+        while not self._closed and self.lost is None:
+            await asyncio.sleep(self._ping_interval_s)
+            try:
+                await _off_loop(ray.nodes, self._head_timeout)
+            except Exception as error:
+                if self._closed:
+                    return
+                why = "no answer" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+                self._executor_lost(
+                    WorkerDiedError(
+                        f"the Ray head (GCS) did not answer within {self._head_timeout:g} s "
+                        f"(--ray-head-timeout-s; {why}): every worker of this front-end is lost with it."
+                    )
+                )
+                return
+
     def _lost(self, actor: _Actor, why: str) -> None:
         if actor.life.ended:
             return
-        if not self._closed:
+        if not self._closed and self.lost is None:
             _ray().kill(actor.handle, no_restart=True)  # fail closed: a silent actor never comes back
         where = f"pid {actor.pid} on node {actor.node}" if actor.node else "not placed yet"
         self._life_lost(
@@ -497,12 +527,14 @@ class RayExecutor(Executor):
         return None if actor is None or not actor.life.alive else actor.node
 
     async def _stop_workers(self) -> None:
-        if self._pinger is not None:
-            self._pinger.cancel()
+        for task in (self._pinger, self._head_watch):
+            if task is not None:
+                task.cancel()
         ray = _ray()
         for actor in self._actors:
             if actor is not None:
                 actor.life.closing = True
-                ray.kill(actor.handle, no_restart=True)
+                if self.lost is None:  # without a head, killing an actor would wait on it
+                    ray.kill(actor.handle, no_restart=True)
         if self._private is not None:
             await self._private.stop()
