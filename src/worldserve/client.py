@@ -169,8 +169,9 @@ class WorldClient:
                 open_timeout=self._open_timeout,
                 max_size=16 * 1024 * 1024,
             )
-        except (OSError, websockets.InvalidHandshake, TimeoutError) as error:
-            raise WorldClientError(f"cannot connect to {self.url}: {error}") from error
+        except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, TimeoutError) as error:
+            reason = str(error) or type(error).__name__  # a TimeoutError says nothing
+            raise WorldClientError(f"cannot connect to {self.url}: {reason}") from error
         self._reader = asyncio.create_task(self._read(), name="worldclient-reader")
 
     async def __aenter__(self) -> WorldClient:

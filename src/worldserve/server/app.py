@@ -5,12 +5,17 @@ Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/mo
 ``bearer.<token>`` WebSocket subprotocol browsers can send); the origin allow-list.
 Each WebSocket gets one :class:`~worldserve.server.connection.Connection`; the worlds
 they start, join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
+:func:`end_worlds` is the server's stop: every world ends with ``session.closed {reason:
+"shutdown"}`` to each member, then each socket closes with 1001 (the caller runs it before
+uvicorn closes the sockets; the lifespan's end ends any world still open, with no one left
+to tell).
 
 Must not know: how sessions, engines or models work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,7 +36,7 @@ from worldserve.server.connection import Connection
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
 
-__all__ = ["PROTOCOL_NAME", "create_app"]
+__all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
 #: The WebSocket subprotocol the server speaks (offered optionally by clients).
 PROTOCOL_NAME = "worldserve.v1"
@@ -122,7 +127,13 @@ def create_app(
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        await Connection(websocket, backend(), config, metrics(), state["hosts"]).run()
+        connection = Connection(websocket, backend(), config, metrics(), state["hosts"])
+        connections: set[Connection] = state["connections"]
+        connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            connections.discard(connection)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -130,11 +141,12 @@ def create_app(
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
             state["hosts"] = hosts = WorldHosts()
+            state["connections"] = set()
             yield
             await hosts.shutdown()
             state.clear()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", index),
             Route("/healthz", healthz),
@@ -145,3 +157,18 @@ def create_app(
         ],
         lifespan=lifespan,
     )
+    app.state.worldserve = state
+    return app
+
+
+async def end_worlds(app: Starlette, *, flush_timeout: float = 5.0) -> None:
+    """The server stops: end every world (each member is sent ``session.closed {reason: "shutdown"}``,
+    each session released), then close every socket with 1001 once what was queued for it is written
+    (a client not reading gets ``flush_timeout`` seconds)."""
+    state: dict[str, Any] = getattr(app.state, "worldserve", {})
+    hosts: WorldHosts | None = state.get("hosts")
+    if hosts is None:
+        return  # not started, or already stopped
+    await hosts.shutdown()
+    connections: set[Connection] = state.get("connections", set())
+    await asyncio.gather(*(connection.close_for_shutdown(flush_timeout) for connection in list(connections)))

@@ -144,6 +144,15 @@ class Connection:
         self._forget()
         self._closing = asyncio.create_task(self._close_socket(4000, "resumed elsewhere"))
 
+    async def close_for_shutdown(self, flush_timeout: float) -> None:
+        """The server stops (its worlds have ended, their ``session.closed`` queued): write what is
+        queued, within ``flush_timeout`` seconds, then close the socket with 1001 (going away)."""
+        self._clean_close = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush(), flush_timeout)
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=1001, reason="server shutting down")
+
     async def _close_socket(self, code: int, reason: str) -> None:
         await self._flush()
         with contextlib.suppress(Exception):

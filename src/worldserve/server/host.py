@@ -731,6 +731,6 @@ class WorldHosts:
         return len(self._hosts)
 
     async def shutdown(self) -> None:
-        """The server stops: end every world still open (parked ones included)."""
-        for host in list(self._hosts.values()):
-            await host.shutdown("shutdown")
+        """The server stops: end every world still open (parked ones included), each member told
+        ``session.closed {reason: "shutdown"}``."""
+        await asyncio.gather(*(host.shutdown("shutdown") for host in list(self._hosts.values())))
