@@ -206,7 +206,7 @@ class Connection:
         event_id: int | None = None,
         retry_after_ms: int | None = None,
     ) -> None:
-        self._metrics.client_errors.labels(code=code.value).inc()
+        self._metrics.error_replies(code).inc()
         await self._send(
             ErrorMessage(id=message_id, code=code, message=message, event_id=event_id, retry_after_ms=retry_after_ms)
         )

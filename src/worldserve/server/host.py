@@ -32,7 +32,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
+from worldserve.errors import ChunkCancelledError, ErrorCode, InvalidEventError, StaleEventError
 from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
@@ -412,7 +412,11 @@ class WorldHost:
                 session.note_transport_refusal("stale")
                 raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
         sid = max(self._next_sid, session.event_floor + 1)
-        acceptance = await session.accept_event(replace(event, event_id=sid))
+        try:
+            acceptance = await session.accept_event(replace(event, event_id=sid))
+        except InvalidEventError as error:  # the session names its own id: say the member's instead
+            reason = error.__cause__ if error.__cause__ is not None else error
+            raise InvalidEventError(f"event {wire} refused: {reason}") from reason
         self._next_sid = sid + 1
         self._accepted_at[sid] = self._clock()
         member.sid_of[wire] = sid
