@@ -200,6 +200,7 @@ async def test_a_resume_gets_chunk_skipped_first_then_the_buffered_chunks(server
     buffer (`--replay-chunks`, 8) no longer holds, then the buffered chunks, with no gap or repeat."""
     host = await Wire.open(server)
     started = await host.start(seed=6)
+    assert started["resume_grace_s"] == 60  # the server's --resume-grace-s, told with the resume token
     await host.until("chunk", seq=11)
     await host.synced()
     host.drop()  # generation pauses: the host was the only controller

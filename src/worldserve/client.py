@@ -80,6 +80,7 @@ class SessionInfo:
     max_lag_chunks: int
     role: str = "host"  # "host", "controller" or "viewer"
     resume_token: str | None = None  # for resume() after a dropped connection (None: the server has it off)
+    resume_grace_s: float | None = None  # how long the server keeps a dropped connection's place
     viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
     controller_token: str | None = None
 
@@ -247,6 +248,7 @@ class WorldClient:
             max_lag_chunks=reply["max_lag_chunks"],
             role=reply["role"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
         )
         return self.session
 
@@ -310,6 +312,7 @@ class WorldClient:
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
             viewer_token=(reply.get("share") or {}).get("viewer"),
             controller_token=(reply.get("share") or {}).get("controller"),
         )

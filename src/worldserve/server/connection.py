@@ -368,6 +368,7 @@ class Connection:
                 max_pending_events=session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
                 share=share,
             )
         )
@@ -397,6 +398,7 @@ class Connection:
                 max_lag_chunks=self._config.max_lag_chunks,
                 seq=host.seq + member.seq_base,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
             )
         )
         host.report_failure(member)
