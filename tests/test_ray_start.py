@@ -93,7 +93,7 @@ def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own() -> None:
     # The address file of a `ray start` that is gone: joining fails, loudly, naming the file.
     process = _serve("--ray-connect-timeout-s", "2")
     out, _ = process.communicate(timeout=120)
-    assert process.returncode == 1
+    assert process.returncode == 2
     assert f"no Ray cluster answered at {address_file.read_text().strip()} (the cluster of this machine's" in out
     assert str(address_file) in out
     address_file.unlink()  # what `ray stop` does

@@ -11,6 +11,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from runtime_models import Gate
 from server_harness import RunningServer, start_server
 from worldserve.client import SessionFailedError, WorldClient, WorldError, keys
 from worldserve.models.world import World
@@ -407,16 +409,28 @@ async def test_idle_connections_are_closed() -> None:
         running.stop()
 
 
-async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint() -> None:
-    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "0")
+async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint(tmp_path: Path) -> None:
+    # One session per worker, and its first step held in the model (a session with a tick in the
+    # engine is never evicted): the worker is full, so the next session is refused.
+    gate = Gate(tmp_path / "gate")
+    running = start_server(
+        "--model", "runtime_models:FaultyModel", "--model-option", f"gate={gate.path}", "--workers", "1",
+        "--max-sessions-per-worker", "1", test_models=True,
+    )  # fmt: skip
     try:
         _, body = http_get(running.http + "/healthz")
-        assert json.loads(body)["capacity"] == {"free": 0, "slots": 0, "room": False, "workers_alive": 1}
-        async with WorldClient(running.ws) as world:
+        assert json.loads(body)["capacity"] == {"free": 1, "slots": 1, "room": True, "workers_alive": 1}
+        async with WorldClient(running.ws) as holder, WorldClient(running.ws) as world:
+            await holder.start(seed=1, prompt="gate")
+            await gate.wait_entered()
+            _, body = http_get(running.http + "/healthz")
+            assert json.loads(body)["capacity"] == {"free": 0, "slots": 1, "room": False, "workers_alive": 1}
             with pytest.raises(WorldError) as refused:
                 await world.start(seed=1)
             assert refused.value.code == "admission_refused"
             # The runtime's hint: the longer of a worker restart's first backoff and a chunk period.
             assert refused.value.retry_after_ms == 500
+            gate.open()
     finally:
+        gate.open()
         running.stop()

@@ -81,6 +81,7 @@ class SessionInfo:
     max_lag_chunks: int
     role: str = "host"  # "host", "controller" or "viewer"
     resume_token: str | None = None  # for resume() after a dropped connection (None: the server has it off)
+    resume_grace_s: float | None = None  # how long the server keeps a dropped connection's place
     viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
     controller_token: str | None = None
 
@@ -184,8 +185,9 @@ class WorldClient:
                 open_timeout=self._open_timeout,
                 max_size=16 * 1024 * 1024,
             )
-        except (OSError, websockets.InvalidHandshake, TimeoutError) as error:
-            raise WorldClientError(f"cannot connect to {self.url}: {error}") from error
+        except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, TimeoutError) as error:
+            reason = str(error) or type(error).__name__  # a TimeoutError says nothing
+            raise WorldClientError(f"cannot connect to {self.url}: {reason}") from error
         self._reader = asyncio.create_task(self._read(), name="worldclient-reader")
 
     async def __aenter__(self) -> WorldClient:
@@ -261,6 +263,7 @@ class WorldClient:
             max_lag_chunks=reply["max_lag_chunks"],
             role=reply["role"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
         )
         return self.session
 
@@ -341,6 +344,7 @@ class WorldClient:
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
             viewer_token=(reply.get("share") or {}).get("viewer"),
             controller_token=(reply.get("share") or {}).get("controller"),
         )

@@ -707,8 +707,12 @@ class Engine:
             resident=tuple(self._router.resident_count(index) for index in range(self.num_workers)),
             queued_ticks=sum(len(worker.queue) for worker in self._workers),
             workers_alive=sum(self._executor.is_alive(index) for index in range(self.num_workers)),
+            # a worker's clock period while it serves sessions (None: no clock running, or no one on it)
             chunk_periods=tuple(
-                worker.gathering.clock.period if worker.gathering.clock.started else None for worker in self._workers
+                worker.gathering.clock.period
+                if worker.gathering.clock.started and self._router.resident_count(worker.index) > 0
+                else None
+                for worker in self._workers
             ),
         )
 

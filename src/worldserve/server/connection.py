@@ -153,6 +153,15 @@ class Connection:
         self._forget()
         self._closing = asyncio.create_task(self._close_socket(4000, "resumed elsewhere"))
 
+    async def close_for_shutdown(self, flush_timeout: float) -> None:
+        """The server stops (its worlds have ended, their ``session.closed`` queued): write what is
+        queued, within ``flush_timeout`` seconds, then close the socket with 1001 (going away)."""
+        self._clean_close = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush(), flush_timeout)
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=1001, reason="server shutting down")
+
     async def _close_socket(self, code: int, reason: str) -> None:
         await self._flush()
         with contextlib.suppress(Exception):
@@ -206,7 +215,7 @@ class Connection:
         event_id: int | None = None,
         retry_after_ms: int | None = None,
     ) -> None:
-        self._metrics.client_errors.labels(code=code.value).inc()
+        self._metrics.error_replies(code).inc()
         await self._send(
             ErrorMessage(id=message_id, code=code, message=message, event_id=event_id, retry_after_ms=retry_after_ms)
         )
@@ -421,6 +430,7 @@ class Connection:
                 max_pending_events=session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
                 share=share,
             )
         )
@@ -449,6 +459,7 @@ class Connection:
                 max_lag_chunks=self._config.max_lag_chunks,
                 seq=host.seq + member.seq_base,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
             )
         )
         host.report_failure(member)

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
+from worldserve.errors import ChunkCancelledError, ErrorCode, InvalidEventError, StaleEventError
 from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
@@ -461,7 +461,11 @@ class WorldHost:
                 session.note_transport_refusal("stale")
                 raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
         sid = max(self._next_sid, session.event_floor + 1)
-        acceptance = await session.accept_event(replace(event, event_id=sid))
+        try:
+            acceptance = await session.accept_event(replace(event, event_id=sid))
+        except InvalidEventError as error:  # the session names its own id: say the member's instead
+            reason = error.__cause__ if error.__cause__ is not None else error
+            raise InvalidEventError(f"event {wire} refused: {reason}") from reason
         self._in_use()
         self._next_sid = sid + 1
         self._accepted_at[sid] = self._clock()
@@ -784,7 +788,7 @@ class WorldHosts:
         return len(self._hosts)
 
     async def shutdown(self, failure: SessionError | None = None) -> None:
-        """The server stops: end every world still open (parked ones included); ``failure``: why
-        they could not go on anyway, sent to each as ``session.failed`` first."""
-        for host in list(self._hosts.values()):
-            await host.shutdown("shutdown", failure)
+        """The server stops: end every world still open (parked ones included), each member told
+        ``session.closed {reason: "shutdown"}``; ``failure``: why they could not go on anyway,
+        sent to each as ``session.failed`` first."""
+        await asyncio.gather(*(host.shutdown("shutdown", failure) for host in list(self._hosts.values())))

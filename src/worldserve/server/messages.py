@@ -222,6 +222,9 @@ class SessionStarted(_ServerMessage):
     resume_token: str | None = Field(
         default=None, description="Send it with session.resume after a dropped connection (absent: resume is off)."
     )
+    resume_grace_s: float | None = Field(
+        default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
+    )
     share: ShareTokens | None = Field(default=None, description="Tokens for session.join, as share asked.")
 
 
@@ -248,8 +251,13 @@ class SessionJoined(_ServerMessage):
     media: Literal["jpeg", "raw"]
     max_pending_events: int
     max_lag_chunks: int
-    seq: int = Field(description="The world's last chunk seq; the next chunk this connection gets is later.")
+    seq: int = Field(
+        description="The world's last chunk seq, in this connection's numbering; the next chunk it gets is seq + 1."
+    )
     resume_token: str | None = None
+    resume_grace_s: float | None = Field(
+        default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
+    )
 
 
 class SessionResumed(_ServerMessage):
