@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from runtime_models import Truth
-from worldserve.client import WorldClient, WorldError
+from worldserve.client import SessionFailedError, WorldClient, WorldError
 
 #: JPEG at quality 80 (4:4:4 chroma) keeps the procedural world's 48x48 frames within ~3.5-4.5 of the
 #: truth (mean abs error); another seed's world is 30+ away.
@@ -166,3 +166,13 @@ async def check_a_playing_world_is_never_evicted(url: str, newcomers: int = 8) -
         assert await playing is None
         assert chunks == list(range(len(chunks)))  # none lost, none repeated: never evicted
         await player.close()
+
+
+async def until_failed(client: WorldClient, chunks: int = 200) -> SessionFailedError:
+    """Read (and ack) chunks until the session fails (``session.failed``); that failure."""
+    for _ in range(chunks):
+        try:
+            await client.next_chunk(timeout=60)
+        except SessionFailedError as failed:
+            return failed
+    raise AssertionError(f"the session did not fail within {chunks} chunks")

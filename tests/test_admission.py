@@ -15,8 +15,14 @@ from collections.abc import Iterator
 import pytest
 
 from runtime_models import until
-from server_harness import RunningServer, check_a_playing_world_is_never_evicted, play_until, start_server
-from worldserve.client import Queued, SessionFailedError, WorldClient, WorldClientError, WorldError
+from server_harness import (
+    RunningServer,
+    check_a_playing_world_is_never_evicted,
+    play_until,
+    start_server,
+    until_failed,
+)
+from worldserve.client import Queued, WorldClient, WorldClientError, WorldError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,16 +46,6 @@ async def _start_once_admitted(client: WorldClient, seed: int, *, queue: bool = 
         else:
             return codes
     raise AssertionError(f"never admitted: {codes[-3:]}")
-
-
-async def _failure_code(client: WorldClient) -> str:
-    """Read (and ack) chunks until the session fails; its code."""
-    for _ in range(100):
-        try:
-            await client.next_chunk(timeout=30)
-        except SessionFailedError as failed:
-            return failed.code
-    raise AssertionError("the session never failed")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +73,7 @@ async def test_a_parked_world_is_evicted_for_a_newcomer_and_its_resume_says_evic
         assert set(await _start_once_admitted(newcomer, 2)) <= {"admission_refused"}
         await newcomer.next_chunk(timeout=30)
         await parked.resume()  # the world is still there, its state is not
-        assert await _failure_code(parked) == "evicted"
+        assert (await until_failed(parked)).code == "evicted"
         await newcomer.close()
     assert await parked.reset() == 1  # room again: the evicted world starts over
     assert (await parked.next_chunk(timeout=30)).chunk_index == 0
@@ -154,7 +150,7 @@ async def test_a_wait_past_the_queue_timeout_is_refused_and_idle_players_may_be_
             await playing
             # The player stops reading (no acks): after --evict-idle-s its world is no longer in use.
             assert set(await _start_once_admitted(waiter, 3, queue=True)) <= {"admission_refused"}
-            assert await _failure_code(player) == "evicted"  # the player reads on: its world was evicted
+            assert (await until_failed(player)).code == "evicted"  # the player reads on: its world was evicted
     finally:
         server.stop()
     assert "Traceback" not in server.log()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -256,6 +257,61 @@ async def test_node_loss_fails_only_its_sessions_then_capacity_moves_and_returns
             await fresh.next_chunk()
         nodes.add()  # room again for the next test
         await rt.engine.wait_workers_ready(timeout=60)
+
+
+def _freeze(node: Any) -> list[Any]:
+    """SIGSTOP every process of a cluster_utils node (its raylet and what it started: the actors):
+    the machine goes silent -- frozen or partitioned -- without closing a single socket."""
+    import psutil  # Ray's own copy (importing ray puts its third-party packages on the path)
+
+    processes = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(info.process.pid)
+                processes += [root, *root.children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGSTOP)
+    return processes
+
+
+async def test_a_silent_node_fails_its_sessions_within_5_s_and_its_worker_lands_on_a_live_node(nodes: Nodes) -> None:
+    spare = nodes.add()  # where the replacement can go
+    async with Runtime("procedural", workers=2, **RAY) as rt:
+        executor = rt.engine.executor
+        assert isinstance(executor, RayExecutor)
+        sessions = [await rt.create_session(seed=seed) for seed in (1, 2)]
+        assert [rt.engine.worker_of(s.session_id) for s in sessions] == [0, 1]
+        silent = nodes.by_id(executor.node_of(1))
+        stop = asyncio.Event()
+        seen: list[list[int]] = [[], []]
+        players = [asyncio.ensure_future(play(s, stop, seen[i])) for i, s in enumerate(sessions)]
+        await until(lambda: min(len(indexes) for indexes in seen) >= 2)
+        loop = asyncio.get_running_loop()
+        frozen = _freeze(silent)
+        try:
+            froze_at = loop.time()
+            died = await asyncio.wait_for(players[1], 30.0)
+            noticed_after = loop.time() - froze_at
+            assert isinstance(died, WorkerDiedError), died
+            assert noticed_after < 5.0, noticed_after  # the pings' bound (1 s apart, 3 s to answer)
+            assert not players[0].done()  # the live node's session never noticed
+            await rt.engine.wait_workers_ready(timeout=60)
+            assert executor.is_alive(1)
+            assert executor.node_of(1) == spare.node_id  # never on the silent node
+            await sessions[1].reset()
+            chunk = await sessions[1].next_chunk()
+            assert chunk.metadata.chunk_index == 0
+            assert np.array_equal(chunk.frames, Truth(2).next(None, ()))
+            stop.set()
+            assert await players[0] is None
+            assert seen[0] == list(range(len(seen[0])))
+        finally:
+            for process in frozen:
+                with contextlib.suppress(Exception):
+                    process.kill()
+            nodes.remove(silent)
 
 
 async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nodes) -> None:

@@ -56,7 +56,7 @@ def _serve_until_running() -> str:
 def _stop_ray_node(port: int) -> None:
     """Kill the processes of the Ray node whose GCS listens on ``port`` (not `ray stop`: that stops
     every Ray on the machine)."""
-    import psutil
+    import psutil  # Ray's own copy (importing ray puts its third-party packages on the path)
 
     marks = (f":{port}", f"port={port}", f"port {port}")
     doomed = []

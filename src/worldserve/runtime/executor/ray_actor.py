@@ -51,13 +51,17 @@ __all__ = ["LOCAL_SYSTEM_CONFIG", "RayExecutor", "RayWorker"]
 _log = logging.getLogger(__name__)
 
 #: Ray's system configuration when this executor starts a local Ray (for a cluster, pass the
-#: same to ``ray start --head --system-config``, see docs/deploy.md):
-#: node health checks every second, a node silent for 3 declared dead (Ray's defaults: ~15 s;
-#: the executor's pings bound detection anyway, but until Ray declares the node dead it may
-#: place a replacement there); and a step's reply (its frames) up to 4 MiB goes straight
-#: back to the caller instead of through Ray's object store (Ray's default: 100 KiB).
+#: same to ``ray start --head --system-config``, see docs/deploy.md): a node health check
+#: every second that gives up after one second, and a node that fails 3 in a row is dead --
+#: a node that vanishes *or goes silent* (frozen, partitioned: its checks hang until their
+#: timeout) is declared dead in ~3-6 s (Ray's defaults: a 10 s timeout, 5 failures, 3 s
+#: apart: ~37 s for a silent node; the executor's pings fail its sessions in ~4 s anyway,
+#: but until Ray declares the node dead it may place a replacement there); and a step's
+#: reply (its frames) up to 4 MiB goes straight back to the caller instead of through Ray's
+#: object store (Ray's default: 100 KiB).
 LOCAL_SYSTEM_CONFIG: Mapping[str, int] = {
     "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
     "health_check_failure_threshold": 3,
     "max_direct_call_object_size": 4 * 2**20,
 }
