@@ -134,6 +134,23 @@ async def test_newcomers_wait_in_line_first_come_first_served(server: RunningSer
     assert health["queue"]["waiting"] == 0
 
 
+async def test_the_newcomers_bench_phase_against_a_full_server(server: RunningServer) -> None:
+    """`worldserve bench --newcomers` (its smoke run): no world in use evicted, the line first come
+    first served, plain starts refused with a hint."""
+    from worldserve.tools.newcomers import format_newcomers_table, run_newcomers
+
+    result = await run_newcomers(server.ws, newcomers=3, leave_every=0.2)
+    assert result.players == 1
+    assert result.evicted_in_use == 0
+    assert result.first_positions == [1, 2, 3]
+    assert result.admitted_order == [0, 1, 2]
+    assert len(result.waits) == 3
+    assert (result.refused_with_hint, result.plain_starts, result.plain_admitted) == (3, 3, 0)
+    table = format_newcomers_table(result)
+    assert "| worlds evicted while in use (must be 0)    | 0 |" in table
+    assert "yes [1, 2, 3]" in table
+
+
 async def test_a_wait_past_the_queue_timeout_is_refused_and_idle_players_may_be_evicted() -> None:
     server = start_server(*ONE_SLOT, "--queue-timeout-s", "1", "--evict-idle-s", "1")
     try:

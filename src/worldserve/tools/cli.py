@@ -239,6 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
     )
+    bench.add_argument(
+        "--newcomers",
+        type=non_negative_int,
+        default=0,
+        help="after --find-capacity (or alone): fill the server, line up this many queue: true starts (and as "
+        "many plain ones), let the players leave one by one; checks no world in use is evicted and the line "
+        "is first come, first served",
+    )
+    bench.add_argument(
+        "--leave-every",
+        type=positive_float,
+        default=1.0,
+        help="--newcomers: seconds between two players leaving",
+    )
 
     record = command(
         "record",
@@ -437,19 +451,38 @@ def _bench(args: argparse.Namespace) -> int:
 
     # what every mode of the bench takes from the command line alike
     common: dict[str, Any] = {"duration": args.duration, "event_interval": args.event_interval, "token": args.token}
-    if args.find_capacity:
-        capacity, steps = asyncio.run(
-            find_capacity(
-                args.url,
-                start=args.clients,
-                max_clients=args.max_clients,
-                stagger=args.stagger,
-                seed=args.seed,
-                **common,
+    if args.find_capacity or args.newcomers:
+        ok = True
+        if args.find_capacity:
+            capacity, steps = asyncio.run(
+                find_capacity(
+                    args.url,
+                    start=args.clients,
+                    max_clients=args.max_clients,
+                    stagger=args.stagger,
+                    seed=args.seed,
+                    **common,
+                )
             )
-        )
-        print(format_capacity_table(capacity, steps))
-        return 0 if all(r.lost == 0 for step in steps for r in step.result.reports) else 1
+            print(format_capacity_table(capacity, steps))
+            ok = all(r.lost == 0 for step in steps for r in step.result.reports)
+        if args.newcomers:
+            from worldserve.tools.newcomers import format_newcomers_table, run_newcomers
+
+            phase = asyncio.run(
+                run_newcomers(
+                    args.url,
+                    newcomers=args.newcomers,
+                    max_players=args.max_clients,
+                    leave_every=args.leave_every,
+                    token=args.token,
+                )
+            )
+            print()
+            print(format_newcomers_table(phase))
+            ok = ok and phase.evicted_in_use == 0 and phase.positions_match and phase.order_matches
+            ok = ok and phase.plain_admitted == 0
+        return 0 if ok else 1
     if args.viewers > 0:
         alone, shared = asyncio.run(
             run_viewers_bench(
