@@ -278,6 +278,26 @@ async def test_clocked_workers_without_real_time_headroom_take_no_more_sessions(
         assert rt.stats().engine.admissions_refused == 1
 
 
+async def test_a_full_clocked_worker_without_headroom_still_swaps_a_session_nobody_uses() -> None:
+    """A newcomer that takes an evicted session's place adds no load: the clock's headroom does not
+    refuse it, so a world nobody uses is evicted for it, as the eviction policy says. One session's
+    step (0.15 s) fits 0.9 of the 0.25 s period; two sessions' is predicted at 0.3 s."""
+    async with runtime(slow_s=0.15, max_sessions_per_worker=2) as rt:
+        playing = await rt.create_session(prompt="slow", session_id="playing")
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()  # the clock runs, one session's step measured
+        with pytest.raises(SessionError, match="no real-time headroom"):  # a free slot: it would add load
+            await rt.create_session(session_id="more")
+    async with runtime(slow_s=0.15, max_sessions_per_worker=1) as rt:
+        playing = await rt.create_session(prompt="slow", session_id="playing")  # never marked in use
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()
+        await rt.create_session(session_id="newcomer")  # full: it takes the idle one's place
+        assert rt.engine.worker_of("newcomer") == 0
+        assert rt.engine.worker_of("playing") is None
+        assert rt.stats().engine.evictions == 1
+
+
 async def test_a_session_held_back_does_not_stretch_its_workers_clock() -> None:
     """The period follows the step of the sessions that pace on the clock, not of every resident one."""
     async with runtime(slow_s=0.15) as rt:  # one session's step: 0.15 s of the 0.25 s period

@@ -61,7 +61,7 @@ class Admission:
         rpc_timeout_s: float | None,
         stalled: Callable[[int], bool] = lambda index: False,
         retry_after_s: float | None = None,
-        headroom: Callable[[int], str | None] | None = None,
+        headroom: Callable[[int, int], str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._executor = executor
@@ -132,7 +132,9 @@ class Admission:
             return f"worker {index}: stalled in a step"
         if not self._may_take(index):
             return f"worker {index}: full, every session is in use or has a tick in flight"
-        return self._lacks_headroom(index)
+        capacity = self._capacity
+        evicts = capacity is not None and self._router.load(index) >= capacity  # one in, one out
+        return self._lacks_headroom(index, 0 if evicts else 1)
 
     def _protected(self, index: int) -> frozenset[str]:
         """The sessions on worker ``index`` it must not evict: a tick queued or running there, or in use."""
@@ -148,10 +150,11 @@ class Admission:
         protected = self._protected(index)
         return any(session_id not in protected for session_id in self._router.resident(index))
 
-    def _lacks_headroom(self, index: int) -> str | None:
-        """Why the worker cannot hold real time with one more session (its measured step time
-        against the chunk period, from the engine), or None."""
-        return None if self._headroom is None else self._headroom(index)
+    def _lacks_headroom(self, index: int, more: int) -> str | None:
+        """Why the worker cannot hold real time with ``more`` sessions than now (its measured step
+        time against the chunk period, from the engine; 0 more when the newcomer takes an evicted
+        session's place), or None."""
+        return None if self._headroom is None else self._headroom(index, more)
 
     async def admit_on(self, index: int, session_id: str, options: SessionOptions, timeout: float | None) -> None:
         """Create (or re-create: a reset) the session's state on worker ``index``."""

@@ -310,19 +310,20 @@ class Engine:
             self._schedule(worker)  # a batch may have been waiting for this session
         return instant
 
-    def _headroom_refusal(self, index: int) -> str | None:
-        """Why a clocked worker should take no more sessions (its step would outgrow the period), or None."""
+    def _headroom_refusal(self, index: int, more: int = 1) -> str | None:
+        """Why a clocked worker should not hold ``more`` sessions than now (its step would outgrow the
+        period), or None."""
         worker = self._workers[index]
         load = self._router.load(index)
         clock = worker.gathering.clock
         if not clock.started or load == 0:
             return None  # an empty worker takes a session (and measures it)
-        predicted = worker.gathering.steps.predict(load + 1)
+        predicted = worker.gathering.steps.predict(load + more)
         budget = clock.nominal * self.config.step_budget
         if predicted is None or predicted <= budget:
             return None
         return (
-            f"worker {index}: no real-time headroom (a step of {load + 1} sessions is predicted at "
+            f"worker {index}: no real-time headroom (a step of {load + more} sessions is predicted at "
             f"{predicted * 1000:.0f} ms, over {budget * 1000:.0f} ms of the "
             f"{clock.nominal * 1000:.0f} ms period)"
         )
