@@ -146,6 +146,7 @@ async def test_the_newcomers_bench_phase_against_a_full_server(server: RunningSe
     assert result.admitted_order == [0, 1, 2]
     assert len(result.waits) == 3
     assert (result.refused_with_hint, result.plain_starts, result.plain_admitted) == (3, 3, 0)
+    assert result.ok
     table = format_newcomers_table(result)
     assert "| worlds evicted while in use (must be 0)    | 0 |" in table
     assert "yes [1, 2, 3]" in table

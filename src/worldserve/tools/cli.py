@@ -480,8 +480,7 @@ def _bench(args: argparse.Namespace) -> int:
             )
             print()
             print(format_newcomers_table(phase))
-            ok = ok and phase.evicted_in_use == 0 and phase.positions_match and phase.order_matches
-            ok = ok and phase.plain_admitted == 0
+            ok = ok and phase.ok
         return 0 if ok else 1
     if args.viewers > 0:
         alone, shared = asyncio.run(

@@ -50,6 +50,11 @@ class NewcomersResult:
     def order_matches(self) -> bool:
         return self.admitted_order == sorted(self.admitted_order)
 
+    @property
+    def ok(self) -> bool:
+        """Every *must* held: no world in use evicted, first come first served, no start past the line."""
+        return self.evicted_in_use == 0 and self.positions_match and self.order_matches and self.plain_admitted == 0
+
 
 async def _play(client: WorldClient, stop: asyncio.Event, result: NewcomersResult) -> None:
     """Read and ack chunks (a player) until ``stop``; a failure of its world is counted."""
