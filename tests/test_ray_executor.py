@@ -277,7 +277,7 @@ def _freeze(node: Any) -> list[Any]:
 
 
 async def test_a_silent_node_fails_its_sessions_within_5_s_and_its_worker_lands_on_a_live_node(nodes: Nodes) -> None:
-    spare = nodes.add()  # where the replacement can go
+    nodes.add()  # room for the replacement
     async with Runtime("procedural", workers=2, **RAY) as rt:
         executor = rt.engine.executor
         assert isinstance(executor, RayExecutor)
@@ -299,7 +299,9 @@ async def test_a_silent_node_fails_its_sessions_within_5_s_and_its_worker_lands_
             assert not players[0].done()  # the live node's session never noticed
             await rt.engine.wait_workers_ready(timeout=60)
             assert executor.is_alive(1)
-            assert executor.node_of(1) == spare.node_id  # never on the silent node
+            placed = executor.node_of(1)  # never on the silent node: on the spare, or the one the spread left free
+            assert placed != silent.node_id
+            assert placed in {node.node_id for node in nodes.workers}
             await sessions[1].reset()
             chunk = await sessions[1].next_chunk()
             assert chunk.metadata.chunk_index == 0
