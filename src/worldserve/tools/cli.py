@@ -271,7 +271,26 @@ def _serve(args: argparse.Namespace) -> int:
         runtime_config = RuntimeConfig.from_cli_arguments(args)
     except ValueError as error:
         raise UsageError(str(error).rstrip(".")) from None
+    _check_listen(args.host, args.port)  # before the workers spend time loading the model
     return asyncio.run(_serve_async(args, config, runtime_config))
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse an address the server could not listen on (in use, not this machine's), as uvicorn would
+    later: bound once here, with the same SO_REUSEADDR, and released."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: RuntimeConfig) -> int:
