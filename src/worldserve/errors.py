@@ -265,7 +265,7 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             "retry after `retry_after_ms`, here or on another front-end",
         ),
         ErrorCode.EVICTED: _info(
-            _S, "tick", "the session's state was evicted (idle, least recently used) for another session", "reset"
+            _S, "tick", "the session's state was evicted (not in use, least recently used) for another session", "reset"
         ),
         ErrorCode.OUT_OF_SYNC: _info(_S, "tick", "a tick did not continue its state's own chunk count", "reset"),
         ErrorCode.NOT_RESIDENT: _info(_S, "tick", "the session holds no state on any worker", "reset"),
@@ -391,7 +391,7 @@ TickFailedError = RuntimeFailure
 
 
 class SessionEvictedError(RuntimeFailure):
-    """The session's state was evicted (idle, least recently used) to admit another; reset it."""
+    """The session's state was evicted (not in use, least recently used) to admit another; reset it."""
 
     code = ErrorCode.EVICTED
 

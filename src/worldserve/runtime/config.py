@@ -161,8 +161,10 @@ class RuntimeConfig:
     #: executor="ray": the cluster to join (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``);
     #: None starts a local Ray (or uses the one this process already connected to).
     ray_address: str | None = None
-    #: executor="ray": what each worker's actor reserves: CPUs, GPUs (None: 1 when the cluster
-    #: has GPUs, else 0) and custom resources (e.g. ``{"worldserve": 1}`` on the nodes meant for it).
+    #: executor="ray": what each worker's actor reserves: CPUs, GPUs (None: 1 when the model
+    #: asks for a GPU -- its ``device`` option names ``cuda`` -- else 0: decided by the model,
+    #: never by what the cluster has when the front-end starts) and custom resources (e.g.
+    #: ``{"worldserve": 1}`` on the nodes meant for it).
     ray_num_cpus: float = 1.0
     ray_num_gpus: float | None = None
     ray_resources: Mapping[str, float] = field(default_factory=dict)
@@ -170,6 +172,12 @@ class RuntimeConfig:
     #: unanswered ping may take before the actor is declared dead (and killed).
     ray_ping_interval_s: float = 1.0
     ray_ping_timeout_s: float = 3.0
+    #: executor="ray": joining a cluster that does not answer fails after this many seconds.
+    ray_connect_timeout_s: float = 20.0
+    #: executor="ray": a head (GCS) that does not answer this long is lost, and every worker with it.
+    ray_head_timeout_s: float = 10.0
+    #: How long a worker may take to start: placed (Ray) and its model loaded; then the start fails.
+    worker_start_timeout_s: float = 300.0
     #: A newer event supersedes queued events on the tracks the model marks continuous
     #: (``spec.continuous_tracks``), so held controls never fill the queue; False: the seed's queue.
     coalesce_controls: bool = True
@@ -190,7 +198,13 @@ class RuntimeConfig:
         for name, amount in [("ray_num_cpus", self.ray_num_cpus), ("ray_num_gpus", self.ray_num_gpus or 0)]:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"{name} must be a non-negative number; got {amount!r}.")
-        for name in ("ray_ping_interval_s", "ray_ping_timeout_s"):
+        for name in (
+            "ray_ping_interval_s",
+            "ray_ping_timeout_s",
+            "ray_connect_timeout_s",
+            "ray_head_timeout_s",
+            "worker_start_timeout_s",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds; got {value!r}.")
@@ -228,6 +242,14 @@ class RuntimeConfig:
             raise ValueError(f"coalesce_controls must be a bool; got {self.coalesce_controls!r}.")
         self.worker_config()  # validates the limits
         self.engine_config()  # validates the scheduling knobs
+
+    @property
+    def ray_gpus_per_worker(self) -> float:
+        """The GPUs each Ray worker reserves: as configured, else 1 when the model's ``device``
+        option names a CUDA device, else 0."""
+        if self.ray_num_gpus is not None:
+            return float(self.ray_num_gpus)
+        return 1.0 if str(self.model_options.get("device", "")).startswith("cuda") else 0.0
 
     @property
     def encodes_in_worker(self) -> bool:
@@ -378,7 +400,7 @@ class RuntimeConfig:
             "--ray-num-gpus",
             type=non_negative_float,
             default=None,
-            help="--executor ray: GPUs per worker (default: 1 if the cluster has any, else 0)",
+            help="--executor ray: GPUs per worker (default: 1 when --model-option device=cuda..., else 0)",
         )
         group.add_argument(
             "--ray-resource",
@@ -399,6 +421,25 @@ class RuntimeConfig:
             type=positive_float,
             default=3.0,
             help="--executor ray: an actor whose ping is unanswered this long is declared dead",
+        )
+        group.add_argument(
+            "--ray-connect-timeout-s",
+            type=positive_float,
+            default=20.0,
+            help="--executor ray: give up joining a Ray cluster that does not answer after this long",
+        )
+        group.add_argument(
+            "--ray-head-timeout-s",
+            type=positive_float,
+            default=10.0,
+            help="--executor ray: a Ray head (GCS) silent this long is lost: every session fails worker_died "
+            "and the server stops",
+        )
+        group.add_argument(
+            "--worker-start-timeout-s",
+            type=positive_float,
+            default=300.0,
+            help="give up when a worker is not placed (Ray) and ready with its model after this long",
         )
         group.add_argument(
             "--no-coalesce-controls",
@@ -442,6 +483,9 @@ class RuntimeConfig:
             ray_resources=dict(namespace.ray_resource),
             ray_ping_interval_s=namespace.ray_ping_interval_s,
             ray_ping_timeout_s=namespace.ray_ping_timeout_s,
+            ray_connect_timeout_s=namespace.ray_connect_timeout_s,
+            ray_head_timeout_s=namespace.ray_head_timeout_s,
+            worker_start_timeout_s=namespace.worker_start_timeout_s,
             coalesce_controls=namespace.coalesce_controls,
             encode_frames=namespace.encode_frames,
         )

@@ -35,6 +35,7 @@ from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.waiting import waiting_room
 
 __all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
@@ -97,12 +98,19 @@ def create_app(
     async def healthz(request: Request) -> Response:
         runtime = backend()
         capacity = runtime.capacity()
+        room = state["room"]
         return JSONResponse(
             {
                 "status": "ok",
                 "model": runtime.spec.name,
                 "sessions": len(runtime.manager),
-                "capacity": {"free": capacity.free, "workers_alive": capacity.workers_alive},
+                "capacity": {
+                    "free": capacity.free,
+                    "slots": capacity.slots,
+                    "room": capacity.room,
+                    "workers_alive": capacity.workers_alive,
+                },
+                "queue": {"waiting": room.waiting, "max": room.max_waiting},
             }
         )
 
@@ -127,7 +135,7 @@ def create_app(
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        connection = Connection(websocket, backend(), config, metrics(), state["hosts"])
+        connection = Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
         connections: set[Connection] = state["connections"]
         connections.add(connection)
         try:
@@ -141,9 +149,11 @@ def create_app(
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
             state["hosts"] = hosts = WorldHosts()
+            state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             state["connections"] = set()
             yield
-            await hosts.shutdown()
+            await room.aclose()
+            await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
             state.clear()
 
     app = Starlette(
@@ -163,12 +173,15 @@ def create_app(
 
 async def end_worlds(app: Starlette, *, flush_timeout: float = 5.0) -> None:
     """The server stops: end every world (each member is sent ``session.closed {reason: "shutdown"}``,
-    each session released), then close every socket with 1001 once what was queued for it is written
-    (a client not reading gets ``flush_timeout`` seconds)."""
+    after ``session.failed`` when the runtime lost its workers; each session released), then close
+    every socket with 1001 once what was queued for it is written (a client not reading gets
+    ``flush_timeout`` seconds)."""
     state: dict[str, Any] = getattr(app.state, "worldserve", {})
     hosts: WorldHosts | None = state.get("hosts")
     if hosts is None:
         return  # not started, or already stopped
-    await hosts.shutdown()
+    await state["room"].aclose()  # those waiting in line are refused
+    runtime: Runtime = state["runtime"]
+    await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why first
     connections: set[Connection] = state.get("connections", set())
     await asyncio.gather(*(connection.close_for_shutdown(flush_timeout) for connection in list(connections)))

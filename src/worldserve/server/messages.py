@@ -46,6 +46,7 @@ __all__ = [
     "SessionFailed",
     "SessionJoin",
     "SessionJoined",
+    "SessionQueued",
     "SessionReset",
     "SessionResetDone",
     "SessionResume",
@@ -120,6 +121,11 @@ class SessionStart(_ClientMessage):
     ] = None
     options: StartOptions = StartOptions()
     share: ShareOptions = ShareOptions()
+    queue: bool = Field(
+        default=False,
+        description="When the server is full, wait in line (session.queued notices, then session.started) "
+        "instead of an admission_refused error.",
+    )
 
 
 _TOKEN = Annotated[str, Field(min_length=1, max_length=128)]
@@ -220,6 +226,21 @@ class SessionStarted(_ServerMessage):
         default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
     )
     share: ShareTokens | None = Field(default=None, description="Tokens for session.join, as share asked.")
+
+
+class SessionQueued(_ServerMessage):
+    """The server is full: this start waits in line (first come, first served); sent at once, and
+    again when the position changes (at most once a second). ``session.started`` follows when a
+    slot opens; ``session.close`` leaves the line."""
+
+    type: Literal["session.queued"] = "session.queued"
+    position: int = Field(description="1: next to start.")
+    ahead: int = Field(description="Starts ahead of this one.")
+    eta_s: float | None = Field(
+        default=None,
+        description="About how many seconds until it starts, from the lengths of the sessions that ended on this "
+        "server (null until one has).",
+    )
 
 
 class SessionJoined(_ServerMessage):
@@ -364,6 +385,7 @@ class Pong(_ServerMessage):
 
 ServerMessage = Annotated[
     SessionStarted
+    | SessionQueued
     | SessionJoined
     | SessionResumed
     | ChunkSkipped

@@ -43,6 +43,9 @@ __all__ = ["ServerMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
+_QUEUE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_QUEUE_OUTCOMES = ("admitted", "timeout", "left", "full")
+
 #: The answers an input event that reached a session's queue got: each event exactly one.
 _EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid")
 
@@ -224,9 +227,34 @@ class ServerMetrics:
             self.error_replies(code)
         for code in codes_at(Surface.TICK) + codes_at(Surface.LIFECYCLE):
             self.session_failures.labels(code=code.value)
+        # The waiting room (session.start with queue: true): how many wait now, and each wait's outcome and length.
+        self.queue_waiting: Callable[[], int] = lambda: 0
+        Gauge("worldserve_queue_waiting", "Starts waiting in line for room now.", registry=self.registry).set_function(
+            lambda: self.queue_waiting()
+        )
+        self.queue_starts = Counter(
+            "worldserve_queue_starts",
+            "Starts that waited in line, by outcome (admitted, timeout, left, full: refused, the line was full).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in _QUEUE_OUTCOMES:
+            self.queue_starts.labels(outcome=outcome)
+        self.queue_wait_seconds = Histogram(
+            "worldserve_queue_wait_seconds",
+            "How long a start waited in line (admitted, timed out or left).",
+            buckets=_QUEUE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_RuntimeCollector(manager, engine_stats))
         # This process's CPU time (Linux /proc; absent elsewhere): `worldserve bench` reads it per chunk.
         ProcessCollector(registry=self.registry)
+
+    def queue_wait(self, outcome: str, waited_s: float) -> None:
+        """A start left the waiting room (or was refused at its door: ``full``)."""
+        self.queue_starts.labels(outcome=outcome).inc()
+        if outcome != "full":
+            self.queue_wait_seconds.observe(waited_s)
 
     def error_replies(self, code: ErrorCode) -> Any:
         """The counter of ``error`` replies with ``code``: in the client's family or the server's, by its fault."""

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -163,6 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level"
     )
+    serve.add_argument(
+        "--evict-idle-s",
+        type=positive_float,
+        default=30.0,
+        help="a world is in use (never evicted for a newcomer) while a connected member acked a chunk or sent an "
+        "event within this many seconds; worlds whose members are all parked may be evicted",
+    )
+    serve.add_argument(
+        "--queue-max",
+        type=non_negative_int,
+        default=None,
+        help="at most this many session.start {queue: true} wait in line while the server is full "
+        "(default: four times the session slots, at least 8; 0: no line)",
+    )
+    serve.add_argument(
+        "--queue-timeout-s",
+        type=positive_float,
+        default=300.0,
+        help="a start waiting in line longer than this is refused with admission_refused",
+    )
     RuntimeConfig.add_cli_arguments(serve)
 
     bench = command(
@@ -216,6 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
     )
+    bench.add_argument(
+        "--newcomers",
+        type=non_negative_int,
+        default=0,
+        help="after --find-capacity (or alone): fill the server, line up this many queue: true starts (and as "
+        "many plain ones), let the players leave one by one; checks no world in use is evicted and the line "
+        "is first come, first served",
+    )
+    bench.add_argument(
+        "--leave-every",
+        type=positive_float,
+        default=1.0,
+        help="--newcomers: seconds between two players leaving",
+    )
 
     record = command(
         "record",
@@ -267,12 +304,28 @@ def _serve(args: argparse.Namespace) -> int:
             chunk_clock=args.chunk_clock == "on",
             resume_grace_s=args.resume_grace_s,
             replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
+            evict_idle_s=args.evict_idle_s,
+            queue_max=args.queue_max,
+            queue_timeout_s=args.queue_timeout_s,
         )
         runtime_config = RuntimeConfig.from_cli_arguments(args)
     except ValueError as error:
         raise UsageError(str(error).rstrip(".")) from None
     _check_listen(args.host, args.port)  # before the workers spend time loading the model
-    return asyncio.run(_serve_async(args, config, runtime_config))
+    try:
+        code = asyncio.run(_serve_async(args, config, runtime_config))
+    except UsageError as error:
+        if runtime_config.executor != "ray":
+            raise
+        print(f"worldserve {args.command}: error: {error}", file=sys.stderr)
+        code = 2
+    if code != 0 and runtime_config.executor == "ray":
+        # Ray's exit hook would shut its driver down again, for seconds (a minute without a
+        # head), after the server already released what it could: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -294,6 +347,13 @@ def _check_listen(host: str, port: int) -> None:
 
 
 async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: RuntimeConfig) -> int:
+    """Start the runtime (workers placed, models loaded), then serve until a signal stops it.
+
+    The start runs before the server binds its port, with its own SIGTERM/SIGINT handlers: a
+    signal at any moment of it (joining a cluster, placing workers, loading models) stops the
+    process at once (exit 1); a start the runtime refuses is one line (exit 2). A runtime that
+    loses every worker for good (the Ray head is gone) stops the server: each world is told why.
+    """
     import uvicorn
 
     from worldserve.errors import SessionError
@@ -301,12 +361,31 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
     from worldserve.server.app import create_app, end_worlds
 
     runtime = Runtime(config=runtime_config)
+    starting = asyncio.ensure_future(runtime.start())  # the workers load the model
+    loop = asyncio.get_running_loop()
+    stopped_by: list[str] = []
+
+    def interrupt(name: str) -> None:
+        stopped_by.append(name)
+        starting.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, interrupt, signum.name)
     try:
-        await runtime.start()  # the workers load the model: a model or option they refuse ends here
-    except (SessionError, ValueError, TypeError, ImportError) as error:
-        await runtime.aclose()
+        await starting
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runtime.aclose(), 3.0)
+        print(f"worldserve: stopped by {stopped_by[0] if stopped_by else 'a signal'} while starting.", file=sys.stderr)
+        return 1
+    except (SessionError, ValueError, TypeError, ImportError) as error:  # a model or option the workers refuse
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runtime.aclose(), 3.0)
         said = str(error).rstrip(".")
         raise UsageError(said if "could not load model" in said else f"cannot start the runtime: {said}") from None
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
     @asynccontextmanager
     async def started() -> AsyncIterator[Runtime]:
@@ -326,10 +405,21 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
         ),
         before_shutdown=lambda: end_worlds(app),
     )
+
+    def stop_when_lost(watch: asyncio.Future[Any]) -> None:
+        if not watch.cancelled():
+            server.should_exit = True  # each world is told why (session.failed) as the server stops
+
+    lost = asyncio.ensure_future(runtime.wait_lost())
+    lost.add_done_callback(stop_when_lost)
     try:
         await server.serve()
     finally:
+        lost.cancel()
         await runtime.aclose()
+    if runtime.lost is not None:
+        print(f"worldserve: stopped: {runtime.lost}", file=sys.stderr)
+        return 1
     return 0 if server.started else 1
 
 
@@ -380,19 +470,37 @@ def _bench(args: argparse.Namespace) -> int:
 
     # what every mode of the bench takes from the command line alike
     common: dict[str, Any] = {"duration": args.duration, "event_interval": args.event_interval, "token": args.token}
-    if args.find_capacity:
-        capacity, steps = asyncio.run(
-            find_capacity(
-                args.url,
-                start=args.clients,
-                max_clients=args.max_clients,
-                stagger=args.stagger,
-                seed=args.seed,
-                **common,
+    if args.find_capacity or args.newcomers:
+        ok = True
+        if args.find_capacity:
+            capacity, steps = asyncio.run(
+                find_capacity(
+                    args.url,
+                    start=args.clients,
+                    max_clients=args.max_clients,
+                    stagger=args.stagger,
+                    seed=args.seed,
+                    **common,
+                )
             )
-        )
-        print(format_capacity_table(capacity, steps))
-        return 0 if all(r.lost == 0 for step in steps for r in step.result.reports) else 1
+            print(format_capacity_table(capacity, steps))
+            ok = all(r.lost == 0 for step in steps for r in step.result.reports)
+        if args.newcomers:
+            from worldserve.tools.newcomers import format_newcomers_table, run_newcomers
+
+            phase = asyncio.run(
+                run_newcomers(
+                    args.url,
+                    newcomers=args.newcomers,
+                    max_players=args.max_clients,
+                    leave_every=args.leave_every,
+                    token=args.token,
+                )
+            )
+            print()
+            print(format_newcomers_table(phase))
+            ok = ok and phase.ok
+        return 0 if ok else 1
     if args.viewers > 0:
         alone, shared = asyncio.run(
             run_viewers_bench(

@@ -95,7 +95,7 @@
     badge.textContent = text || status;
     const inWorld = ["live", "failed", "resetting"].includes(status);
     const steering = inWorld && state.role !== "viewer";
-    $("close").disabled = !inWorld;
+    $("close").disabled = !inWorld && status !== "queued"; // Close also leaves the waiting line
     $("reset").disabled = !steering;
     $("apply-prompt").disabled = status !== "live" || state.role === "viewer";
     $("start").textContent = state.join ? "Join" : "Start";
@@ -272,6 +272,7 @@
       seed: started.seed,
       options: { media: "raw" },
       share: { viewers: true, controllers: true },
+      queue: true, // a full server puts this start in line (session.queued) instead of refusing it
     };
     if (started.prompt) message.prompt = started.prompt;
     state.lastSeq = -1;
@@ -306,7 +307,7 @@
       return;
     }
     stopReconnecting();
-    if (["live", "failed", "resetting", "connecting"].includes(state.status)) setStatus("idle", "disconnected");
+    if (["live", "failed", "resetting", "connecting", "queued"].includes(state.status)) setStatus("idle", "disconnected");
   }
 
   // Tell a refused handshake from a server that is down: /healthz needs no token, /v1/models does.
@@ -433,6 +434,9 @@
         showShare(message.share);
         log(`session ${message.session_id.slice(0, 8)}… started`);
         break;
+      case "session.queued":
+        showQueued(message);
+        break;
       case "session.joined":
         stopReconnecting();
         state.join = null; // joined: a later Start makes a world of its own
@@ -523,6 +527,14 @@
   }
 
   // -- frames -----------------------------------------------------------------------------
+
+  // The waiting line of a full server: "you are #3 in line, about 40 s" until session.started.
+  function showQueued(message) {
+    const eta = message.eta_s == null ? "" : `, about ${Math.max(1, Math.round(message.eta_s))} s`;
+    const text = `you are #${message.position} in line${eta}`;
+    setStatus("queued", text);
+    log(`server full: ${text}`);
+  }
 
   function onFrame(buffer) {
     const header = state.header;
