@@ -533,7 +533,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from worldserve.client import WorldClientError, WorldError
+    from worldserve.client import SessionFailedError, WorldClientError, WorldError
     from worldserve.tools.record import load_script, record, refused_events, write_video
 
     try:
@@ -544,8 +544,12 @@ def _record(args: argparse.Namespace) -> int:
         recording = asyncio.run(record(args.url, script, token=args.token))
     except WorldClientError as error:
         raise UsageError(str(error).rstrip(".")) from None
+    except SessionFailedError as error:
+        raise UsageError(f"the session failed while recording: {error}") from None
     except WorldError as error:
         raise UsageError(f"the server refused the session: {error}") from None
+    except TimeoutError:
+        raise UsageError(f"no chunk came from {args.url} within 30 s (is the server overloaded or stuck?)") from None
     write_video(recording.frames, args.out, fps=float(recording.sidecar["model"]["fps"]), scale=args.scale)
     sidecar = args.out.with_suffix(".json")
     sidecar.write_text(json.dumps(recording.sidecar, indent=2))
