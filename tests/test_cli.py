@@ -86,6 +86,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("serve-option-device", {}, ["serve", "--port", "0", "--model-option", "{cuda}"], "could not load model"),
     ("serve-option-no-equals", {}, ["serve", "--model-option", "steps"], "--model-option takes KEY=VALUE"),
+    ("serve-port-in-use", {}, ["serve", "--port", "{busy}"], "cannot listen on 127.0.0.1:"),
+    ("serve-unknown-host", {}, ["serve", "--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
     ("record-malformed-json", {"s.json": "{not json"}, ["record", "{dir}/s.json"], "is not JSON"),
     ("record-not-an-object", {"s.json": "[1, 2]"}, ["record", "{dir}/s.json"], "must be a JSON object"),
     ("record-chunks-ten", {"s.json": '{"chunks": "ten"}'}, ["record", "{dir}/s.json"], "'chunks' must be a positive"),
@@ -121,8 +123,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, str],
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     dead = f"ws://127.0.0.1:{_closed_port()}/v1/world"
-    filled = [arg.format(dir=tmp_path, dead=dead, cuda=_cuda_option() if "{cuda}" in arg else "") for arg in args]
-    done = run(*filled)
+    with socket.socket() as busy:  # a port something listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        fill = {"dir": tmp_path, "dead": dead, "busy": busy.getsockname()[1]}
+        filled = [arg.format(**fill, cuda=_cuda_option() if "{cuda}" in arg else "") for arg in args]
+        done = run(*filled)
     lines = done.stderr.splitlines()
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr

@@ -311,6 +311,7 @@ def _serve(args: argparse.Namespace) -> int:
         runtime_config = RuntimeConfig.from_cli_arguments(args)
     except ValueError as error:
         raise UsageError(str(error).rstrip(".")) from None
+    _check_listen(args.host, args.port)  # before the workers spend time loading the model
     try:
         code = asyncio.run(_serve_async(args, config, runtime_config))
     except UsageError as error:
@@ -325,6 +326,24 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse an address the server could not listen on (in use, not this machine's), as uvicorn would
+    later: bound once here, with the same SO_REUSEADDR, and released."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: RuntimeConfig) -> int:
@@ -514,7 +533,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from worldserve.client import WorldClientError, WorldError
+    from worldserve.client import SessionFailedError, WorldClientError, WorldError
     from worldserve.tools.record import load_script, record, refused_events, write_video
 
     try:
@@ -525,8 +544,12 @@ def _record(args: argparse.Namespace) -> int:
         recording = asyncio.run(record(args.url, script, token=args.token))
     except WorldClientError as error:
         raise UsageError(str(error).rstrip(".")) from None
+    except SessionFailedError as error:
+        raise UsageError(f"the session failed while recording: {error}") from None
     except WorldError as error:
         raise UsageError(f"the server refused the session: {error}") from None
+    except TimeoutError:
+        raise UsageError(f"no chunk came from {args.url} within 30 s (is the server overloaded or stuck?)") from None
     write_video(recording.frames, args.out, fps=float(recording.sidecar["model"]["fps"]), scale=args.scale)
     sidecar = args.out.with_suffix(".json")
     sidecar.write_text(json.dumps(recording.sidecar, indent=2))
