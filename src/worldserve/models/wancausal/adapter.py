@@ -15,7 +15,6 @@ Must not know: sessions' control plane, engines, transports.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,15 +25,15 @@ from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae
+from worldserve.models.wancausal.build import build_vae
 from worldserve.models.wancausal.cache import KVCache
-from worldserve.models.wancausal.checkpoint import load_checkpoint
-from worldserve.models.wancausal.config import WanCausalConfig, get_config
+from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, draw_noise, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
 from worldserve.models.wancausal.vae import DecoderCache, VaeStream
+from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
@@ -63,6 +62,21 @@ class WanCausalState:
         self.generator = generator
 
 
+def _path(value: str | Path | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _option_bool(value: int | str | bool | None, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"wan-causal option {name} must be 1 or 0; got {value!r}.")
+
+
 def _option_int(value: int | str | None, name: str) -> int | None:
     if value is None:
         return None
@@ -75,22 +89,32 @@ def _option_int(value: int | str | None, name: str) -> int | None:
 class WanCausalModel:
     """A block-causal Wan2.1-class video diffusion transformer as a world model.
 
-    Options (all strings from ``--model-option`` work): ``config`` (``tiny`` or ``1.3b``),
-    ``checkpoint`` (a Self-Forcing/CausVid checkpoint: safetensors or a torch file),
-    ``load=dummy`` (random weights; the default only for ``tiny``), ``vae`` (a diffusers
-    ``AutoencoderKLWan`` state dict, safetensors), ``text_encoder`` (a local UMT5 directory),
-    ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32), ``window`` (latent
-    frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy weights), ``threads``.
+    Options (all strings from ``--model-option`` work): ``weights`` (a folder of downloads: the
+    parts are found by their published names), ``checkpoint``, ``vae``, ``text_encoder``,
+    ``tokenizer``, ``lora`` (each part's file or folder, overriding ``weights``), ``config``
+    (``tiny``, ``1.3b``, ``14b``; by default the one the checkpoint's shapes name), ``load=dummy``
+    (random weights; the default only for ``tiny``), ``text=hashed`` / ``vae=random`` (run a
+    trained checkpoint without its text encoder / VAE), ``ema`` (1: a training checkpoint's EMA
+    weights), ``lora_alpha``, ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32),
+    ``window`` (latent frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy
+    weights), ``threads``.
     """
 
     def __init__(
         self,
         *,
-        config: str | WanCausalConfig = "tiny",
+        config: str | WanCausalConfig | None = None,
+        weights: str | Path | None = None,
         checkpoint: str | Path | None = None,
         load: str | None = None,
         vae: str | Path | None = None,
         text_encoder: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        text: str | None = None,
+        lora: str | Path | None = None,
+        lora_alpha: float | str | None = None,
+        ema: int | str | bool | None = None,
+        family: str | None = None,
         device: str = "cpu",
         dtype: str = "auto",
         window: int | str | None = None,
@@ -101,47 +125,40 @@ class WanCausalModel:
         threads_count = _option_int(threads, "threads")
         if threads_count is not None:
             torch.set_num_threads(threads_count)
-        cfg = get_config(config) if isinstance(config, str) else config
-        window_frames = _option_int(window, "window")
-        if window_frames is not None:
-            cfg = cfg.with_window(window_frames)
-        if cfg.action_dim != ACTION_DIM:
-            raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
-        if load not in (None, "dummy", "checkpoint"):
-            raise ValueError(f"wan-causal option load must be 'dummy' or 'checkpoint'; got {load!r}.")
-        if load == "checkpoint" and checkpoint is None:
-            raise ValueError("wan-causal load=checkpoint needs checkpoint=PATH.")
-        if load == "dummy" and checkpoint is not None:
-            raise ValueError("wan-causal takes load=dummy or checkpoint=PATH, not both.")
-        if checkpoint is None and load is None and cfg.name != "tiny":
-            raise ValueError(
-                f"wan-causal config {cfg.name!r} needs checkpoint=PATH (a Self-Forcing/CausVid checkpoint), "
-                "or load=dummy for random weights; nothing downloads."
-            )
-        self.dummy = checkpoint is None
-        self.config = cfg
         self.device = torch.device(device)
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
         if dtype not in _DTYPES:
             raise ValueError(f"wan-causal option dtype must be auto or one of {sorted(_DTYPES)}; got {dtype!r}.")
         self.dtype = _DTYPES[dtype]
-        weight_seed = _option_int(seed, "seed")
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.device(self.device):  # the caller's RNG stays as it was
-            torch.manual_seed(weight_seed or 0)
-            transformer = build_transformer(cfg)
-            actions = ActionEmbedding(cfg.action_dim, cfg.dim)
-            autoencoder = build_vae(cfg)
-        self.action_from_checkpoint = False
-        if checkpoint is not None:
-            report = load_checkpoint(checkpoint, transformer, actions)
-            self.action_from_checkpoint = report.action_from_checkpoint
-        if vae is not None:
-            from safetensors.torch import load_file
-
-            autoencoder.load_state_dict(load_file(str(vae)), strict=True)
-        self.vae_from_file = vae is not None
+        weight_seed = _option_int(seed, "seed") or 0
+        options = WeightOptions(
+            config=config,
+            weights=_path(weights),
+            checkpoint=_path(checkpoint),
+            vae=_path(vae),
+            text_encoder=_path(text_encoder),
+            tokenizer=_path(tokenizer),
+            lora=_path(lora),
+            lora_alpha=float(lora_alpha) if lora_alpha is not None else None,
+            load=load,
+            text=text,
+            ema=_option_bool(ema, "ema"),
+            family=family,
+        )
+        loaded = load_weights(options, self.device, weight_seed, self.dtype)
+        cfg = loaded.config
+        window_frames = _option_int(window, "window")
+        if window_frames is not None:
+            cfg = cfg.with_window(window_frames)
+        if cfg.action_dim != ACTION_DIM:
+            raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
+        self.config = cfg
+        self.weights = loaded
+        self.dummy = loaded.dummy
+        self.action_from_checkpoint = loaded.action_from_checkpoint
+        self.vae_from_file = loaded.vae_from_file
+        transformer, actions, autoencoder = loaded.transformer, loaded.actions, loaded.vae
         _cast(transformer, self.dtype, _FLOAT32_PARTS)
         _cast(actions, self.dtype, ())
         _cast(autoencoder, self.dtype, ())
@@ -150,7 +167,9 @@ class WanCausalModel:
         self.forward = CachedForward(transformer, actions, cfg)
         self.vae = VaeStream(autoencoder)
         self.rope = FrameRope(cfg, self.device)
-        self.text = PromptEmbedder(cfg.text_len, cfg.text_dim, self.device, self.dtype, text_encoder)
+        self.text = PromptEmbedder(
+            cfg.text_len, cfg.text_dim, self.device, self.dtype, loaded.text_encoder, loaded.tokenizer
+        )
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
         self.decoder_cache_bytes = _decoder_cache_bytes(cfg, dtype_bytes)
         state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + 4096
@@ -169,38 +188,29 @@ class WanCausalModel:
             default_prompt=DEFAULT_STYLE,
             description=self._describe(),
             atomic_step=True,
-            version=self._version(checkpoint, weight_seed),
+            version=loaded.version,
             precision=dtype,
         )
 
-    def _version(self, checkpoint: str | Path | None, weight_seed: int | None) -> str:
-        """What computes the frames: the config, and the checkpoint's hash or the dummy weights' seed."""
-        if checkpoint is None:
-            return f"{self.config.name}:dummy-seed-{weight_seed or 0}"
-        digest = hashlib.sha256()
-        with Path(checkpoint).open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        return f"{self.config.name}:sha256:{digest.hexdigest()[:12]}"
-
     def _describe(self) -> str:
         cfg = self.config
+        transformer = self.weights.parts.transformer
         weights = (
             "RANDOM WEIGHTS (load=dummy): frames are noise-like, for throughput work"
-            if self.dummy
-            else "checkpoint weights"
+            if transformer is None
+            else f"checkpoint weights ({transformer.name})"
         )
         parts = [
             f"{weights}. Block-causal Wan2.1-class video diffusion transformer (config {cfg.name}: "
             f"{cfg.num_layers} layers, {cfg.num_heads}x{cfg.head_dim}), KV cache (sink {cfg.sink_frames} + window "
             f"{cfg.window_frames} latent frames), {len(cfg.denoising_steps)}-step Self-Forcing sampler, "
             f"{cfg.block_frames} latent frames per chunk",
-            f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder)'}",
+            f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder, text=hashed)'}",
             "keys/camera: "
             + ("from checkpoint" if self.action_from_checkpoint else "random-initialised action embedding"),
         ]
         if not self.vae_from_file:
-            parts.append("VAE: random weights")
+            parts.append("VAE: random weights (vae=random)")
         return "; ".join(parts) + "."
 
     @property

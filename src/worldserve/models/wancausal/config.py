@@ -2,7 +2,7 @@
 
 Owns: :class:`WanCausalConfig` (transformer, VAE, latent grid, AR block, KV window,
 sampler schedule), the named configurations :data:`CONFIGS` (``tiny`` for tests on a CPU,
-``1.3b`` for Wan2.1-T2V-1.3B) and the per-session byte and FLOP counts the spec and the
+``1.3b`` for Wan2.1-T2V-1.3B, ``14b`` for Wan2.1-T2V-14B) and the per-session byte and FLOP counts the spec and the
 docs quote. Must not know: torch, diffusers, sessions, the runtime.
 """
 
@@ -140,7 +140,6 @@ CONFIGS: dict[str, WanCausalConfig] = {
         latent_channels=4,
         text_len=8,
         vae_base_dim=8,
-        vae_res_blocks=1,
         vae_latents_mean=(0.0, 0.0, 0.0, 0.0),
         vae_latents_std=(1.0, 1.0, 1.0, 1.0),
         height=64,
@@ -156,6 +155,18 @@ CONFIGS: dict[str, WanCausalConfig] = {
         num_heads=12,
         head_dim=128,
         ffn_dim=8960,
+        text_dim=4096,
+        freq_dim=256,
+        latent_channels=16,
+    ),
+    # Wan2.1-T2V-14B (Krea Realtime 14B is this size): 40 layers, 40 heads x 128, FFN 13824
+    # (Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py); the same VAE, text encoder and grid as 1.3b.
+    "14b": WanCausalConfig(
+        name="14b",
+        num_layers=40,
+        num_heads=40,
+        head_dim=128,
+        ffn_dim=13824,
         text_dim=4096,
         freq_dim=256,
         latent_channels=16,
