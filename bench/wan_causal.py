@@ -115,7 +115,7 @@ def main() -> int:
         )
         cfg = model.config
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
-        flops = cfg.block_flops()
+        flops = cfg.block_flops() + cfg.vae_decode_flops()
         rollouts = Rollouts(model)
         for size in args.batches:  # each row prints as soon as it is measured
             try:
@@ -136,7 +136,8 @@ def main() -> int:
         footer += (
             f"window {cfg.window_frames}: real time is a block ({cfg.video_frames_per_block} frames) in "
             f"<= {chunk_s * 1000:.0f} ms; {flops / 1e9:.4g} GFLOP per block per session (transformer, "
-            f"{len(cfg.denoising_steps)} steps + commit; the VAE not counted)\n"
+            f"{len(cfg.denoising_steps)} steps + commit: {cfg.block_flops() / 1e9:.4g}; VAE decode: "
+            f"{cfg.vae_decode_flops() / 1e9:.4g})\n"
         )
         rollouts.release()
         del model, rollouts

@@ -16,6 +16,7 @@ Must not know: sessions' control plane, engines, transports.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.build import build_vae
 from worldserve.models.wancausal.cache import KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, draw_noise, sample_block
@@ -97,7 +99,10 @@ class WanCausalModel:
     trained checkpoint without its text encoder / VAE), ``ema`` (1: a training checkpoint's EMA
     weights), ``lora_alpha``, ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32),
     ``window`` (latent frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy
-    weights), ``threads``.
+    weights), ``threads``; ``family`` (``self-forcing``, ``causvid``, ``longlive``, ``krea``,
+    ``wan``: the authors' schedule, context and prompt-switch rule; by default the one the
+    checkpoint's published name implies), ``sink`` (latent frames kept from the start),
+    ``steps`` (a uniform schedule of that many steps instead of the family's).
     """
 
     def __init__(
@@ -118,6 +123,8 @@ class WanCausalModel:
         device: str = "cpu",
         dtype: str = "auto",
         window: int | str | None = None,
+        sink: int | str | None = None,
+        steps: int | str | None = None,
         max_batch_size: int | str = 8,
         seed: int | str = 0,
         threads: int | str | None = None,
@@ -147,10 +154,14 @@ class WanCausalModel:
             family=family,
         )
         loaded = load_weights(options, self.device, weight_seed, self.dtype)
-        cfg = loaded.config
+        self.family = loaded.family
+        cfg = family_config(loaded.config, loaded.family, _option_int(steps, "steps"))
         window_frames = _option_int(window, "window")
         if window_frames is not None:
             cfg = cfg.with_window(window_frames)
+        sink_frames = _option_int(sink, "sink")
+        if sink_frames is not None:
+            cfg = replace(cfg, sink_frames=sink_frames)
         if cfg.action_dim != ACTION_DIM:
             raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
         self.config = cfg
@@ -203,7 +214,8 @@ class WanCausalModel:
         parts = [
             f"{weights}. Block-causal Wan2.1-class video diffusion transformer (config {cfg.name}: "
             f"{cfg.num_layers} layers, {cfg.num_heads}x{cfg.head_dim}), KV cache (sink {cfg.sink_frames} + window "
-            f"{cfg.window_frames} latent frames), {len(cfg.denoising_steps)}-step Self-Forcing sampler, "
+            f"{cfg.window_frames} latent frames), family {self.family.name} ({self.family.title}): "
+            f"{len(cfg.denoising_steps)}-step sampler, "
             f"{cfg.block_frames} latent frames per chunk",
             f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder, text=hashed)'}",
             "keys/camera: "

@@ -1,8 +1,10 @@
-"""The few-step sampler with the Self-Forcing schedule, and the commit pass.
+"""The few-step sampler on a family's schedule, and the commit pass.
 
-Owns: :func:`sample_block` (flow matching: start from noise at the first shifted noise
-level; at each step predict the flow ``v``, take ``x0 = x - sigma * v``, and re-noise
-``x0`` to the next level with fresh noise; return the last ``x0``), :func:`commit_block`
+Owns: :func:`sample_block` (flow matching on the configuration's schedule of (timestep,
+sigma) pairs: start from noise; at each step predict the flow ``v`` at that timestep, take
+``x0 = x - sigma * v``, and move to the next sigma: the distilled families' ``renoise`` rule
+re-noises ``x0`` with fresh noise, ``(1 - s') x0 + s' n``, as Self-Forcing/CausVid/LongLive/
+Krea do; ``euler`` takes the ODE step ``x + (s' - s) v``; return the last ``x0``), :func:`commit_block`
 (one more pass over the clean block at the context timestep, whose K/V the caches keep) and
 :func:`draw_noise` (each session's own generator, on the model's device, so a session's
 frames do not depend on its batch). Must not know: attention, the VAE, sessions.
@@ -41,20 +43,24 @@ def sample_block(
     record: list[StepRecord] | None = None,
 ) -> Tensor:
     """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw."""
-    sigmas = config.sigmas()
+    schedule = config.schedule()
     x = noise()
     batch, frames = x.shape[0], x.shape[2]
     x0 = x
-    for index, sigma in enumerate(sigmas):
-        timesteps = torch.full((batch, frames), sigma * 1000.0, device=x.device)
+    for index, (timestep, sigma) in enumerate(schedule):
+        timesteps = torch.full((batch, frames), timestep, device=x.device)
         flow = forward(x, timesteps, text, actions, caches, rope)
         assert flow is not None
         if record is not None:
             record.append((x, timesteps, flow))
-        x0 = x - sigma * flow.float()
-        if index + 1 < len(sigmas):
-            following = sigmas[index + 1]
-            x = (1.0 - following) * x0 + following * noise()
+        velocity = flow.float()
+        x0 = x - sigma * velocity
+        if index + 1 < len(schedule):
+            following = schedule[index + 1][1]
+            if config.sampler == "euler":
+                x = x + (following - sigma) * velocity
+            else:
+                x = (1.0 - following) * x0 + following * noise()
     return x0
 
 

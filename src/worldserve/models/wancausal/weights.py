@@ -30,6 +30,7 @@ from worldserve.models.wancausal.checkpoint import (
     read_transformer,
 )
 from worldserve.models.wancausal.config import WanCausalConfig, get_config
+from worldserve.models.wancausal.families import Family, get_family, guess_family
 from worldserve.models.wancausal.files import Parts, find_parts
 from worldserve.models.wancausal.statedict import WeightsError
 from worldserve.models.wancausal.t5 import load_text_encoder, load_tokenizer
@@ -58,6 +59,8 @@ class WeightOptions:
     family: str | None = None
 
     def __post_init__(self) -> None:
+        if self.family is not None:
+            get_family(self.family)  # an unknown family is refused before anything loads
         if self.load not in (None, "dummy", "checkpoint"):
             raise ValueError(f"wan-causal option load must be 'dummy' or 'checkpoint'; got {self.load!r}.")
         if self.text not in (None, "hashed", "encoder"):
@@ -95,6 +98,7 @@ def resolve(options: WeightOptions) -> Parts:
 class LoadedWeights:
     """The modules, built and loaded, and what they were loaded from (for the description)."""
 
+    family: Family
     config: WanCausalConfig
     transformer: nn.Module
     actions: ActionEmbedding
@@ -125,9 +129,11 @@ def _digest(path: Path) -> str:
 def load_weights(options: WeightOptions, device: torch.device, seed: int, text_dtype: torch.dtype) -> LoadedWeights:
     """Resolve, build and load; random initialisation (diffusers') is seeded by ``seed``."""
     parts = resolve(options)
+    named = options.family or parts.family
     state: TransformerState | None = None
     if parts.transformer is not None:
-        state = read_transformer(parts.transformer, ema=options.ema if options.ema is not None else True)
+        ema = options.ema if options.ema is not None else (get_family(named).ema if named else True)
+        state = read_transformer(parts.transformer, ema=ema)
         if parts.lora is not None:
             merge_lora(state, parts.lora, options.lora_alpha)
     if options.config is None:
@@ -181,6 +187,7 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
         if parts.lora is not None:
             version += f"+lora:{_digest(parts.lora)}"
     return LoadedWeights(
+        family=get_family(guess_family(config.name, named)),
         config=config,
         transformer=transformer,
         actions=actions,
