@@ -22,6 +22,7 @@ import torch
 
 from worldserve.models.base import SessionOptions
 from worldserve.models.wancausal.adapter import WanCausalModel, WanCausalState
+from worldserve.models.wancausal.sampler import recache_context
 from worldserve.models.world import keys_control
 from worldserve.protocol import TickRequest
 
@@ -66,6 +67,22 @@ class Rollouts:
         for state in self.states:
             self.model.release(state)
         self.states.clear()
+
+
+def recache_cost(rollouts: Rollouts, blocks: int) -> tuple[float, int]:
+    """Median seconds of one prompt switch's re-cache (session 0's whole context), and the blocks it reruns."""
+    model = rollouts.model
+    rollouts.ensure(1)
+    state = rollouts.states[0]
+    embedding = model.text.one("a different prompt")[None]
+    times = []
+    for _ in range(max(1, blocks)):
+        sync(model.device)
+        started = time.perf_counter()
+        recache_context(model.forward, state.cache, state.log, embedding, model.rope, model.config, keep_sink=False)
+        sync(model.device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), len(state.log.blocks)
 
 
 def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
@@ -133,6 +150,11 @@ def main() -> int:
                 f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |",
                 flush=True,
             )
+        switch_s, reran = recache_cost(rollouts, args.blocks)
+        footer += (
+            f"window {cfg.window_frames}: a prompt switch's re-cache (prompt_switch=recache) reruns the commit pass "
+            f"of {reran} cached blocks: {switch_s * 1000:.0f} ms per switch per session\n"
+        )
         footer += (
             f"window {cfg.window_frames}: real time is a block ({cfg.video_frames_per_block} frames) in "
             f"<= {chunk_s * 1000:.0f} ms; {flops / 1e9:.4g} GFLOP per block per session (transformer, "

@@ -162,3 +162,132 @@ def test_the_vae_decode_flops_are_what_torch_counts_on_the_decoder() -> None:
                 stream.decode(latents, [cache])
     assert counter.get_total_flops() == config.vae_decode_flops()
     assert round(config.vae_decode_flops() / 1e12, 1) == 40.7  # +20 % on Self-Forcing's 202.7 TFLOP per block
+
+
+def _network(config: object) -> object:
+    from worldserve.models.wancausal.build import ActionEmbedding, build_transformer
+    from worldserve.models.wancausal.forward import CachedForward
+
+    torch.manual_seed(0)
+    return CachedForward(
+        build_transformer(config).eval(), ActionEmbedding(config.action_dim, config.dim).eval(), config
+    )
+
+
+def _dense(forward: object, latents: object, timesteps: object, text: object, per_frame: object) -> object:
+    """The library's dense block-causal forward, the action embedding added through a public hook."""
+
+    def hook(module: object, inputs: object, output: object) -> object:
+        return output + forward.actions(per_frame)
+
+    handle = forward.transformer.condition_embedder.time_proj.register_forward_hook(hook)
+    try:
+        return forward.transformer(latents, timesteps, text, enable_diffusion_forcing=True, return_dict=False)[0]
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def test_after_a_prompt_switch_with_recache_the_next_block_equals_a_dense_forward_under_the_new_prompt() -> None:
+    from worldserve.models.wancausal.cache import BlockLog, KVCache
+    from worldserve.models.wancausal.rope import FrameRope
+    from worldserve.models.wancausal.sampler import StepRecord, commit_block, draw_noise, recache_context, sample_block
+
+    config = get_config("tiny").with_window(30)  # nothing leaves the window: the dense forward is the reference
+    forward = _network(config)
+    rope = FrameRope(config, CPU)
+    block = config.block_frames
+    shape = (config.latent_channels, block, config.latent_height, config.latent_width)
+    generator = torch.Generator().manual_seed(1)
+    old, new = (torch.randn(1, config.text_len, config.text_dim, generator=generator) for _ in range(2))
+    cache, log = KVCache(config, CPU, torch.float32), BlockLog(block)
+    committed = [torch.randn(1, *shape, generator=generator)]
+    actions = [torch.zeros(1, block, config.action_dim)]
+    commit_block(forward, [cache], committed[0], old, actions[0], rope([0], block), config)
+    log.add(0, committed[0], actions[0])
+    for _ in range(2):  # two blocks under the old prompt
+        act = torch.randn(1, block, config.action_dim, generator=generator)
+        offsets = [cache.next_frame]
+        noise = lambda: draw_noise([generator], shape, CPU)  # noqa: E731
+        x0 = sample_block(forward, [cache], noise, old, act, rope(offsets, block), config)
+        log.add(cache.next_frame, x0, act)
+        commit_block(forward, [cache], x0, old, act, rope(offsets, block), config)
+        committed.append(x0)
+        actions.append(act)
+    committed_slots = slice(block * config.tokens_per_frame, None)  # past the scratch slots a pass writes
+    before = cache.keys[:, :, committed_slots].clone()
+    act = torch.randn(1, block, config.action_dim, generator=generator)
+    per_frame = torch.cat([*actions, act], dim=1)
+    state = generator.get_state()
+    results = {}
+    for rule in ("recache", "keep"):
+        generator.set_state(state)
+        target = (
+            recache_context(forward, cache, log, new, rope, config, keep_sink=False) if rule == "recache" else cache
+        )
+        record: list[StepRecord] = []
+        noise = lambda: draw_noise([generator], shape, CPU)  # noqa: E731
+        sample_block(forward, [target], noise, new, act, rope([target.next_frame], block), config, record)
+        worst = 0.0
+        for x, timesteps, flow in record:
+            dense = torch.cat([*committed, x], dim=2)
+            frames = dense.shape[2]
+            dense_t = torch.cat([torch.full((1, frames - block), config.context_timestep), timesteps], dim=1)
+            reference = _dense(forward, dense, dense_t, new, per_frame)[:, :, -block:]
+            worst = max(worst, (reference - flow).abs().max().item())
+        results[rule] = worst
+    assert results["recache"] <= 1e-5  # the whole context as if computed under the new prompt
+    assert results["keep"] > 1e-3  # without it the old prompt's context stays
+    assert torch.equal(cache.keys[:, :, committed_slots], before)  # the re-cache wrote a copy, not the cache
+    kept = recache_context(forward, cache, log, new, rope, config, keep_sink=True)
+    sink = slice(block * config.tokens_per_frame, 2 * block * config.tokens_per_frame)
+    assert torch.equal(kept.keys[:, :, sink], cache.keys[:, :, sink])  # LongLive's global sink: kept as it was
+    window = slice(2 * block * config.tokens_per_frame, 4 * block * config.tokens_per_frame)
+    assert not torch.equal(kept.keys[:, :, window], cache.keys[:, :, window])
+
+
+def test_a_prompt_transition_blends_the_embedding_over_n_blocks() -> None:
+    from worldserve.models.wancausal.prompts import PromptTrack
+    from worldserve.protocol import prompt_transition_control
+
+    table = {"a": torch.zeros(2, 4), "b": torch.ones(2, 4)}
+    track = PromptTrack("a", table["a"])
+    weights, recached = [], []
+    for index in range(5):
+        controls = (prompt_transition_control(2),) if index == 0 else ()
+        plan = track.plan("b", controls, table.__getitem__, default=0, recache=True)
+        track.apply(plan)
+        weights.append(round(plan.embedding[0, 0].item(), 4))
+        recached.append(plan.recache)
+    assert weights == [0.3333, 0.6667, 1.0, 1.0, 1.0]  # 2 blended blocks, then the new prompt alone
+    assert recached == [True, True, True, False, False]  # each new embedding once, then the context has it
+    at_once = PromptTrack("a", table["a"]).plan("b", (), table.__getitem__, default=0, recache=False)
+    assert at_once.embedding[0, 0].item() == 1.0  # default 0: the first block takes the new prompt
+    assert at_once.recache is False  # prompt_switch=keep never recomputes
+
+
+def test_the_model_declares_the_transition_track_and_a_switch_reaches_the_context() -> None:
+    from worldserve.models.base import SpecControlValidator
+    from worldserve.models.world import keys_control
+    from worldserve.protocol import TickRequest, prompt_transition_control
+
+    keep = load_model("wan-causal", config="tiny", family="self-forcing", threads=1)
+    recache = load_model("wan-causal", config="tiny", family="longlive", threads=1)
+    assert recache.prompt_switch == "recache"
+    assert keep.prompt_switch == "keep"
+    assert keep.spec.control("prompt_transition").schema == "worldserve.prompt_transition.v1"
+    assert "prompt_transition" not in keep.spec.continuous_tracks  # one per prompt change, never coalesced
+    SpecControlValidator(keep.spec).validate_controls([prompt_transition_control(3)])
+    with pytest.raises(ValueError, match="minimum"):
+        SpecControlValidator(keep.spec).validate_controls([prompt_transition_control(-1)])
+    outputs = {}
+    for name, model in (("keep", keep), ("recache", recache)):
+        state = model.new_state("s", SessionOptions(prompt="snowy peaks", seed=2))
+        frames = []
+        for index, prompt in enumerate(("snowy peaks", "desert dunes at night")):
+            tick = TickRequest("s", f"s-{index}", index, prompt=prompt, controls=(keys_control("W"),))
+            frames.append(model.step([(state, tick)])[0]["payload"])
+        outputs[name] = (state, frames)
+    state, _ = outputs["recache"]
+    assert state.prompt.context_key == ("desert dunes at night", "desert dunes at night", 1.0)
+    assert len(state.log.blocks) == 3  # the primed block and the two generated ones, all in the window

@@ -27,12 +27,13 @@ from torch import Tensor
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.build import build_vae
-from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.cache import BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
+from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
 from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, draw_noise, sample_block
+from worldserve.models.wancausal.sampler import commit_block, draw_noise, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
 from worldserve.models.wancausal.vae import DecoderCache, VaeStream
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
@@ -45,9 +46,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class WanCausalState:
-    """One session: KV cache, VAE decoder cache, noise generator, start options."""
+    """One session: KV cache and the blocks it holds, VAE decoder cache, noise generator, prompt, options."""
 
-    __slots__ = ("cache", "decoder", "generator", "options", "session_id")
+    __slots__ = ("cache", "decoder", "generator", "log", "options", "prompt", "session_id")
 
     def __init__(
         self,
@@ -56,12 +57,16 @@ class WanCausalState:
         cache: KVCache,
         decoder: DecoderCache,
         generator: torch.Generator,
+        prompt: PromptTrack,
+        log: BlockLog,
     ) -> None:
         self.session_id = session_id
         self.options = options
         self.cache = cache
         self.decoder = decoder
         self.generator = generator
+        self.prompt = prompt
+        self.log = log
 
 
 def _path(value: str | Path | None) -> str | None:
@@ -102,7 +107,10 @@ class WanCausalModel:
     weights), ``threads``; ``family`` (``self-forcing``, ``causvid``, ``longlive``, ``krea``,
     ``wan``: the authors' schedule, context and prompt-switch rule; by default the one the
     checkpoint's published name implies), ``sink`` (latent frames kept from the start),
-    ``steps`` (a uniform schedule of that many steps instead of the family's).
+    ``steps`` (a uniform schedule of that many steps instead of the family's), ``prompt_switch``
+    (``keep``, or ``recache``: recompute the cached context under a changed prompt),
+    ``prompt_transition`` (blocks a prompt change blends over unless its event says otherwise),
+    ``recache_sink`` (1: a re-cache recomputes the sink too).
     """
 
     def __init__(
@@ -125,6 +133,9 @@ class WanCausalModel:
         window: int | str | None = None,
         sink: int | str | None = None,
         steps: int | str | None = None,
+        prompt_switch: str | None = None,
+        prompt_transition: int | str | None = None,
+        recache_sink: int | str | bool | None = None,
         max_batch_size: int | str = 8,
         seed: int | str = 0,
         threads: int | str | None = None,
@@ -162,6 +173,17 @@ class WanCausalModel:
         sink_frames = _option_int(sink, "sink")
         if sink_frames is not None:
             cfg = replace(cfg, sink_frames=sink_frames)
+        self.prompt_switch = prompt_switch if prompt_switch is not None else self.family.prompt_switch
+        if self.prompt_switch not in ("keep", "recache"):
+            raise ValueError(f"wan-causal option prompt_switch must be keep or recache; got {prompt_switch!r}.")
+        transition = _option_int(prompt_transition, "prompt_transition")
+        self.prompt_transition = transition if transition is not None else self.family.prompt_transition
+        if not 0 <= self.prompt_transition <= MAX_TRANSITION:
+            raise ValueError(f"wan-causal option prompt_transition must be in [0, {MAX_TRANSITION}].")
+        keep_sink = _option_bool(recache_sink, "recache_sink")
+        self.recache_sink = keep_sink if keep_sink is not None else self.family.recache_sink
+        if self.prompt_switch == "recache" and not self.recache_sink and cfg.sink_frames % cfg.block_frames:
+            raise ValueError("recache_sink=0 keeps the sink's blocks as they are: the sink must be whole blocks.")
         if cfg.action_dim != ACTION_DIM:
             raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
         self.config = cfg
@@ -183,7 +205,9 @@ class WanCausalModel:
         )
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
         self.decoder_cache_bytes = _decoder_cache_bytes(cfg, dtype_bytes)
-        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + 4096
+        latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
+        log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
+        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
         batch_limit = _option_int(max_batch_size, "max_batch_size")
         assert batch_limit is not None
         self._spec = ModelSpec(
@@ -192,7 +216,7 @@ class WanCausalModel:
             fps=cfg.fps,
             height=cfg.height,
             width=cfg.width,
-            controls=CONTROL_SCHEMAS,
+            controls=(*CONTROL_SCHEMAS, transition_schema(self.prompt_transition)),
             max_batch_size=batch_limit,
             state_bytes=state_bytes,
             styles=STYLES,
@@ -249,13 +273,16 @@ class WanCausalModel:
         clip = pixels[None, :, None].expand(1, 3, clip_frames, cfg.height, cfg.width)
         latents = self.vae.encode(clip)  # [1, C, block_frames, h, w]
         cache = KVCache(cfg, self.device, self.dtype)
-        text = self.text([self._prompt(options.prompt)])
+        prompt = self._prompt(options.prompt)
+        embedding = self.text.one(prompt)
         still = torch.zeros(1, cfg.block_frames, cfg.action_dim, device=self.device)
-        commit_block(self.forward, [cache], latents, text, still, self.rope([0], cfg.block_frames), cfg)
+        commit_block(self.forward, [cache], latents, embedding[None], still, self.rope([0], cfg.block_frames), cfg)
+        log = BlockLog(cfg.block_frames)
+        log.add(0, latents, still)
         decoder = self.vae.new_cache()
         self.vae.decode(latents, [decoder], first=True)
         generator = torch.Generator(device=self.device).manual_seed(options.seed)
-        return WanCausalState(session_id, options, cache, decoder, generator)
+        return WanCausalState(session_id, options, cache, decoder, generator, PromptTrack(prompt, embedding), log)
 
     @torch.no_grad()
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
@@ -265,16 +292,33 @@ class WanCausalModel:
             raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
         cfg = self.config
         states: list[WanCausalState] = []
-        prompts: list[str] = []
+        plans: list[PromptPlan] = []
         features: list[list[list[float]]] = []
+        recache = self.prompt_switch == "recache"
         for state, tick in batch:
             if not isinstance(state, WanCausalState):
                 raise TypeError(f"wan-causal got a foreign state: {type(state).__name__}")
             states.append(state)
-            prompts.append(self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt))
+            prompt = self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt)
+            plans.append(state.prompt.plan(prompt, tick.controls, self.text.one, self.prompt_transition, recache))
             features.append(action_features(tick.controls, cfg.block_frames))
-        caches = [state.cache for state in states]
-        text = self.text(prompts)
+        # A block whose prompt embedding differs from the one its context was computed under recomputes
+        # that context first (into a copy: the session's own cache changes only once the step succeeded).
+        caches = [
+            recache_context(
+                self.forward,
+                state.cache,
+                state.log,
+                plan.embedding[None],
+                self.rope,
+                cfg,
+                keep_sink=not self.recache_sink,
+            )
+            if plan.recache
+            else state.cache
+            for state, plan in zip(states, plans, strict=True)
+        ]
+        text = torch.stack([plan.embedding for plan in plans])
         actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
         rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
         shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
@@ -297,8 +341,13 @@ class WanCausalModel:
             for generator, state in zip(generators, saved, strict=True):
                 generator.set_state(state)
             raise
-        for cache in caches:
+        for row, (state, cache, plan) in enumerate(zip(states, caches, plans, strict=True)):
+            first = cache.next_frame
             cache.commit()
+            state.cache = cache
+            state.prompt.apply(plan)
+            state.log.add(first, clean[row : row + 1], actions[row : row + 1])
+            state.log.trim(cache)
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
 
     def release(self, state: Any) -> None:

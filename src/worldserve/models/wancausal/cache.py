@@ -17,7 +17,7 @@ from torch import Tensor
 
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["KVCache"]
+__all__ = ["BlockLog", "KVCache"]
 
 
 class KVCache:
@@ -74,6 +74,17 @@ class KVCache:
             self.values[:, :, target] = self.values[:, :, source]
         self.next_frame += self.block
 
+    def restart(self, *, keep_sink: bool) -> None:
+        """Forget the window (and the sink unless ``keep_sink``) before the context is written again."""
+        if not keep_sink:
+            self.sink_filled = 0
+        self.ring_written = 0
+
+    def live_frames(self) -> tuple[range, range]:
+        """Absolute indices of the committed frames attention still sees: the sink's and the window's."""
+        window = min(self.ring_written, self.window)
+        return range(self.sink_filled), range(self.next_frame - window, self.next_frame)
+
     def clone(self) -> KVCache:
         twin = KVCache.__new__(KVCache)
         for name in KVCache.__slots__:
@@ -85,3 +96,46 @@ class KVCache:
         """Drop the buffers (a released session's memory goes back at once)."""
         self.keys = self.keys.new_zeros(0)
         self.values = self.values.new_zeros(0)
+
+
+class BlockLog:
+    """The clean latents and action features of every block with a frame still in a session's cache.
+
+    What a re-cache recomputes the context from; a few hundred KiB per block at 832x480, next
+    to the 274 MiB of K/V per latent frame.
+    """
+
+    __slots__ = ("block", "blocks")
+
+    def __init__(self, block_frames: int) -> None:
+        self.block = block_frames
+        #: block index (its first frame // block_frames) -> (latents [1, C, F, h, w], actions [1, F, A])
+        self.blocks: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def add(self, first_frame: int, latents: Tensor, actions: Tensor) -> None:
+        self.blocks[first_frame // self.block] = (latents, actions)
+
+    def trim(self, cache: KVCache) -> None:
+        """Drop the blocks none of whose frames the cache still holds."""
+        live = {frame // self.block for part in cache.live_frames() for frame in part}
+        for index in [i for i in self.blocks if i not in live]:
+            del self.blocks[index]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self.blocks.values() for t in pair)
+
+    @staticmethod
+    def max_blocks(config: WanCausalConfig) -> int:
+        """Blocks with a frame in the cache at most: the sink's, the window's, one it straddles."""
+        block = config.block_frames
+        return (
+            -(-config.sink_frames // block)
+            + -(-config.window_frames // block)
+            + (1 if config.window_frames % block else 0)
+        )
+
+    def clone(self) -> BlockLog:
+        twin = BlockLog(self.block)
+        twin.blocks = dict(self.blocks)
+        return twin

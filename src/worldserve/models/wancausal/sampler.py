@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.cache import BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.forward import CachedForward
 
-__all__ = ["StepRecord", "commit_block", "draw_noise", "sample_block"]
+__all__ = ["StepRecord", "commit_block", "draw_noise", "recache_context", "sample_block"]
 
 #: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
 StepRecord = tuple[Tensor, Tensor, Tensor]
@@ -85,3 +85,36 @@ def commit_block(
     if keep:
         for cache in caches:
             cache.commit()
+
+
+def recache_context(
+    forward: CachedForward,
+    cache: KVCache,
+    log: BlockLog,
+    text: Tensor,
+    rope: Callable[[Sequence[int], int], tuple[Tensor, Tensor]],
+    config: WanCausalConfig,
+    *,
+    keep_sink: bool,
+) -> KVCache:
+    """A copy of ``cache`` whose context was recomputed under ``text`` (LongLive's KV re-cache).
+
+    Every logged block (oldest first; with ``keep_sink`` those wholly inside the sink are left as
+    they are) runs the commit pass again at its own position and with its own actions, seeing the
+    sink and the blocks before it, exactly as when it was first committed; the window then holds
+    the same frames as before. ``cache`` itself is untouched (a failed step keeps it).
+    """
+    fresh = cache.clone()
+    fresh.restart(keep_sink=keep_sink)
+    next_frame = cache.next_frame
+    block = config.block_frames
+    for index in sorted(log.blocks):
+        first = index * block
+        if keep_sink and first + block <= cache.sink:
+            continue
+        latents, actions = log.blocks[index]
+        timesteps = torch.full((1, block), config.context_timestep, device=latents.device)
+        forward(latents, timesteps, text, actions, [fresh], rope([first], block), head=False)
+        fresh.commit()
+    fresh.next_frame = next_frame
+    return fresh
