@@ -1,11 +1,21 @@
 """Benchmark the block-causal Wan model: ``python bench/wan_causal.py`` (tiny config, CPU).
 
-Per AR block (every denoising step, the commit pass and the streaming VAE decode of all
+Two parts (``--parts``), each one Markdown table whose rows print as they are measured.
+
+``blocks``: per AR block (every denoising step, the commit pass and the streaming VAE decode of all
 sessions in the batch) it prints the latency of ONE batched forward over B sessions at
 different positions and, measured in alternation in the same run, of the same B sessions
 stepped one per forward (how vllm-omni serves: ``max_num_seqs=1``); frames/s per session;
 whether a session holds real time (a block no slower than its 12 frames' playback); peak
-device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block).
+device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block,
+the transformer's and the VAE decode's), and per window the cost of one prompt switch's
+re-cache (``prompt_switch=recache``).
+
+``attention``: one transformer forward over B sessions whose caches have different lengths,
+with the self-attention as ONE batched call per layer (the sessions' caches gathered, each row
+masked past its own length) and as the per-session loop (one call per session per layer), in
+alternation in one run; ``--attention-layers`` and ``--attention-grid`` shrink the model (the
+1.3b widths on a small grid fit a CPU).
 
 The prepared GPU run (dummy weights, one run well under 5 minutes on one H100/H200)::
 
@@ -102,16 +112,103 @@ def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
     return {"batched_s": statistics.median(batched), "single_s": statistics.median(single), "peak_gib": peak}
 
 
+def attention_part(args: argparse.Namespace) -> None:
+    """Batched self-attention (one call per layer) vs the per-session loop, one forward, caches of different lengths."""
+    from dataclasses import replace
+
+    from worldserve.models.wancausal.build import ActionEmbedding, build_transformer
+    from worldserve.models.wancausal.cache import KVCache
+    from worldserve.models.wancausal.config import get_config
+    from worldserve.models.wancausal.forward import CachedForward
+    from worldserve.models.wancausal.rope import FrameRope
+
+    device = torch.device(args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32}.get(
+        args.dtype, torch.bfloat16
+    )
+    config = get_config(args.config)
+    if args.attention_layers:
+        config = replace(config, num_layers=args.attention_layers)
+    if args.attention_grid:
+        height, width = (int(v) for v in args.attention_grid.split("x"))
+        config = replace(config, height=height, width=width)
+    window = args.windows[0] if args.windows[0] is not None else config.window_frames
+    config = config.with_window(window)
+    with torch.device(device):
+        torch.manual_seed(0)
+        transformer = build_transformer(config).to(dtype).eval()
+        actions = ActionEmbedding(config.action_dim, config.dim).to(dtype).eval()
+    batched = CachedForward(transformer, actions, config)
+    loop = CachedForward(transformer, actions, config, attention="loop")
+    rope = FrameRope(config, device)
+    print(
+        f"attention: config {config.name} ({config.num_layers} layers, {config.num_heads} x {config.head_dim}, "
+        f"{config.height}x{config.width} -> {config.tokens_per_frame} tokens per latent frame), window {window}, "
+        f"device {args.device}, {dtype}; one forward over B sessions, cache lengths cycling through the window"
+    )
+    print()
+    print("| batch | one call per layer (batched, masked) | B calls per layer (loop) | speed-up | attention calls |")
+    print("|---|---|---|---|---|", flush=True)
+    for size in args.batches:
+        caches = []
+        for row in range(size):  # the sessions' caches hold different numbers of frames
+            cache = KVCache(config, device, dtype)
+            cache.keys.normal_()
+            cache.values.normal_()
+            cache.sink_filled = config.sink_frames
+            cache.ring_written = row % (config.window_frames + 1)
+            cache.next_frame = config.sink_frames + cache.ring_written
+            caches.append(cache)
+        x = torch.randn(size, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
+        x = x.to(device)
+        timesteps = torch.full((size, config.block_frames), 937.5, device=device)
+        text = torch.randn(size, config.text_len, config.text_dim, device=device)
+        acts = torch.zeros(size, config.block_frames, config.action_dim, device=device)
+        table = rope([c.next_frame for c in caches], config.block_frames)
+        times: dict[str, list[float]] = {"batched": [], "loop": []}
+        with torch.no_grad():
+            for attempt in range(args.blocks + 1):  # the first round warms up
+                for name, forward in (("batched", batched), ("loop", loop)):
+                    sync(device)
+                    started = time.perf_counter()
+                    forward(x, timesteps, text, acts, caches, table)
+                    sync(device)
+                    if attempt:
+                        times[name].append(time.perf_counter() - started)
+        one, many = statistics.median(times["batched"]), statistics.median(times["loop"])
+        print(
+            f"| {size} | {one * 1000:.1f} ms | {many * 1000:.1f} ms | {many / one:.2f}x | "
+            f"{config.num_layers} vs {size * config.num_layers} |",
+            flush=True,
+        )
+        del caches
+    print()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="tiny", help="tiny or 1.3b")
+    parser.add_argument("--config", default="tiny", help="tiny, 1.3b or 14b")
+    parser.add_argument("--parts", nargs="+", default=["blocks", "attention"], choices=["blocks", "attention"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--windows", type=int, nargs="+", default=[None], help="KV window sizes, latent frames")
     parser.add_argument("--blocks", type=int, default=3, help="measured blocks per batch size (medians)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="the model option compile=1 (torch.compile)")
+    parser.add_argument("--attention-layers", type=int, default=None, help="attention part: this many layers")
+    parser.add_argument("--attention-grid", default=None, help="attention part: HxW video (e.g. 64x64)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if "blocks" in args.parts:
+        blocks_part(args)
+    if "attention" in args.parts:
+        attention_part(args)
+    return 0
+
+
+def blocks_part(args: argparse.Namespace) -> None:
     print(f"wan-causal bench: config {args.config}, device {args.device}, dtype {args.dtype}, dummy weights")
     print()
     print(
@@ -129,6 +226,7 @@ def main() -> int:
             window=window,
             max_batch_size=max(args.batches),
             threads=args.threads,
+            compile=args.compile,
         )
         cfg = model.config
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
@@ -166,8 +264,7 @@ def main() -> int:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     print()
-    print(footer, end="")
-    return 0
+    print(footer)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The ``wan-causal`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
 
 Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
-cache (sink + sliding window), its VAE decoder cache, its noise generator (on the model's
-device, seeded by ``SessionOptions.seed``) and its prompt. A session is *primed* at
+cache (sink + sliding window) and the clean latents of the blocks in it, its VAE decoder cache,
+its noise counter (the session's noise is a pure function of ``SessionOptions.seed`` and the
+counter, drawn for the whole batch at once) and its prompt. A session is *primed* at
 creation: its start frame (the start image, else the procedural world's first frame for
 its seed and prompt) held still for one block's worth of video is encoded by the VAE,
 committed to the cache as the attention sink and run through the decoder, so every chunk
@@ -27,13 +28,14 @@ from torch import Tensor
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.build import build_vae
-from worldserve.models.wancausal.cache import BlockLog, KVCache
+from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
+from worldserve.models.wancausal.noise import batch_noise
 from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
 from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, draw_noise, recache_context, sample_block
+from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
 from worldserve.models.wancausal.vae import DecoderCache, VaeStream
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
@@ -46,9 +48,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class WanCausalState:
-    """One session: KV cache and the blocks it holds, VAE decoder cache, noise generator, prompt, options."""
+    """One session: KV cache and the blocks it holds, VAE decoder cache, noise counter, prompt, options."""
 
-    __slots__ = ("cache", "decoder", "generator", "log", "options", "prompt", "session_id")
+    __slots__ = ("cache", "decoder", "draws", "log", "options", "prompt", "session_id")
 
     def __init__(
         self,
@@ -56,7 +58,6 @@ class WanCausalState:
         options: SessionOptions,
         cache: KVCache,
         decoder: DecoderCache,
-        generator: torch.Generator,
         prompt: PromptTrack,
         log: BlockLog,
     ) -> None:
@@ -64,7 +65,8 @@ class WanCausalState:
         self.options = options
         self.cache = cache
         self.decoder = decoder
-        self.generator = generator
+        #: Noise draws so far: the counter of the session's noise (seeded by ``options.seed``).
+        self.draws = 0
         self.prompt = prompt
         self.log = log
 
@@ -110,7 +112,8 @@ class WanCausalModel:
     ``steps`` (a uniform schedule of that many steps instead of the family's), ``prompt_switch``
     (``keep``, or ``recache``: recompute the cached context under a changed prompt),
     ``prompt_transition`` (blocks a prompt change blends over unless its event says otherwise),
-    ``recache_sink`` (1: a re-cache recomputes the sink too).
+    ``recache_sink`` (1: a re-cache recomputes the sink too), ``compile`` (1: ``torch.compile``
+    the transformer blocks), ``attention`` (``batched``, or ``loop``: the per-session reference).
     """
 
     def __init__(
@@ -136,6 +139,8 @@ class WanCausalModel:
         prompt_switch: str | None = None,
         prompt_transition: int | str | None = None,
         recache_sink: int | str | bool | None = None,
+        compile: int | str | bool | None = None,
+        attention: str = "batched",
         max_batch_size: int | str = 8,
         seed: int | str = 0,
         threads: int | str | None = None,
@@ -197,7 +202,9 @@ class WanCausalModel:
         _cast(autoencoder, self.dtype, ())
         for module in (transformer, actions, autoencoder):
             module.eval().requires_grad_(False)
-        self.forward = CachedForward(transformer, actions, cfg)
+        self.forward = CachedForward(
+            transformer, actions, cfg, attention=attention, compile=bool(_option_bool(compile, "compile"))
+        )
         self.vae = VaeStream(autoencoder)
         self.rope = FrameRope(cfg, self.device)
         self.text = PromptEmbedder(
@@ -281,8 +288,7 @@ class WanCausalModel:
         log.add(0, latents, still)
         decoder = self.vae.new_cache()
         self.vae.decode(latents, [decoder], first=True)
-        generator = torch.Generator(device=self.device).manual_seed(options.seed)
-        return WanCausalState(session_id, options, cache, decoder, generator, PromptTrack(prompt, embedding), log)
+        return WanCausalState(session_id, options, cache, decoder, PromptTrack(prompt, embedding), log)
 
     @torch.no_grad()
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
@@ -318,33 +324,36 @@ class WanCausalModel:
             else state.cache
             for state, plan in zip(states, plans, strict=True)
         ]
+        kv = BatchKV(caches)
         text = torch.stack([plan.embedding for plan in plans])
         actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
         rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
         shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
-        generators = [state.generator for state in states]
+        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
+            self.device, non_blocking=True
+        )
+        drawn = 0
 
-        def noise() -> Tensor:
-            return draw_noise(generators, shape, self.device)
+        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
+            nonlocal drawn
+            drawn += 1
+            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
 
         # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
-        # block's K/V wait in the caches' scratch slots; the decoder caches are swapped in only at the
-        # end of a decode; the generators' states, host-side even for CUDA, are put back on failure).
-        saved = [generator.get_state() for generator in generators]
-        try:
-            clean = sample_block(self.forward, caches, noise, text, actions, rope, cfg)
-            commit_block(self.forward, caches, clean, text, actions, rope, cfg, keep=False)
-            video = self.vae.decode(clean, [state.decoder for state in states])  # [B, 3, T, H, W]
-            frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-            host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
-        except BaseException:
-            for generator, state in zip(generators, saved, strict=True):
-                generator.set_state(state)
-            raise
-        for row, (state, cache, plan) in enumerate(zip(states, caches, plans, strict=True)):
-            first = cache.next_frame
-            cache.commit()
+        # block's K/V wait in the BatchKV, a re-cache in a copy; the decoder caches are swapped in only at
+        # the end of a decode; the noise counters advance below).
+        clean = sample_block(self.forward, kv, noise, text, actions, rope, cfg)
+        commit_block(self.forward, kv, clean, text, actions, rope, cfg, keep=False)
+        decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
+        video = self.vae.decode(clean, decoders)  # [B, 3, T, H, W]
+        frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        firsts = [cache.next_frame for cache in caches]
+        kv.commit()
+        for row, (state, cache, plan, first) in enumerate(zip(states, caches, plans, firsts, strict=True)):
             state.cache = cache
+            state.decoder = decoders[row]
+            state.draws += drawn
             state.prompt.apply(plan)
             state.log.add(first, clean[row : row + 1], actions[row : row + 1])
             state.log.trim(cache)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.cache import BlockLog, KVCache
+from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.forward import CachedForward
 
@@ -32,9 +32,13 @@ def draw_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...], de
     return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
 
 
+def _batch(caches: Sequence[KVCache] | BatchKV) -> BatchKV:
+    return caches if isinstance(caches, BatchKV) else BatchKV(list(caches))
+
+
 def sample_block(
     forward: CachedForward,
-    caches: Sequence[KVCache],
+    caches: Sequence[KVCache] | BatchKV,
     noise: Callable[[], Tensor],
     text: Tensor,
     actions: Tensor,
@@ -43,13 +47,14 @@ def sample_block(
     record: list[StepRecord] | None = None,
 ) -> Tensor:
     """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw."""
+    kv = _batch(caches)
     schedule = config.schedule()
     x = noise()
     batch, frames = x.shape[0], x.shape[2]
     x0 = x
     for index, (timestep, sigma) in enumerate(schedule):
         timesteps = torch.full((batch, frames), timestep, device=x.device)
-        flow = forward(x, timesteps, text, actions, caches, rope)
+        flow = forward(x, timesteps, text, actions, kv, rope)
         assert flow is not None
         if record is not None:
             record.append((x, timesteps, flow))
@@ -66,7 +71,7 @@ def sample_block(
 
 def commit_block(
     forward: CachedForward,
-    caches: Sequence[KVCache],
+    caches: Sequence[KVCache] | BatchKV,
     clean: Tensor,
     text: Tensor,
     actions: Tensor,
@@ -77,14 +82,15 @@ def commit_block(
 ) -> None:
     """Run the clean block at the context timestep and keep its K/V in each cache.
 
-    With ``keep=False`` the K/V stay in the caches' scratch slots until the caller's
-    ``cache.commit()`` (so a failure after this pass can leave the caches unchanged).
+    With ``keep=False`` the K/V wait in the :class:`BatchKV` until the caller's ``kv.commit()``
+    (so a failure after this pass can leave the caches unchanged); pass the step's ``BatchKV``.
     """
+    kv = _batch(caches)
+    kv.record()
     timesteps = torch.full((clean.shape[0], clean.shape[2]), config.context_timestep, device=clean.device)
-    forward(clean, timesteps, text, actions, caches, rope, head=False)
+    forward(clean, timesteps, text, actions, kv, rope, head=False)
     if keep:
-        for cache in caches:
-            cache.commit()
+        kv.commit()
 
 
 def recache_context(
@@ -113,8 +119,6 @@ def recache_context(
         if keep_sink and first + block <= cache.sink:
             continue
         latents, actions = log.blocks[index]
-        timesteps = torch.full((1, block), config.context_timestep, device=latents.device)
-        forward(latents, timesteps, text, actions, [fresh], rope([first], block), head=False)
-        fresh.commit()
+        commit_block(forward, [fresh], latents, text, actions, rope([first], block), config)
     fresh.next_frame = next_frame
     return fresh
