@@ -1,4 +1,4 @@
-"""The ``worldserve`` command: ``serve``, ``bench``, ``record`` and ``replay``.
+"""The ``worldserve`` command: ``serve``, ``bench``, ``record``, ``replay`` and ``inspect``.
 
 Owns: argument parsing, turning arguments into a :class:`ServerConfig` and a runtime,
 and running uvicorn. Must not know: what happens inside a connection or a session.
@@ -162,6 +162,22 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--executor", choices=("multiprocess", "inprocess"), default="multiprocess", help="(%(default)s)"
     )
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="say what weight files or a folder of downloads are, and the serve command that serves them",
+        description=(
+            "For each path (a checkpoint file, or a folder of downloads): the parts found by their published names "
+            "and what their keys and shapes say, the parts missing, the family and config, the exact "
+            "`worldserve serve` command line, and the memory per session at each window on a GPU of --gpu-gib. "
+            "Reads shapes only. Needs the wan extra."
+        ),
+    )
+    inspect.add_argument("paths", type=Path, nargs="+", help="files or folders")
+    inspect.add_argument("--gpu-gib", type=_positive_float, default=80.0, help="GPU memory, GiB (%(default)s: H100)")
+    inspect.add_argument(
+        "--windows", type=_positive_int, nargs="+", default=[3, 6, 9, 15], help="windows, latent frames (%(default)s)"
+    )
     return parser
 
 
@@ -290,10 +306,24 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from worldserve.tools.inspect import format_inspection, inspect_path
+
+    status = 0
+    for path in args.paths:
+        try:
+            print(format_inspection(inspect_path(path, gpu_gib=args.gpu_gib, windows=tuple(args.windows))))
+        except ValueError as error:  # WeightsError included: a file that is no weight file
+            print(f"{path}: {error}", file=sys.stderr)
+            status = 1
+        print()
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": _serve, "bench": _bench, "record": _record, "replay": _replay}
+    handlers = {"serve": _serve, "bench": _bench, "record": _record, "replay": _replay, "inspect": _inspect}
     return handlers[args.command](args)
 
 

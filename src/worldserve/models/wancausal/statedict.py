@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["WeightsError", "check_shapes", "read_json", "read_tensors", "shape_text"]
+__all__ = ["TensorInfo", "WeightsError", "check_shapes", "read_json", "read_shapes", "read_tensors", "shape_text"]
 
 _WRAPPERS = ("generator_ema", "generator", "generator_lora", "model", "state_dict", "module")
 _PREFIXES = ("module.", "model.", "diffusion_model.")
@@ -130,6 +130,57 @@ def read_tensors(path: str | Path, *, ema: bool = True, unwrap: bool = True) -> 
                         stripped = True
         out[name] = value
     return out
+
+
+_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn"}
+#: (shape, dtype name) of one stored tensor
+TensorInfo = tuple[tuple[int, ...], str]
+
+
+def read_shapes(path: str | Path) -> tuple[dict[str, TensorInfo], list[str]]:
+    """Every tensor's shape and dtype, without reading the data where the format allows, and the
+    wrapper keys found on the way (``generator_ema``, ``generator``, ...), names as stored."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsError(f"{path}: no such file or folder.")
+    if path.is_dir():
+        shapes: dict[str, TensorInfo] = {}
+        wrappers: list[str] = []
+        for file in _tensor_files(path):
+            more, found = read_shapes(file)
+            shapes.update(more)
+            wrappers += [w for w in found if w not in wrappers]
+        return shapes, wrappers
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:  # the header only
+                return {
+                    k: (tuple(handle.get_slice(k).get_shape()), _DTYPE_NAMES.get(handle.get_slice(k).get_dtype(), "?"))
+                    for k in handle.keys()  # noqa: SIM118 (safe_open has no __iter__)
+                }, []
+        except SafetensorError as error:
+            raise WeightsError(f"{path}: not a readable safetensors file ({error}).") from None
+    try:
+        raw: object = _torch_load(path)  # memory-mapped: pages are read only as touched
+    except Exception as error:
+        raise WeightsError(f"{path}: not a readable torch file ({type(error).__name__}: {error}).") from None
+    wrappers = []
+    while isinstance(raw, Mapping) and not any(isinstance(v, Tensor) for v in raw.values()):
+        wrappers += [str(k) for k in raw if str(k) in _WRAPPERS]
+        for wrapper in _WRAPPERS:
+            if wrapper in raw:
+                raw = raw[wrapper]
+                break
+        else:
+            raise WeightsError(f"{path}: no state dict found (top-level keys: {sorted(map(str, raw))[:10]}).")
+    if not isinstance(raw, Mapping):
+        raise WeightsError(f"{path}: expected a mapping of tensors; got {type(raw).__name__}.")
+    out = {
+        str(k): (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in raw.items() if isinstance(v, Tensor)
+    }
+    return out, wrappers
 
 
 def check_shapes(
