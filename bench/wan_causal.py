@@ -109,7 +109,32 @@ def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
         batched.append(rollouts.step(rows))
         single.append(sum(rollouts.step([r]) for r in rows))
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
-    return {"batched_s": statistics.median(batched), "single_s": statistics.median(single), "peak_gib": peak}
+    # The streaming VAE decode alone (the same batch, copies of the decoder caches), to split the block's time.
+    model = rollouts.model
+    cfg = model.config
+    latents = torch.randn(size, cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
+    latents = latents.to(device)
+    decodes = []
+    with torch.no_grad():
+        for _ in range(blocks):
+            caches = [list(rollouts.states[r].decoder) for r in rows]
+            sync(device)
+            started = time.perf_counter()
+            model.vae.decode(latents, caches)
+            sync(device)
+            decodes.append(time.perf_counter() - started)
+    return {
+        "batched_s": statistics.median(batched),
+        "single_s": statistics.median(single),
+        "peak_gib": peak,
+        "decode_s": statistics.median(decodes),
+    }
+
+
+def transformer_rate(flops: float, latency: float, decode: float) -> str:
+    """TFLOP/s of the block minus its decode; "-" when the decode, timed apart, is most of the block."""
+    rest = latency - decode
+    return f"{flops / rest / 1e12:.3g}" if rest > 0.1 * latency else "-"
 
 
 def attention_part(args: argparse.Namespace) -> None:
@@ -213,9 +238,10 @@ def blocks_part(args: argparse.Namespace) -> None:
     print()
     print(
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "
-        "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s |"
+        "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s | "
+        "VAE decode | transformer TFLOP/s | VAE TFLOP/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     footer = ""
     for window in args.windows:
         model = WanCausalModel(
@@ -236,7 +262,7 @@ def blocks_part(args: argparse.Namespace) -> None:
             try:
                 row = measure(rollouts, size, args.blocks)
             except torch.OutOfMemoryError:
-                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | |", flush=True)
+                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | |", flush=True)
                 break
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
@@ -245,7 +271,10 @@ def blocks_part(args: argparse.Namespace) -> None:
             print(
                 f"| {cfg.window_frames} | {size} | {latency * 1000:.0f} ms | {row['single_s'] * 1000:.0f} ms | "
                 f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {peak} | "
-                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |",
+                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} | "
+                f"{row['decode_s'] * 1000:.0f} ms | "
+                f"{transformer_rate(size * cfg.block_flops(), latency, row['decode_s'])} | "
+                f"{size * cfg.vae_decode_flops() / row['decode_s'] / 1e12:.3g} |",
                 flush=True,
             )
         switch_s, reran = recache_cost(rollouts, args.blocks)

@@ -575,3 +575,41 @@ def test_the_compiled_forward_equals_the_eager_one() -> None:
     assert sessions[0].cache.cached_frames != sessions[1].cache.cached_frames
     got = _one_pass(compiled, [s.clone() for s in sessions])
     assert (got - _one_pass(eager, [s.clone() for s in sessions])).abs().max().item() <= TOL
+
+
+@pytest.mark.timeout(300)
+def test_the_prepared_gpu_script_runs_its_every_part_dry_on_the_cpu(tmp_path: object) -> None:
+    """``bench/gpu.sh --dry-run``: the same code as the GPU run, on the CPU with config=tiny (about 30 s)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = Path(str(tmp_path))
+    env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(out)}
+    done = subprocess.run(
+        ["bash", "bench/gpu.sh", "--dry-run"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "cut short" not in text
+    assert "failed with status" not in text, text
+    tables = {name: (out / f"{name}.md").read_text() for name in ("model", "attention", "server", "tinyworld")}
+    assert re.search(
+        r"\| 3 \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \|.* ms \| ([\d.e-]+|-) \| [\d.e-]+ \|", tables["model"]
+    )
+    assert "re-cache (prompt_switch=recache)" in tables["model"]
+    assert re.search(r"\| 2 \| [\d.]+ ms \| [\d.]+ ms \| [\d.]+x \| 2 vs 4 \|", tables["attention"])
+    for name in ("server", "tinyworld"):
+        assert re.search(r"\| (wan-causal|tinyworld) \| [\d.]+ s \| [\d.]+ s \|", tables[name]), tables[name]
+        assert re.search(
+            r"\| 2 \| [\d.]+ / [\d.]+ \| (yes|no) \| [\d.]+ % \| \d+ / \d+ ms \| [\d.]+ \| - \|", tables[name]
+        )
