@@ -21,10 +21,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from capacity import _free_port, _stop  # noqa: E402
-
-from worldserve.client import WorldClient  # noqa: E402
-from worldserve.tools.loadtest import ClientReport, run_bench  # noqa: E402
+from capacity import _free_port, _stop
+from worldserve.client import WorldClient
+from worldserve.tools.loadtest import ClientReport, run_bench
 
 
 def _start(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
