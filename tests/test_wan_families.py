@@ -88,6 +88,17 @@ def test_the_family_follows_the_checkpoints_published_name_and_sets_the_sampler(
         model = load_model("wan-causal", weights=str(folder), text="hashed", vae="random", threads=1)
         assert model.family.name == family
         assert f"family {family}" in model.spec.description
+    from safetensors.torch import save_file
+
+    krea = tmp_path / "krea"
+    krea.mkdir()  # Krea's single safetensors file, keys under "model." (release_server.py reads model.blocks.0...)
+    save_file({f"model.{k}": v for k, v in weights.items()}, str(krea / "krea-realtime-video-14b.safetensors"))
+    model = load_model("wan-causal", weights=str(krea), text="hashed", vae="random", threads=1)
+    assert model.family.name == "krea"
+    assert (model.config.sink_frames, len(model.config.schedule()), model.prompt_switch) == (1, 5, "recache")
+    assert torch.equal(
+        dict(model.forward.transformer.named_parameters())["blocks.1.norm2.weight"], weights["blocks.1.norm3.weight"]
+    )
     causvid = load_model("wan-causal", weights=str(tmp_path / "1"), text="hashed", vae="random", threads=1)
     assert causvid.config.schedule() == family_config(causvid.config, FAMILIES["causvid"]).schedule()
     # The network is fed CausVid's raw timesteps; x0 uses the table's sigma.

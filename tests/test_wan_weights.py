@@ -269,3 +269,26 @@ def test_a_longlive_lora_merges_into_the_base_weights(tmp_path: Path) -> None:
     )
     assert torch.equal(params["blocks.0.attn1.to_k.weight"], weights["blocks.0.self_attn.k.weight"])  # not adapted
     assert "lora:" in model.spec.version
+
+
+def test_the_14b_sharded_layout_loads_through_its_index(tmp_path: Path) -> None:
+    """Wan-AI/Wan2.1-T2V-14B ships its transformer as diffusion_pytorch_model-0000N-of-0000M.safetensors + index."""
+    import json
+
+    from safetensors.torch import save_file
+
+    weights = wan_files.random_transformer(TINY)
+    names = sorted(weights)
+    shards = {
+        "diffusion_pytorch_model-00001-of-00002.safetensors": names[::2],
+        "diffusion_pytorch_model-00002-of-00002.safetensors": names[1::2],
+    }
+    for file, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(tmp_path / file))
+    index = {"weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+    model = load_model("wan-causal", weights=str(tmp_path), text="hashed", vae="random", threads=1)
+    assert model.weights.parts.transformer == tmp_path
+    assert model.family.name == "wan"
+    params = dict(model.forward.transformer.named_parameters())
+    assert torch.equal(params["blocks.0.ffn.net.2.weight"], weights["blocks.0.ffn.2.weight"])
