@@ -170,10 +170,10 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     result.command = shlex.join(command)
     # Memory per session at each window, and how many sessions fit.
     if config is not None:
-        from worldserve.models.wancausal.adapter import _decoder_cache_bytes
+        from worldserve.models.wancausal.vae import decoder_cache_bytes
 
         base = family_config(config, FAMILIES[family])
-        decoder = _decoder_cache_bytes(base, 2)
+        decoder = decoder_cache_bytes(base, 2)
         weights = 2 * sum(info.parameters for info in result.parts.values())
         if "vae" not in result.parts:  # a random VAE is on the GPU all the same
             import torch

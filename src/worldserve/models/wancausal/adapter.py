@@ -27,7 +27,6 @@ from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
-from worldserve.models.wancausal.build import build_vae
 from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
@@ -37,7 +36,7 @@ from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, Prom
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
@@ -211,7 +210,7 @@ class WanCausalModel:
             cfg.text_len, cfg.text_dim, self.device, self.dtype, loaded.text_encoder, loaded.tokenizer
         )
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = _decoder_cache_bytes(cfg, dtype_bytes)
+        self.decoder_cache_bytes = decoder_cache_bytes(cfg, dtype_bytes)
         latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
         log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
         state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
@@ -355,7 +354,7 @@ class WanCausalModel:
             state.decoder = decoders[row]
             state.draws += drawn
             state.prompt.apply(plan)
-            state.log.add(first, clean[row : row + 1], actions[row : row + 1])
+            state.log.add(first, clean[row : row + 1].clone(), actions[row : row + 1].clone())
             state.log.trim(cache)
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
 
@@ -374,14 +373,3 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str,
     for name, parameter in module.named_parameters():
         keep = dtype != torch.float32 and any(part in name.split(".") for part in float32_parts)
         parameter.data = parameter.data.to(torch.float32 if keep else dtype)
-
-
-def _decoder_cache_bytes(config: WanCausalConfig, dtype_bytes: int) -> int:
-    """Bytes of one session's VAE decoder cache, from a dry run on the meta device (no memory, no compute)."""
-    with torch.device("meta"):
-        stream = VaeStream(build_vae(config))
-        cache = stream.new_cache()
-        latents = torch.zeros(1, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
-        stream.decode(latents, [cache], first=True)
-        stream.decode(latents, [cache])
-    return sum(entry.numel() for entry in cache if isinstance(entry, Tensor)) * dtype_bytes
