@@ -6,7 +6,6 @@ file and commit), not from the module under test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,20 +14,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import wan_files  # noqa: E402
+from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models import load_model  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
 from worldserve.models.wancausal.config import CONFIGS, get_config  # noqa: E402
 from worldserve.models.wancausal.families import FAMILIES, family_config  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def rounded(schedule: object, digits: int = 6) -> list[tuple[float, float]]:
@@ -74,8 +66,6 @@ def test_each_family_has_its_authors_schedule_context_and_switch_rule() -> None:
 
 
 def test_the_family_follows_the_checkpoints_published_name_and_sets_the_sampler(tmp_path: Path) -> None:
-    from worldserve.models.wancausal.sampler import StepRecord, draw_noise, sample_block
-
     weights = wan_files.random_transformer(get_config("tiny"))
     cases = {
         "self_forcing_dmd.pt": "self-forcing",
@@ -102,54 +92,34 @@ def test_the_family_follows_the_checkpoints_published_name_and_sets_the_sampler(
     causvid = load_model("wan-causal", weights=str(tmp_path / "1"), text="hashed", vae="random", threads=1)
     assert causvid.config.schedule() == family_config(causvid.config, FAMILIES["causvid"]).schedule()
     # The network is fed CausVid's raw timesteps; x0 uses the table's sigma.
-    from worldserve.models.wancausal.cache import KVCache
-
-    config = causvid.config
-    cache = KVCache(config, CPU, torch.float32)
-    shape = (config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
-    generator = torch.Generator().manual_seed(3)
-    record: list[StepRecord] = []
-    text = torch.zeros(1, config.text_len, config.text_dim)
-    still = torch.zeros(1, config.block_frames, config.action_dim)
-    with torch.no_grad():
-        x0 = sample_block(
-            causvid.forward,
-            [cache],
-            lambda: draw_noise([generator], shape, CPU),
-            text,
-            still,
-            causvid.rope([0], 3),
-            config,
-            record,
-        )
+    x0, record = _sample_one_block(causvid, SessionOptions(seed=3))
     assert [r[1][0, 0].item() for r in record] == [1000.0, 757.0, 522.0]
     x, _, flow = record[-1]
     assert torch.allclose(x0, x - 0.5217391304347826 * flow, atol=1e-6)
 
 
-def test_the_euler_sampler_takes_the_flow_matching_ode_step() -> None:
+def _sample_one_block(model: object, options: SessionOptions) -> tuple[object, list[object]]:
+    """One block of a primed session through the model's own sampler, every step recorded."""
     from worldserve.models.wancausal.sampler import StepRecord, draw_noise, sample_block
 
-    model = load_model("wan-causal", config="tiny", family="wan", steps=3, threads=1)
     config = model.config
-    assert config.sampler == "euler"
-    cache = model.new_state("s", SessionOptions(seed=1)).cache
+    cache = model.new_state("s", options).cache
     shape = (config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
-    generator = torch.Generator().manual_seed(4)
+    generator = torch.Generator().manual_seed(options.seed)
     record: list[StepRecord] = []
     text = torch.zeros(1, config.text_len, config.text_dim)
     still = torch.zeros(1, config.block_frames, config.action_dim)
     with torch.no_grad():
-        x0 = sample_block(
-            model.forward,
-            [cache],
-            lambda: draw_noise([generator], shape, CPU),
-            text,
-            still,
-            model.rope([cache.next_frame], 3),
-            config,
-            record,
-        )
+        noise = lambda: draw_noise([generator], shape, CPU)  # noqa: E731
+        x0 = sample_block(model.forward, [cache], noise, text, still, model.rope([cache.next_frame], 3), config, record)
+    return x0, record
+
+
+def test_the_euler_sampler_takes_the_flow_matching_ode_step() -> None:
+    model = load_model("wan-causal", config="tiny", family="wan", steps=3, threads=1)
+    config = model.config
+    assert config.sampler == "euler"
+    x0, record = _sample_one_block(model, SessionOptions(seed=4))
     sigmas = [s for _, s in config.schedule()] + [0.0]
     for index, (x, _, flow) in enumerate(record):
         following = record[index + 1][0] if index + 1 < len(record) else x0

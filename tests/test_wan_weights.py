@@ -10,7 +10,6 @@ model it was made from, the text encoder against Wan's T5 forward.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
 import wan_files  # noqa: E402
+from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from wan_reference import wan_t5_forward, wan_transformer_forward  # noqa: E402
 from worldserve.models import load_model  # noqa: E402
 from worldserve.models.wancausal.config import CONFIGS, get_config  # noqa: E402
@@ -27,14 +27,6 @@ from worldserve.models.wancausal.statedict import WeightsError  # noqa: E402
 
 TOL = 1e-5
 TINY = get_config("tiny")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _block(config: object, seed: int = 0) -> tuple[object, object, object]:

@@ -10,11 +10,23 @@ Names are written here, not taken from the loaders: the transformer's original n
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import Tensor
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One compute thread: these shapes are tiny, and on a shared small machine more threads only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 WORDS = ["snowy", "peaks", "desert", "dunes", "islands", "a", "cat", "city", "night"]
 

@@ -72,6 +72,23 @@ def _torch_load(path: Path) -> object:
     return torch.load(str(path), map_location="cpu", weights_only=True)  # the legacy (pre-zip) format
 
 
+def _unwrap(raw: object, path: Path, *, ema: bool) -> tuple[Mapping[str, Any], list[str]]:
+    """The state dict inside a training checkpoint's wrappers, and the wrapper keys seen on the way."""
+    preferred = ("generator_ema", "generator") if ema else ("generator", "generator_ema")
+    wrappers: list[str] = []
+    while isinstance(raw, Mapping) and not any(isinstance(v, Tensor) for v in raw.values()):
+        wrappers += [str(k) for k in raw if str(k) in _WRAPPERS]
+        for wrapper in (*preferred, *_WRAPPERS):
+            if wrapper in raw:
+                raw = raw[wrapper]
+                break
+        else:
+            raise WeightsError(f"{path}: no state dict found (top-level keys: {sorted(map(str, raw))[:10]}).")
+    if not isinstance(raw, Mapping):
+        raise WeightsError(f"{path}: expected a mapping of tensors; got {type(raw).__name__}.")
+    return raw, wrappers
+
+
 def read_tensors(path: str | Path, *, ema: bool = True, unwrap: bool = True) -> dict[str, Tensor]:
     """Every tensor of a weight file or folder, under its (unwrapped, unprefixed) name.
 
@@ -103,16 +120,7 @@ def read_tensors(path: str | Path, *, ema: bool = True, unwrap: bool = True) -> 
                 f"{path}: not a readable torch file ({type(error).__name__}: {error}); "
                 "a safetensors file must end in .safetensors."
             ) from None
-    preferred = ("generator_ema", "generator") if ema else ("generator", "generator_ema")
-    while isinstance(raw, Mapping) and not any(isinstance(v, Tensor) for v in raw.values()):
-        for wrapper in (*preferred, *_WRAPPERS):
-            if wrapper in raw:
-                raw = raw[wrapper]
-                break
-        else:
-            raise WeightsError(f"{path}: no state dict found (top-level keys: {sorted(map(str, raw))[:10]}).")
-    if not isinstance(raw, Mapping):
-        raise WeightsError(f"{path}: expected a mapping of tensors; got {type(raw).__name__}.")
+    raw, _ = _unwrap(raw, path, ema=ema)
     out = {}
     for key, value in raw.items():
         if not isinstance(value, Tensor):
@@ -166,17 +174,7 @@ def read_shapes(path: str | Path) -> tuple[dict[str, TensorInfo], list[str]]:
         raw: object = _torch_load(path)  # memory-mapped: pages are read only as touched
     except Exception as error:
         raise WeightsError(f"{path}: not a readable torch file ({type(error).__name__}: {error}).") from None
-    wrappers = []
-    while isinstance(raw, Mapping) and not any(isinstance(v, Tensor) for v in raw.values()):
-        wrappers += [str(k) for k in raw if str(k) in _WRAPPERS]
-        for wrapper in _WRAPPERS:
-            if wrapper in raw:
-                raw = raw[wrapper]
-                break
-        else:
-            raise WeightsError(f"{path}: no state dict found (top-level keys: {sorted(map(str, raw))[:10]}).")
-    if not isinstance(raw, Mapping):
-        raise WeightsError(f"{path}: expected a mapping of tensors; got {type(raw).__name__}.")
+    raw, wrappers = _unwrap(raw, path, ema=True)
     out = {
         str(k): (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in raw.items() if isinstance(v, Tensor)
     }
