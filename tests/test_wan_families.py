@@ -272,3 +272,15 @@ def test_the_model_declares_the_transition_track_and_a_switch_reaches_the_contex
     state, _ = outputs["recache"]
     assert state.prompt.context_key == ("desert dunes at night", "desert dunes at night", 1.0)
     assert len(state.log.blocks) == 3  # the primed block and the two generated ones, all in the window
+
+
+def test_an_explicit_family_runs_another_familys_checkpoint_with_its_settings(tmp_path: Path) -> None:
+    from worldserve.models.wancausal.statedict import WeightsError
+
+    wan_files.save_self_forcing(tmp_path / "self_forcing_dmd.pt", wan_files.random_transformer(get_config("tiny")))
+    model = load_model("wan-causal", weights=str(tmp_path), family="causvid", text="hashed", vae="random", threads=1)
+    assert model.weights.parts.transformer == tmp_path / "self_forcing_dmd.pt"
+    assert (model.family.name, model.config.shift) == ("causvid", 8.0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightsError, match="no transformer checkpoint under it"):
+        load_model("wan-causal", weights=str(tmp_path / "empty"), text="hashed", vae="random")

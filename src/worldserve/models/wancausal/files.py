@@ -115,12 +115,10 @@ def find_parts(folder: str | Path, family: str | None = None) -> Parts:
             parts.candidates[part].append(path)
             implied[path] = implied_family
     transformers = parts.candidates.get("transformer", [])
-    if family is not None:
-        chosen = [p for p in transformers if implied[p] == family] or (
-            [p for p in transformers if implied[p] == "wan"] if family != "wan" else []
-        )
-    else:
-        chosen = [p for p in transformers if implied[p] != "wan"] or transformers
+    distilled = [p for p in transformers if implied[p] != "wan"]
+    named = [p for p in transformers if implied[p] == family] if family is not None else []
+    # The family's own published checkpoint; else a distilled one (run with that family's settings); else Wan2.1's.
+    chosen = named or (distilled if family != "wan" else []) or transformers
     if len(chosen) > 1:
         listed = ", ".join(str(p.relative_to(folder)) for p in chosen)
         raise ValueError(

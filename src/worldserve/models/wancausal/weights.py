@@ -89,6 +89,12 @@ def resolve(options: WeightOptions) -> Parts:
         parts.text_encoder = parts.tokenizer = None
     if parts.text_encoder is not None and parts.tokenizer is None and _tokenizer_in(parts.text_encoder):
         parts.tokenizer = parts.text_encoder  # one folder holding both (transformers' save_pretrained of each)
+    if options.weights is not None and parts.transformer is None:
+        raise WeightsError(
+            f"weights={options.weights}: no transformer checkpoint under it by a published name (self_forcing_dmd.pt, "
+            "model.pt, longlive_base.pt, krea-realtime-video-14b.safetensors, diffusion_pytorch_model*.safetensors, "
+            "transformer/); pass checkpoint=PATH."
+        )
     if options.load == "checkpoint" and parts.transformer is None:
         raise ValueError("wan-causal load=checkpoint needs checkpoint=PATH or weights=DIR.")
     return parts
