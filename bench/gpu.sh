@@ -11,12 +11,16 @@
 #                  one forward per session, peak memory, achieved TFLOP/s (whole block, transformer, VAE decode),
 #                  the prompt re-cache cost per switch (bench/wan_causal.py --parts blocks)
 #   2 attention    the batched self-attention (one call per layer) vs the per-session loop (--parts attention)
-#   3 server       wan-causal through a real `worldserve serve` with 1/2/4/8 `worldserve bench` clients, and its
-#                  cold start (process start to first chunk) (bench/serve_sweep.py)
+#   3 server       wan-causal through a real `worldserve serve` with 1/2/4/8 `worldserve bench` clients (all
+#                  admitted: --step-budget 1000), and its cold start (process start to first chunk)
+#                  (bench/serve_sweep.py)
 #   4 tinyworld    tinyworld served on the GPU the same way
 # Needs: a Python with worldserve[server,wan,tinyworld] and a CUDA torch ($PYTHON, default python).
 set -u
 cd "$(dirname "$0")/.."
+# Every client is admitted (the step budget's admission control off), so each row measures that many
+# sessions in one server, real time or not, instead of how many it would admit.
+ADMIT_ALL="--step-budget 1000"
 
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
@@ -69,9 +73,9 @@ part model "$BUDGET_MODEL" "$PYTHON" bench/wan_causal.py --parts blocks --config
 part attention "$BUDGET_ATTENTION" "$PYTHON" bench/wan_causal.py --parts attention --config "$CONFIG" \
     --device "$DEVICE" --dtype "$DTYPE" --batches $BATCHES --windows 15 --blocks "$BLOCKS" $ATTENTION $THREADS
 # shellcheck disable=SC2086
-part server "$BUDGET_SERVER" "$PYTHON" bench/serve_sweep.py --model wan-causal $WAN_OPTIONS \
+part server "$BUDGET_SERVER" "$PYTHON" bench/serve_sweep.py --model wan-causal $WAN_OPTIONS --server-arg "$ADMIT_ALL" \
     --clients $CLIENTS --duration "$DURATION" --settle "$SETTLE" --log "$OUT/server.log"
 # shellcheck disable=SC2086
-part tinyworld "$BUDGET_TINY" "$PYTHON" bench/serve_sweep.py --model tinyworld $TINY_OPTIONS \
+part tinyworld "$BUDGET_TINY" "$PYTHON" bench/serve_sweep.py --model tinyworld $TINY_OPTIONS --server-arg "$ADMIT_ALL" \
     --clients $CLIENTS --duration "$DURATION" --settle "$SETTLE" --log "$OUT/tinyworld.log"
 echo "total: ${SECONDS} s; tables in $OUT/"
