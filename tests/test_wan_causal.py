@@ -18,12 +18,13 @@ pytest.importorskip("diffusers")
 
 from torch import Tensor  # noqa: E402
 
+from wan_files import draw_noise  # noqa: E402
 from worldserve.models.wancausal.build import ActionEmbedding, build_transformer  # noqa: E402
 from worldserve.models.wancausal.cache import KVCache  # noqa: E402
 from worldserve.models.wancausal.config import CONFIGS, WanCausalConfig, get_config  # noqa: E402
 from worldserve.models.wancausal.forward import CachedForward  # noqa: E402
 from worldserve.models.wancausal.rope import FrameRope  # noqa: E402
-from worldserve.models.wancausal.sampler import StepRecord, commit_block, draw_noise, sample_block  # noqa: E402
+from worldserve.models.wancausal.sampler import StepRecord, commit_block, sample_block  # noqa: E402
 
 CPU = torch.device("cpu")
 TOL = 1e-5

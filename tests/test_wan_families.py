@@ -100,7 +100,8 @@ def test_the_family_follows_the_checkpoints_published_name_and_sets_the_sampler(
 
 def _sample_one_block(model: object, options: SessionOptions) -> tuple[object, list[object]]:
     """One block of a primed session through the model's own sampler, every step recorded."""
-    from worldserve.models.wancausal.sampler import StepRecord, draw_noise, sample_block
+    from wan_files import draw_noise
+    from worldserve.models.wancausal.sampler import StepRecord, sample_block
 
     config = model.config
     cache = model.new_state("s", options).cache
@@ -170,9 +171,10 @@ def _dense(forward: object, latents: object, timesteps: object, text: object, pe
 
 @torch.no_grad()
 def test_after_a_prompt_switch_with_recache_the_next_block_equals_a_dense_forward_under_the_new_prompt() -> None:
+    from wan_files import draw_noise
     from worldserve.models.wancausal.cache import BlockLog, KVCache
     from worldserve.models.wancausal.rope import FrameRope
-    from worldserve.models.wancausal.sampler import StepRecord, commit_block, draw_noise, recache_context, sample_block
+    from worldserve.models.wancausal.sampler import StepRecord, commit_block, recache_context, sample_block
 
     config = get_config("tiny").with_window(30)  # nothing leaves the window: the dense forward is the reference
     forward = _network(config)

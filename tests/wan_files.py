@@ -28,6 +28,11 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """One standard-normal draw of ``shape`` per generator, stacked ``[B, *shape]`` (hand-driven rollouts)."""
+    return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
+
+
 WORDS = ["snowy", "peaks", "desert", "dunes", "islands", "a", "cat", "city", "night"]
 
 

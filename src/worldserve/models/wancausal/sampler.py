@@ -6,8 +6,9 @@ sigma) pairs: start from noise; at each step predict the flow ``v`` at that time
 re-noises ``x0`` with fresh noise, ``(1 - s') x0 + s' n``, as Self-Forcing/CausVid/LongLive/
 Krea do; ``euler`` takes the ODE step ``x + (s' - s) v``; return the last ``x0``), :func:`commit_block`
 (one more pass over the clean block at the context timestep, whose K/V the caches keep) and
-:func:`draw_noise` (each session's own generator, on the model's device, so a session's
-frames do not depend on its batch). Must not know: attention, the VAE, sessions.
+:func:`recache_context` (a prompt switch's re-cache). The noise comes from the caller
+(``noise()``: :func:`~worldserve.models.wancausal.noise.batch_noise` in the model). Must not
+know: attention, the VAE, sessions.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.forward import CachedForward
 
-__all__ = ["StepRecord", "commit_block", "draw_noise", "recache_context", "sample_block"]
+__all__ = ["StepRecord", "commit_block", "recache_context", "sample_block"]
 
 #: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
 StepRecord = tuple[Tensor, Tensor, Tensor]
-
-
-def draw_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """One standard-normal draw of ``shape`` per generator, stacked: ``[B, *shape]``."""
-    return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
 
 
 def _batch(caches: Sequence[KVCache] | BatchKV) -> BatchKV:
