@@ -14,15 +14,31 @@ know: attention, the VAE, sessions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.forward import CachedForward
 
-__all__ = ["StepRecord", "commit_block", "recache_context", "sample_block"]
+__all__ = ["BlockForward", "StepRecord", "commit_block", "recache_context", "sample_block"]
+
+class BlockForward(Protocol):
+    """A block-causal forward over a batch against its caches (``CachedForward``, or another family's)."""
+
+    def __call__(
+        self,
+        latents: Tensor,
+        timesteps: Tensor,
+        text: Tensor,
+        actions: Tensor,
+        caches: Sequence[KVCache] | BatchKV,
+        rope: tuple[Tensor, Tensor],
+        *,
+        head: bool = True,
+    ) -> Tensor | None: ...
+
 
 #: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
 StepRecord = tuple[Tensor, Tensor, Tensor]
@@ -33,7 +49,7 @@ def _batch(caches: Sequence[KVCache] | BatchKV) -> BatchKV:
 
 
 def sample_block(
-    forward: CachedForward,
+    forward: BlockForward,
     caches: Sequence[KVCache] | BatchKV,
     noise: Callable[[], Tensor],
     text: Tensor,
@@ -66,7 +82,7 @@ def sample_block(
 
 
 def commit_block(
-    forward: CachedForward,
+    forward: BlockForward,
     caches: Sequence[KVCache] | BatchKV,
     clean: Tensor,
     text: Tensor,
@@ -90,7 +106,7 @@ def commit_block(
 
 
 def recache_context(
-    forward: CachedForward,
+    forward: BlockForward,
     cache: KVCache,
     log: BlockLog,
     text: Tensor,
