@@ -24,6 +24,7 @@ from worldserve.models.wancausal.config import WanCausalConfig
 
 __all__ = ["BlockForward", "StepRecord", "commit_block", "recache_context", "sample_block"]
 
+
 class BlockForward(Protocol):
     """A block-causal forward over a batch against its caches (``CachedForward``, or another family's)."""
 
