@@ -115,6 +115,10 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("bench-http-url", {}, ["bench", "--url", "http://127.0.0.1:8000/v1/world"], "ws:// or wss://"),
     ("bench-stagger-negative", {}, ["bench", "--stagger", "-5"], "--stagger: must be zero or more"),
     ("bench-session-seconds-alone", {}, ["bench", "--session-seconds", "5"], "--session-seconds needs --arrival-rate"),
+    ("bench-newcomers-negative", {}, ["bench", "--newcomers", "-1"], "--newcomers: must be zero or more"),
+    ("serve-queue-timeout-0", {}, ["serve", "--queue-timeout-s", "0"], "--queue-timeout-s: must be more than 0"),
+    ("serve-ray-connect-0", {}, ["serve", "--ray-connect-timeout-s", "0"], "--ray-connect-timeout-s: must be more"),
+    ("inspect-missing", {}, ["inspect", "{dir}/nope.pt"], "no such file or folder"),
 ]
 
 
@@ -142,7 +146,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, str],
 def test_help_shows_every_option_with_its_help_and_default() -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(subparsers.choices) == ["bench", "record", "replay", "serve"]
+    assert sorted(subparsers.choices) == ["bench", "inspect", "record", "replay", "serve"]
     for name, sub in subparsers.choices.items():
         text = run(name, "--help").stdout
         flat = " ".join(text.split())

@@ -356,8 +356,13 @@ class WorldClient:
         prompt: str | None = None,
         controls: Sequence[ControlInput | dict[str, Any]] = (),
         event_id: int | None = None,
+        transition_chunks: int | None = None,
     ) -> Acceptance:
-        """Send one event and wait until the server accepted it (not yet applied)."""
+        """Send one event and wait until the server accepted it (not yet applied).
+
+        ``transition_chunks`` (with a prompt) blends the prompt change over that many chunks, for
+        models that declare the ``prompt_transition`` control.
+        """
         resolved = next(self._event_ids) if event_id is None else event_id
         message: dict[str, Any] = {
             "type": "input.event",
@@ -366,6 +371,8 @@ class WorldClient:
         }
         if prompt is not None:
             message["prompt"] = prompt
+        if transition_chunks is not None:
+            message["transition_chunks"] = transition_chunks
         reply = await self._request(message)
         return Acceptance(event_id=reply["event_id"], status=reply["status"], pending=reply["pending"])
 

@@ -290,7 +290,8 @@ class RuntimeConfig:
             default=DEFAULT_MODEL,
             help=(
                 "tinyworld (trained), procedural (the exact world), wan-causal (block-causal "
-                "Wan2.1 on diffusers: --model-option config=tiny|1.3b, checkpoint=PATH or load=dummy) "
+                "Wan2.1 on diffusers: --model-option weights=DIR (the published files), config=tiny|1.3b|14b, "
+                "load=dummy; see docs/wan-causal.md) "
                 "or package.module:factory"
             ),
         )

@@ -157,6 +157,17 @@ class InputEvent(_ClientMessage):
     event_id: Annotated[int, Field(ge=0, lt=2**53)]
     prompt: Annotated[str | None, Field(max_length=MAX_PROMPT_CHARS)] = None
     controls: Annotated[list[ControlModel], Field(max_length=MAX_CONTROLS)] = []
+    transition_chunks: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=1024,
+            description=(
+                "With a prompt: blend the change over this many chunks (0: at once). Carried to the model as "
+                "the prompt_transition control; a model that does not declare that track refuses it."
+            ),
+        ),
+    ] = None
 
 
 class SessionReset(_ClientMessage):

@@ -1,4 +1,4 @@
-"""The ``worldserve`` command: ``serve``, ``bench``, ``record`` and ``replay``.
+"""The ``worldserve`` command: ``serve``, ``bench``, ``record``, ``replay`` and ``inspect``.
 
 Owns: argument parsing, turning arguments into a :class:`ServerConfig` and a runtime,
 starting the runtime (its workers load the model) before uvicorn listens, and running
@@ -282,6 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--scale", type=positive_int, default=4, help="pixel upscaling")
     replay.add_argument(
         "--executor", choices=("multiprocess", "inprocess"), default="multiprocess", help="how the model runs"
+    )
+
+    inspect = command(
+        "inspect",
+        "say what weight files or a folder of downloads are, and the serve command that serves them",
+        "For each path (a checkpoint file, or a folder of downloads): the parts found by their published names "
+        "and what their keys and shapes say, the parts missing, the family and config, the exact "
+        "`worldserve serve` command line, and the memory per session at each window on a GPU of --gpu-gib. "
+        "Reads shapes only. Needs the wan extra.",
+    )
+    inspect.add_argument("paths", type=Path, nargs="+", help="files or folders")
+    inspect.add_argument("--gpu-gib", type=positive_float, default=80.0, help="GPU memory, GiB (80: an H100)")
+    inspect.add_argument(
+        "--windows", type=positive_int, nargs="+", default=[3, 6, 9, 15], help="windows, latent frames"
     )
     return parser
 
@@ -611,11 +625,28 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from worldserve.tools.inspect import format_inspection, inspect_path
+
+    missing = [str(path) for path in args.paths if not path.exists()]
+    if missing:
+        raise UsageError(f"no such file or folder: {', '.join(missing)}")
+    status = 0
+    for path in args.paths:
+        try:
+            print(format_inspection(inspect_path(path, gpu_gib=args.gpu_gib, windows=tuple(args.windows))))
+        except ValueError as error:  # WeightsError included: a file that is no weight file
+            print(f"{path}: {error}", file=sys.stderr)
+            status = 1
+        print()
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": _serve, "bench": _bench, "record": _record, "replay": _replay}
+    handlers = {"serve": _serve, "bench": _bench, "record": _record, "replay": _replay, "inspect": _inspect}
     try:
         return handlers[args.command](args)
     except UsageError as error:
