@@ -1,11 +1,21 @@
 """Benchmark the block-causal Wan model: ``python bench/wan_causal.py`` (tiny config, CPU).
 
-Per AR block (every denoising step, the commit pass and the streaming VAE decode of all
+Two parts (``--parts``), each one Markdown table whose rows print as they are measured.
+
+``blocks``: per AR block (every denoising step, the commit pass and the streaming VAE decode of all
 sessions in the batch) it prints the latency of ONE batched forward over B sessions at
 different positions and, measured in alternation in the same run, of the same B sessions
 stepped one per forward (how vllm-omni serves: ``max_num_seqs=1``); frames/s per session;
 whether a session holds real time (a block no slower than its 12 frames' playback); peak
-device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block).
+device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block,
+the transformer's and the VAE decode's), and per window the cost of one prompt switch's
+re-cache (``prompt_switch=recache``).
+
+``attention``: one transformer forward over B sessions whose caches have different lengths,
+with the self-attention as ONE batched call per layer (the sessions' caches gathered, each row
+masked past its own length) and as the per-session loop (one call per session per layer), in
+alternation in one run; ``--attention-layers`` and ``--attention-grid`` shrink the model (the
+1.3b widths on a small grid fit a CPU).
 
 The prepared GPU run (dummy weights, one run well under 5 minutes on one H100/H200)::
 
@@ -22,6 +32,7 @@ import torch
 
 from worldserve.models.base import SessionOptions
 from worldserve.models.wancausal.adapter import WanCausalModel, WanCausalState
+from worldserve.models.wancausal.sampler import recache_context
 from worldserve.models.world import keys_control
 from worldserve.protocol import TickRequest
 
@@ -68,6 +79,22 @@ class Rollouts:
         self.states.clear()
 
 
+def recache_cost(rollouts: Rollouts, blocks: int) -> tuple[float, int]:
+    """Median seconds of one prompt switch's re-cache (session 0's whole context), and the blocks it reruns."""
+    model = rollouts.model
+    rollouts.ensure(1)
+    state = rollouts.states[0]
+    embedding = model.text.one("a different prompt")[None]
+    times = []
+    for _ in range(max(1, blocks)):
+        sync(model.device)
+        started = time.perf_counter()
+        recache_context(model.forward, state.cache, state.log, embedding, model.rope, model.config, keep_sink=False)
+        sync(model.device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), len(state.log.blocks)
+
+
 def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
     """Median block latency of one forward over ``size`` sessions, and of ``size`` forwards of one."""
     device = rollouts.model.device
@@ -82,26 +109,139 @@ def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
         batched.append(rollouts.step(rows))
         single.append(sum(rollouts.step([r]) for r in rows))
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
-    return {"batched_s": statistics.median(batched), "single_s": statistics.median(single), "peak_gib": peak}
+    # The streaming VAE decode alone (the same batch, copies of the decoder caches), to split the block's time.
+    model = rollouts.model
+    cfg = model.config
+    latents = torch.randn(size, cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
+    latents = latents.to(device)
+    decodes = []
+    with torch.no_grad():
+        for _ in range(blocks):
+            caches = [list(rollouts.states[r].decoder) for r in rows]
+            sync(device)
+            started = time.perf_counter()
+            model.vae.decode(latents, caches)
+            sync(device)
+            decodes.append(time.perf_counter() - started)
+    return {
+        "batched_s": statistics.median(batched),
+        "single_s": statistics.median(single),
+        "peak_gib": peak,
+        "decode_s": statistics.median(decodes),
+    }
+
+
+def transformer_rate(flops: float, latency: float, decode: float) -> str:
+    """TFLOP/s of the block minus its decode; "-" when the decode, timed apart, is most of the block."""
+    rest = latency - decode
+    return f"{flops / rest / 1e12:.3g}" if rest > 0.1 * latency else "-"
+
+
+def attention_part(args: argparse.Namespace) -> None:
+    """Batched self-attention (one call per layer) vs the per-session loop, one forward, caches of different lengths."""
+    from dataclasses import replace
+
+    from worldserve.models.wancausal.build import ActionEmbedding, build_transformer
+    from worldserve.models.wancausal.cache import KVCache
+    from worldserve.models.wancausal.config import get_config
+    from worldserve.models.wancausal.forward import CachedForward
+    from worldserve.models.wancausal.rope import FrameRope
+
+    device = torch.device(args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32}.get(
+        args.dtype, torch.bfloat16
+    )
+    config = get_config(args.config)
+    if args.attention_layers:
+        config = replace(config, num_layers=args.attention_layers)
+    if args.attention_grid:
+        height, width = (int(v) for v in args.attention_grid.split("x"))
+        config = replace(config, height=height, width=width)
+    window = args.windows[0] if args.windows[0] is not None else config.window_frames
+    config = config.with_window(window)
+    with torch.device(device):
+        torch.manual_seed(0)
+        transformer = build_transformer(config).to(dtype).eval()
+        actions = ActionEmbedding(config.action_dim, config.dim).to(dtype).eval()
+    batched = CachedForward(transformer, actions, config)
+    loop = CachedForward(transformer, actions, config, attention="loop")
+    rope = FrameRope(config, device)
+    print(
+        f"attention: config {config.name} ({config.num_layers} layers, {config.num_heads} x {config.head_dim}, "
+        f"{config.height}x{config.width} -> {config.tokens_per_frame} tokens per latent frame), window {window}, "
+        f"device {args.device}, {dtype}; one forward over B sessions, cache lengths cycling through the window"
+    )
+    print()
+    print("| batch | one call per layer (batched, masked) | B calls per layer (loop) | speed-up | attention calls |")
+    print("|---|---|---|---|---|", flush=True)
+    for size in args.batches:
+        caches = []
+        for row in range(size):  # the sessions' caches hold different numbers of frames
+            cache = KVCache(config, device, dtype)
+            cache.keys.normal_()
+            cache.values.normal_()
+            cache.sink_filled = config.sink_frames
+            cache.ring_written = row % (config.window_frames + 1)
+            cache.next_frame = config.sink_frames + cache.ring_written
+            caches.append(cache)
+        x = torch.randn(size, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
+        x = x.to(device)
+        timesteps = torch.full((size, config.block_frames), 937.5, device=device)
+        text = torch.randn(size, config.text_len, config.text_dim, device=device)
+        acts = torch.zeros(size, config.block_frames, config.action_dim, device=device)
+        table = rope([c.next_frame for c in caches], config.block_frames)
+        times: dict[str, list[float]] = {"batched": [], "loop": []}
+        with torch.no_grad():
+            for attempt in range(args.blocks + 1):  # the first round warms up
+                for name, forward in (("batched", batched), ("loop", loop)):
+                    sync(device)
+                    started = time.perf_counter()
+                    forward(x, timesteps, text, acts, caches, table)
+                    sync(device)
+                    if attempt:
+                        times[name].append(time.perf_counter() - started)
+        one, many = statistics.median(times["batched"]), statistics.median(times["loop"])
+        print(
+            f"| {size} | {one * 1000:.1f} ms | {many * 1000:.1f} ms | {many / one:.2f}x | "
+            f"{config.num_layers} vs {size * config.num_layers} |",
+            flush=True,
+        )
+        del caches
+    print()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="tiny", help="tiny or 1.3b")
+    parser.add_argument("--config", default="tiny", help="tiny, 1.3b or 14b")
+    parser.add_argument("--parts", nargs="+", default=["blocks", "attention"], choices=["blocks", "attention"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--windows", type=int, nargs="+", default=[None], help="KV window sizes, latent frames")
     parser.add_argument("--blocks", type=int, default=3, help="measured blocks per batch size (medians)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="the model option compile=1 (torch.compile)")
+    parser.add_argument("--attention-layers", type=int, default=None, help="attention part: this many layers")
+    parser.add_argument("--attention-grid", default=None, help="attention part: HxW video (e.g. 64x64)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if "blocks" in args.parts:
+        blocks_part(args)
+    if "attention" in args.parts:
+        attention_part(args)
+    return 0
+
+
+def blocks_part(args: argparse.Namespace) -> None:
     print(f"wan-causal bench: config {args.config}, device {args.device}, dtype {args.dtype}, dummy weights")
     print()
     print(
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "
-        "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s |"
+        "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s | "
+        "VAE decode | transformer TFLOP/s | VAE TFLOP/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     footer = ""
     for window in args.windows:
         model = WanCausalModel(
@@ -112,16 +252,17 @@ def main() -> int:
             window=window,
             max_batch_size=max(args.batches),
             threads=args.threads,
+            compile=args.compile,
         )
         cfg = model.config
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
-        flops = cfg.block_flops()
+        flops = cfg.block_flops() + cfg.vae_decode_flops()
         rollouts = Rollouts(model)
         for size in args.batches:  # each row prints as soon as it is measured
             try:
                 row = measure(rollouts, size, args.blocks)
             except torch.OutOfMemoryError:
-                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | |", flush=True)
+                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | |", flush=True)
                 break
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
@@ -130,21 +271,29 @@ def main() -> int:
             print(
                 f"| {cfg.window_frames} | {size} | {latency * 1000:.0f} ms | {row['single_s'] * 1000:.0f} ms | "
                 f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {peak} | "
-                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} |",
+                f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} | "
+                f"{row['decode_s'] * 1000:.0f} ms | "
+                f"{transformer_rate(size * cfg.block_flops(), latency, row['decode_s'])} | "
+                f"{size * cfg.vae_decode_flops() / row['decode_s'] / 1e12:.3g} |",
                 flush=True,
             )
+        switch_s, reran = recache_cost(rollouts, args.blocks)
+        footer += (
+            f"window {cfg.window_frames}: a prompt switch's re-cache (prompt_switch=recache) reruns the commit pass "
+            f"of {reran} cached blocks: {switch_s * 1000:.0f} ms per switch per session\n"
+        )
         footer += (
             f"window {cfg.window_frames}: real time is a block ({cfg.video_frames_per_block} frames) in "
             f"<= {chunk_s * 1000:.0f} ms; {flops / 1e9:.4g} GFLOP per block per session (transformer, "
-            f"{len(cfg.denoising_steps)} steps + commit; the VAE not counted)\n"
+            f"{len(cfg.denoising_steps)} steps + commit: {cfg.block_flops() / 1e9:.4g}; VAE decode: "
+            f"{cfg.vae_decode_flops() / 1e9:.4g})\n"
         )
         rollouts.release()
         del model, rollouts
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     print()
-    print(footer, end="")
-    return 0
+    print(footer)
 
 
 if __name__ == "__main__":

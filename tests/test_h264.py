@@ -321,6 +321,9 @@ class _H264Backend:
         self.encoder.keyframe()
         return True
 
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        return None  # one world, never evicted here
+
 
 async def test_members_that_cannot_follow_the_stream_wait_for_an_idr_frame_with_the_init() -> None:
     backend = _H264Backend()

@@ -118,3 +118,21 @@ async def test_cancel_mid_chunk_over_a_socket_keeps_the_world(slow_server: Runni
             controls["keys"] = sent[event_id]
         expected = truth.next(None, list(controls.values()))  # type: ignore[arg-type]
         assert np.array_equal(chunk.frames, expected), f"chunk {chunk.chunk_index} is not the world"
+
+
+async def test_transition_chunks_is_refused_by_a_model_without_the_prompt_transition_track(
+    server: RunningServer,
+) -> None:
+    async with WorldClient(server.ws) as client:
+        info = await client.start(prompt="forest", seed=1)
+        assert "prompt_transition" not in {c["track"] for c in info.model["controls"]}
+        with pytest.raises(WorldError) as refused:
+            await client.send_event(prompt="desert", transition_chunks=3, event_id=1)
+        assert refused.value.code == "invalid_control"
+        assert "prompt_transition" in refused.value.message
+        with pytest.raises(WorldError) as alone:
+            await client.send_event(controls=[keys("W")], transition_chunks=3, event_id=2)
+        assert alone.value.code == "invalid_message"
+        assert "no prompt" in alone.value.message
+        assert (await client.send_event(prompt="desert", event_id=3)).status == "accepted"
+        await client.close()

@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 
 __all__ = [
     "CHUNK_METADATA_KEY",
+    "PROMPT_TRANSITION_SCHEMA_NAME",
+    "PROMPT_TRANSITION_TRACK",
     "TICK_EXTRA_ARGS_KEY",
     "ChunkMetadata",
     "ControlInput",
@@ -26,6 +28,7 @@ __all__ = [
     "build_chunk_envelope",
     "freeze_transport_value",
     "parse_chunk_envelope",
+    "prompt_transition_control",
     "thaw_transport_value",
 ]
 
@@ -33,6 +36,10 @@ __all__ = [
 TICK_EXTRA_ARGS_KEY = "ar_diffusion_tick"
 #: Key of the chunk identity inside an output envelope's ``metadata`` mapping.
 CHUNK_METADATA_KEY = "ar_diffusion"
+#: The control track that carries a prompt change's transition length (vllm-omni's
+#: ``transition_chunks``): data ``{"chunks": N}``, N >= 0. Models that blend prompts declare it.
+PROMPT_TRANSITION_TRACK = "prompt_transition"
+PROMPT_TRANSITION_SCHEMA_NAME = "worldserve.prompt_transition.v1"
 
 
 class FrozenMap(Mapping[str, Any]):
@@ -332,6 +339,11 @@ class ControlInput:
 
 
 _CONTROL_KEYS = frozenset({"track", "schema", "data"})
+
+
+def prompt_transition_control(chunks: int) -> ControlInput:
+    """The ``prompt_transition`` control: blend the event's prompt change over ``chunks`` chunks."""
+    return ControlInput(PROMPT_TRANSITION_TRACK, PROMPT_TRANSITION_SCHEMA_NAME, {"chunks": chunks})
 
 
 @dataclass(frozen=True, slots=True)

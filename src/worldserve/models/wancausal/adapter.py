@@ -1,8 +1,9 @@
 """The ``wan-causal`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
 
 Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
-cache (sink + sliding window), its VAE decoder cache, its noise generator (on the model's
-device, seeded by ``SessionOptions.seed``) and its prompt. A session is *primed* at
+cache (sink + sliding window) and the clean latents of the blocks in it, its VAE decoder cache,
+its noise counter (the session's noise is a pure function of ``SessionOptions.seed`` and the
+counter, drawn for the whole batch at once) and its prompt. A session is *primed* at
 creation: its start frame (the start image, else the procedural world's first frame for
 its seed and prompt) held still for one block's worth of video is encoded by the VAE,
 committed to the cache as the attention sink and run through the decoder, so every chunk
@@ -15,8 +16,8 @@ Must not know: sessions' control plane, engines, transports.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,17 @@ from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae
-from worldserve.models.wancausal.cache import KVCache
-from worldserve.models.wancausal.checkpoint import load_checkpoint
-from worldserve.models.wancausal.config import WanCausalConfig, get_config
+from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
+from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
+from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
 from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, draw_noise, sample_block
+from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes
+from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
@@ -44,9 +47,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class WanCausalState:
-    """One session: KV cache, VAE decoder cache, noise generator, start options."""
+    """One session: KV cache and the blocks it holds, VAE decoder cache, noise counter, prompt, options."""
 
-    __slots__ = ("cache", "decoder", "generator", "options", "session_id")
+    __slots__ = ("cache", "decoder", "draws", "log", "options", "prompt", "session_id")
 
     def __init__(
         self,
@@ -54,13 +57,32 @@ class WanCausalState:
         options: SessionOptions,
         cache: KVCache,
         decoder: DecoderCache,
-        generator: torch.Generator,
+        prompt: PromptTrack,
+        log: BlockLog,
     ) -> None:
         self.session_id = session_id
         self.options = options
         self.cache = cache
         self.decoder = decoder
-        self.generator = generator
+        #: Noise draws so far: the counter of the session's noise (seeded by ``options.seed``).
+        self.draws = 0
+        self.prompt = prompt
+        self.log = log
+
+
+def _path(value: str | Path | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _option_bool(value: int | str | bool | None, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"wan-causal option {name} must be 1 or 0; got {value!r}.")
 
 
 def _option_int(value: int | str | None, name: str) -> int | None:
@@ -75,25 +97,49 @@ def _option_int(value: int | str | None, name: str) -> int | None:
 class WanCausalModel:
     """A block-causal Wan2.1-class video diffusion transformer as a world model.
 
-    Options (all strings from ``--model-option`` work): ``config`` (``tiny`` or ``1.3b``),
-    ``checkpoint`` (a Self-Forcing/CausVid checkpoint: safetensors or a torch file),
-    ``load=dummy`` (random weights; the default only for ``tiny``), ``vae`` (a diffusers
-    ``AutoencoderKLWan`` state dict, safetensors), ``text_encoder`` (a local UMT5 directory),
-    ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32), ``window`` (latent
-    frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy weights), ``threads``.
+    Options (all strings from ``--model-option`` work): ``weights`` (a folder of downloads: the
+    parts are found by their published names), ``checkpoint``, ``vae``, ``text_encoder``,
+    ``tokenizer``, ``lora`` (each part's file or folder, overriding ``weights``), ``config``
+    (``tiny``, ``1.3b``, ``14b``; by default the one the checkpoint's shapes name), ``load=dummy``
+    (random weights; the default only for ``tiny``), ``text=hashed`` / ``vae=random`` (run a
+    trained checkpoint without its text encoder / VAE), ``ema`` (1: a training checkpoint's EMA
+    weights), ``lora_alpha``, ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32),
+    ``window`` (latent frames of the sliding window), ``max_batch_size``, ``seed`` (of dummy
+    weights), ``threads``; ``family`` (``self-forcing``, ``causvid``, ``longlive``, ``krea``,
+    ``wan``: the authors' schedule, context and prompt-switch rule; by default the one the
+    checkpoint's published name implies), ``sink`` (latent frames kept from the start),
+    ``steps`` (a uniform schedule of that many steps instead of the family's), ``prompt_switch``
+    (``keep``, or ``recache``: recompute the cached context under a changed prompt),
+    ``prompt_transition`` (blocks a prompt change blends over unless its event says otherwise),
+    ``recache_sink`` (1: a re-cache recomputes the sink too), ``compile`` (1: ``torch.compile``
+    the transformer blocks), ``attention`` (``batched``, or ``loop``: the per-session reference).
     """
 
     def __init__(
         self,
         *,
-        config: str | WanCausalConfig = "tiny",
+        config: str | WanCausalConfig | None = None,
+        weights: str | Path | None = None,
         checkpoint: str | Path | None = None,
         load: str | None = None,
         vae: str | Path | None = None,
         text_encoder: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        text: str | None = None,
+        lora: str | Path | None = None,
+        lora_alpha: float | str | None = None,
+        ema: int | str | bool | None = None,
+        family: str | None = None,
         device: str = "cpu",
         dtype: str = "auto",
         window: int | str | None = None,
+        sink: int | str | None = None,
+        steps: int | str | None = None,
+        prompt_switch: str | None = None,
+        prompt_transition: int | str | None = None,
+        recache_sink: int | str | bool | None = None,
+        compile: int | str | bool | None = None,
+        attention: str = "batched",
         max_batch_size: int | str = 8,
         seed: int | str = 0,
         threads: int | str | None = None,
@@ -101,59 +147,73 @@ class WanCausalModel:
         threads_count = _option_int(threads, "threads")
         if threads_count is not None:
             torch.set_num_threads(threads_count)
-        cfg = get_config(config) if isinstance(config, str) else config
-        window_frames = _option_int(window, "window")
-        if window_frames is not None:
-            cfg = cfg.with_window(window_frames)
-        if cfg.action_dim != ACTION_DIM:
-            raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
-        if load not in (None, "dummy", "checkpoint"):
-            raise ValueError(f"wan-causal option load must be 'dummy' or 'checkpoint'; got {load!r}.")
-        if load == "checkpoint" and checkpoint is None:
-            raise ValueError("wan-causal load=checkpoint needs checkpoint=PATH.")
-        if load == "dummy" and checkpoint is not None:
-            raise ValueError("wan-causal takes load=dummy or checkpoint=PATH, not both.")
-        if checkpoint is None and load is None and cfg.name != "tiny":
-            raise ValueError(
-                f"wan-causal config {cfg.name!r} needs checkpoint=PATH (a Self-Forcing/CausVid checkpoint), "
-                "or load=dummy for random weights; nothing downloads."
-            )
-        self.dummy = checkpoint is None
-        self.config = cfg
         self.device = torch.device(device)
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
         if dtype not in _DTYPES:
             raise ValueError(f"wan-causal option dtype must be auto or one of {sorted(_DTYPES)}; got {dtype!r}.")
         self.dtype = _DTYPES[dtype]
-        weight_seed = _option_int(seed, "seed")
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.device(self.device):  # the caller's RNG stays as it was
-            torch.manual_seed(weight_seed or 0)
-            transformer = build_transformer(cfg)
-            actions = ActionEmbedding(cfg.action_dim, cfg.dim)
-            autoencoder = build_vae(cfg)
-        self.action_from_checkpoint = False
-        if checkpoint is not None:
-            report = load_checkpoint(checkpoint, transformer, actions)
-            self.action_from_checkpoint = report.action_from_checkpoint
-        if vae is not None:
-            from safetensors.torch import load_file
-
-            autoencoder.load_state_dict(load_file(str(vae)), strict=True)
-        self.vae_from_file = vae is not None
+        weight_seed = _option_int(seed, "seed") or 0
+        options = WeightOptions(
+            config=config,
+            weights=_path(weights),
+            checkpoint=_path(checkpoint),
+            vae=_path(vae),
+            text_encoder=_path(text_encoder),
+            tokenizer=_path(tokenizer),
+            lora=_path(lora),
+            lora_alpha=float(lora_alpha) if lora_alpha is not None else None,
+            load=load,
+            text=text,
+            ema=_option_bool(ema, "ema"),
+            family=family,
+        )
+        loaded = load_weights(options, self.device, weight_seed, self.dtype)
+        self.family = loaded.family
+        cfg = family_config(loaded.config, loaded.family, _option_int(steps, "steps"))
+        window_frames = _option_int(window, "window")
+        if window_frames is not None:
+            cfg = cfg.with_window(window_frames)
+        sink_frames = _option_int(sink, "sink")
+        if sink_frames is not None:
+            cfg = replace(cfg, sink_frames=sink_frames)
+        self.prompt_switch = prompt_switch if prompt_switch is not None else self.family.prompt_switch
+        if self.prompt_switch not in ("keep", "recache"):
+            raise ValueError(f"wan-causal option prompt_switch must be keep or recache; got {prompt_switch!r}.")
+        transition = _option_int(prompt_transition, "prompt_transition")
+        self.prompt_transition = transition if transition is not None else self.family.prompt_transition
+        if not 0 <= self.prompt_transition <= MAX_TRANSITION:
+            raise ValueError(f"wan-causal option prompt_transition must be in [0, {MAX_TRANSITION}].")
+        keep_sink = _option_bool(recache_sink, "recache_sink")
+        self.recache_sink = keep_sink if keep_sink is not None else self.family.recache_sink
+        if self.prompt_switch == "recache" and not self.recache_sink and cfg.sink_frames % cfg.block_frames:
+            raise ValueError("recache_sink=0 keeps the sink's blocks as they are: the sink must be whole blocks.")
+        if cfg.action_dim != ACTION_DIM:
+            raise ValueError(f"config action_dim {cfg.action_dim} != {ACTION_DIM} action features.")
+        self.config = cfg
+        self.weights = loaded
+        self.dummy = loaded.dummy
+        self.action_from_checkpoint = loaded.action_from_checkpoint
+        self.vae_from_file = loaded.vae_from_file
+        transformer, actions, autoencoder = loaded.transformer, loaded.actions, loaded.vae
         _cast(transformer, self.dtype, _FLOAT32_PARTS)
         _cast(actions, self.dtype, ())
         _cast(autoencoder, self.dtype, ())
         for module in (transformer, actions, autoencoder):
             module.eval().requires_grad_(False)
-        self.forward = CachedForward(transformer, actions, cfg)
+        self.forward = CachedForward(
+            transformer, actions, cfg, attention=attention, compile=bool(_option_bool(compile, "compile"))
+        )
         self.vae = VaeStream(autoencoder)
         self.rope = FrameRope(cfg, self.device)
-        self.text = PromptEmbedder(cfg.text_len, cfg.text_dim, self.device, self.dtype, text_encoder)
+        self.text = PromptEmbedder(
+            cfg.text_len, cfg.text_dim, self.device, self.dtype, loaded.text_encoder, loaded.tokenizer
+        )
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = _decoder_cache_bytes(cfg, dtype_bytes)
-        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + 4096
+        self.decoder_cache_bytes = decoder_cache_bytes(cfg, dtype_bytes)
+        latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
+        log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
+        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
         batch_limit = _option_int(max_batch_size, "max_batch_size")
         assert batch_limit is not None
         self._spec = ModelSpec(
@@ -162,45 +222,37 @@ class WanCausalModel:
             fps=cfg.fps,
             height=cfg.height,
             width=cfg.width,
-            controls=CONTROL_SCHEMAS,
+            controls=(*CONTROL_SCHEMAS, transition_schema(self.prompt_transition)),
             max_batch_size=batch_limit,
             state_bytes=state_bytes,
             styles=STYLES,
             default_prompt=DEFAULT_STYLE,
             description=self._describe(),
             atomic_step=True,
-            version=self._version(checkpoint, weight_seed),
+            version=loaded.version,
             precision=dtype,
         )
 
-    def _version(self, checkpoint: str | Path | None, weight_seed: int | None) -> str:
-        """What computes the frames: the config, and the checkpoint's hash or the dummy weights' seed."""
-        if checkpoint is None:
-            return f"{self.config.name}:dummy-seed-{weight_seed or 0}"
-        digest = hashlib.sha256()
-        with Path(checkpoint).open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        return f"{self.config.name}:sha256:{digest.hexdigest()[:12]}"
-
     def _describe(self) -> str:
         cfg = self.config
+        transformer = self.weights.parts.transformer
         weights = (
             "RANDOM WEIGHTS (load=dummy): frames are noise-like, for throughput work"
-            if self.dummy
-            else "checkpoint weights"
+            if transformer is None
+            else f"checkpoint weights ({transformer.name})"
         )
         parts = [
             f"{weights}. Block-causal Wan2.1-class video diffusion transformer (config {cfg.name}: "
             f"{cfg.num_layers} layers, {cfg.num_heads}x{cfg.head_dim}), KV cache (sink {cfg.sink_frames} + window "
-            f"{cfg.window_frames} latent frames), {len(cfg.denoising_steps)}-step Self-Forcing sampler, "
+            f"{cfg.window_frames} latent frames), family {self.family.name} ({self.family.title}): "
+            f"{len(cfg.denoising_steps)}-step sampler, "
             f"{cfg.block_frames} latent frames per chunk",
-            f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder)'}",
+            f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder, text=hashed)'}",
             "keys/camera: "
             + ("from checkpoint" if self.action_from_checkpoint else "random-initialised action embedding"),
         ]
         if not self.vae_from_file:
-            parts.append("VAE: random weights")
+            parts.append("VAE: random weights (vae=random)")
         return "; ".join(parts) + "."
 
     @property
@@ -227,13 +279,15 @@ class WanCausalModel:
         clip = pixels[None, :, None].expand(1, 3, clip_frames, cfg.height, cfg.width)
         latents = self.vae.encode(clip)  # [1, C, block_frames, h, w]
         cache = KVCache(cfg, self.device, self.dtype)
-        text = self.text([self._prompt(options.prompt)])
+        prompt = self._prompt(options.prompt)
+        embedding = self.text.one(prompt)
         still = torch.zeros(1, cfg.block_frames, cfg.action_dim, device=self.device)
-        commit_block(self.forward, [cache], latents, text, still, self.rope([0], cfg.block_frames), cfg)
+        commit_block(self.forward, [cache], latents, embedding[None], still, self.rope([0], cfg.block_frames), cfg)
+        log = BlockLog(cfg.block_frames)
+        log.add(0, latents, still)
         decoder = self.vae.new_cache()
         self.vae.decode(latents, [decoder], first=True)
-        generator = torch.Generator(device=self.device).manual_seed(options.seed)
-        return WanCausalState(session_id, options, cache, decoder, generator)
+        return WanCausalState(session_id, options, cache, decoder, PromptTrack(prompt, embedding), log)
 
     @torch.no_grad()
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
@@ -243,40 +297,65 @@ class WanCausalModel:
             raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
         cfg = self.config
         states: list[WanCausalState] = []
-        prompts: list[str] = []
+        plans: list[PromptPlan] = []
         features: list[list[list[float]]] = []
+        recache = self.prompt_switch == "recache"
         for state, tick in batch:
             if not isinstance(state, WanCausalState):
                 raise TypeError(f"wan-causal got a foreign state: {type(state).__name__}")
             states.append(state)
-            prompts.append(self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt))
+            prompt = self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt)
+            plans.append(state.prompt.plan(prompt, tick.controls, self.text.one, self.prompt_transition, recache))
             features.append(action_features(tick.controls, cfg.block_frames))
-        caches = [state.cache for state in states]
-        text = self.text(prompts)
+        # A block whose prompt embedding differs from the one its context was computed under recomputes
+        # that context first (into a copy: the session's own cache changes only once the step succeeded).
+        caches = [
+            recache_context(
+                self.forward,
+                state.cache,
+                state.log,
+                plan.embedding[None],
+                self.rope,
+                cfg,
+                keep_sink=not self.recache_sink,
+            )
+            if plan.recache
+            else state.cache
+            for state, plan in zip(states, plans, strict=True)
+        ]
+        kv = BatchKV(caches)
+        text = torch.stack([plan.embedding for plan in plans])
         actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
         rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
         shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
-        generators = [state.generator for state in states]
+        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
+            self.device, non_blocking=True
+        )
+        drawn = 0
 
-        def noise() -> Tensor:
-            return draw_noise(generators, shape, self.device)
+        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
+            nonlocal drawn
+            drawn += 1
+            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
 
         # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
-        # block's K/V wait in the caches' scratch slots; the decoder caches are swapped in only at the
-        # end of a decode; the generators' states, host-side even for CUDA, are put back on failure).
-        saved = [generator.get_state() for generator in generators]
-        try:
-            clean = sample_block(self.forward, caches, noise, text, actions, rope, cfg)
-            commit_block(self.forward, caches, clean, text, actions, rope, cfg, keep=False)
-            video = self.vae.decode(clean, [state.decoder for state in states])  # [B, 3, T, H, W]
-            frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-            host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
-        except BaseException:
-            for generator, state in zip(generators, saved, strict=True):
-                generator.set_state(state)
-            raise
-        for cache in caches:
-            cache.commit()
+        # block's K/V wait in the BatchKV, a re-cache in a copy; the decoder caches are swapped in only at
+        # the end of a decode; the noise counters advance below).
+        clean = sample_block(self.forward, kv, noise, text, actions, rope, cfg)
+        commit_block(self.forward, kv, clean, text, actions, rope, cfg, keep=False)
+        decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
+        video = self.vae.decode(clean, decoders)  # [B, 3, T, H, W]
+        frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        firsts = [cache.next_frame for cache in caches]
+        kv.commit()
+        for row, (state, cache, plan, first) in enumerate(zip(states, caches, plans, firsts, strict=True)):
+            state.cache = cache
+            state.decoder = decoders[row]
+            state.draws += drawn
+            state.prompt.apply(plan)
+            state.log.add(first, clean[row : row + 1].clone(), actions[row : row + 1].clone())
+            state.log.trim(cache)
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
 
     def release(self, state: Any) -> None:
@@ -294,14 +373,3 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str,
     for name, parameter in module.named_parameters():
         keep = dtype != torch.float32 and any(part in name.split(".") for part in float32_parts)
         parameter.data = parameter.data.to(torch.float32 if keep else dtype)
-
-
-def _decoder_cache_bytes(config: WanCausalConfig, dtype_bytes: int) -> int:
-    """Bytes of one session's VAE decoder cache, from a dry run on the meta device (no memory, no compute)."""
-    with torch.device("meta"):
-        stream = VaeStream(build_vae(config))
-        cache = stream.new_cache()
-        latents = torch.zeros(1, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
-        stream.decode(latents, [cache], first=True)
-        stream.decode(latents, [cache])
-    return sum(entry.numel() for entry in cache if isinstance(entry, Tensor)) * dtype_bytes

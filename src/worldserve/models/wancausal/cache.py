@@ -1,13 +1,21 @@
-"""A session's self-attention KV cache: attention sink + sliding window of latent frames.
+"""Self-attention KV caches: a session's sink + sliding window, and a batch's view of several.
 
 Owns: :class:`KVCache`. Per layer it holds K and V for ``block + sink + window`` latent
-frames in one buffer laid out ``[scratch block | sink | window ring]``: the block being
-denoised writes its K/V to the scratch slots on every pass, and only :meth:`KVCache.commit`
-(called after the commit pass at the context noise level) copies them into the sink (until
-it is full) or over the oldest ring slots. Keys already carry their rotary position, so the
-order of slots does not matter to attention: the valid slots are always the buffer's prefix
-and attention reads them as one view, without a copy or a mask. Must not know: the
-transformer's weights, the sampler, sessions.
+frames in one buffer laid out ``[scratch block | sink | window ring]``. Only
+:meth:`KVCache.commit` (after the commit pass at the context noise level, once the whole step
+succeeded) writes the block's K/V into the sink (until it is full) or over the oldest ring
+slots. Keys already carry their rotary position, so the order of slots does not matter to
+attention: the valid slots are always the buffer's prefix.
+
+:class:`BatchKV` is one step's view of a batch's caches, so that each layer's self-attention
+is ONE call for the whole batch, whatever each session's cache length: per layer and pass it
+gathers the sessions' buffers into one ``[B, heads, L, head_dim]`` tensor (one stack; for a
+batch of one, the buffer itself, no copy), writes the block's new K/V into its scratch slots
+(one copy), and masks each row past its own valid length (no mask when all are equal, the
+steady state once windows are full). The commit pass's K/V are kept for the whole batch in one
+``[layers, B, heads, block tokens, head_dim]`` tensor each, from which each session's commit
+copies its row (all layers at once). Also :class:`BlockLog` (the clean latents a re-cache
+recomputes the context from). Must not know: the transformer's weights, the sampler, sessions.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from torch import Tensor
 
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["KVCache"]
+__all__ = ["BatchKV", "BlockLog", "KVCache"]
 
 
 class KVCache:
@@ -58,21 +66,46 @@ class KVCache:
         end = (self.block + self.cached_frames) * self.tpf
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
-    def commit(self) -> None:
-        """Keep the scratch block (just written by the commit pass) in the sink or the window."""
-        tpf = self.tpf
+    def _slots(self) -> list[tuple[int, int, int]]:
+        """(first frame of the block, first slot, frames) runs the block's frames go to; advances the counters."""
+        runs: list[tuple[int, int, int]] = []
         for frame in range(self.block):
-            source = slice(frame * tpf, (frame + 1) * tpf)
             if self.sink_filled < self.sink:
                 slot = self.block + self.sink_filled
                 self.sink_filled += 1
             else:
                 slot = self.block + self.sink + self.ring_written % self.window
                 self.ring_written += 1
-            target = slice(slot * tpf, (slot + 1) * tpf)
-            self.keys[:, :, target] = self.keys[:, :, source]
-            self.values[:, :, target] = self.values[:, :, source]
+            if runs and runs[-1][1] + runs[-1][2] == slot and runs[-1][0] + runs[-1][2] == frame:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((frame, slot, 1))
         self.next_frame += self.block
+        return runs
+
+    def commit(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
+        """Keep the block's K/V in the sink or the window: ``keys``/``values`` ``[layers, heads, block tokens,
+        head_dim]`` (a :class:`BatchKV`'s row), else the scratch slots (the per-session path)."""
+        tpf = self.tpf
+        span = self.block * tpf
+        new_keys = keys if keys is not None else self.keys[:, :, :span]
+        new_values = values if values is not None else self.values[:, :, :span]
+        for frame, slot, count in self._slots():  # at most a few contiguous runs, all layers at once
+            source = slice(frame * tpf, (frame + count) * tpf)
+            target = slice(slot * tpf, (slot + count) * tpf)
+            self.keys[:, :, target] = new_keys[:, :, source]
+            self.values[:, :, target] = new_values[:, :, source]
+
+    def restart(self, *, keep_sink: bool) -> None:
+        """Forget the window (and the sink unless ``keep_sink``) before the context is written again."""
+        if not keep_sink:
+            self.sink_filled = 0
+        self.ring_written = 0
+
+    def live_frames(self) -> tuple[range, range]:
+        """Absolute indices of the committed frames attention still sees: the sink's and the window's."""
+        window = min(self.ring_written, self.window)
+        return range(self.sink_filled), range(self.next_frame - window, self.next_frame)
 
     def clone(self) -> KVCache:
         twin = KVCache.__new__(KVCache)
@@ -85,3 +118,98 @@ class KVCache:
         """Drop the buffers (a released session's memory goes back at once)."""
         self.keys = self.keys.new_zeros(0)
         self.values = self.values.new_zeros(0)
+
+
+class BatchKV:
+    """One step's batched view of the caches of a batch (same configuration); see the module docstring."""
+
+    __slots__ = ("batch", "caches", "keys", "length", "lengths", "mask", "pending", "span", "values")
+
+    def __init__(self, caches: list[KVCache] | tuple[KVCache, ...]) -> None:
+        self.caches = list(caches)
+        self.batch = len(self.caches)
+        first = self.caches[0]
+        self.span = first.block * first.tpf
+        self.lengths = [self.span + cache.cached_frames * cache.tpf for cache in self.caches]
+        self.length = max(self.lengths)
+        device = first.keys.device
+        self.mask: Tensor | None = None
+        if len(set(self.lengths)) > 1:  # [B, 1, 1, L]: each row's valid prefix (one small upload)
+            valid = torch.tensor(self.lengths).to(device, non_blocking=True)
+            self.mask = (torch.arange(self.length, device=device)[None, :] < valid[:, None])[:, None, None, :]
+        # Per layer, the sessions' buffers up to the longest valid length (views, made once per step).
+        layers = first.keys.shape[0]
+        self.keys = [[cache.keys[layer, :, : self.length] for cache in self.caches] for layer in range(layers)]
+        self.values = [[cache.values[layer, :, : self.length] for cache in self.caches] for layer in range(layers)]
+        self.pending: tuple[Tensor, Tensor] | None = None
+
+    def record(self) -> None:
+        """Keep the next pass's block K/V (the commit pass) for :meth:`commit`."""
+        keys = self.caches[0].keys
+        layers, heads, _, head_dim = keys.shape
+        shape = (layers, self.batch, heads, self.span, head_dim)
+        self.pending = (keys.new_empty(shape), keys.new_empty(shape))
+
+    def attend(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """K, V ``[B, heads, L, head_dim]`` and the mask for ``layer``, the block's new ``keys``/``values``
+        (``[B, heads, block tokens, head_dim]``) in the scratch slots."""
+        if self.pending is not None:
+            self.pending[0][layer] = keys
+            self.pending[1][layer] = values
+        if self.batch == 1:  # the session's own buffer: no copy
+            all_keys, all_values = self.keys[layer][0][None], self.values[layer][0][None]
+        else:
+            all_keys, all_values = torch.stack(self.keys[layer]), torch.stack(self.values[layer])
+        all_keys[:, :, : self.span] = keys
+        all_values[:, :, : self.span] = values
+        return all_keys, all_values, self.mask
+
+    def commit(self) -> None:
+        """Every cache keeps its row of the recorded commit pass (call once the step succeeded)."""
+        assert self.pending is not None, "record() the commit pass first"
+        keys, values = self.pending
+        for row, cache in enumerate(self.caches):
+            cache.commit(keys[:, row], values[:, row])
+
+
+class BlockLog:
+    """The clean latents and action features of every block with a frame still in a session's cache.
+
+    What a re-cache recomputes the context from; a few hundred KiB per block at 832x480, next
+    to the 274 MiB of K/V per latent frame.
+    """
+
+    __slots__ = ("block", "blocks")
+
+    def __init__(self, block_frames: int) -> None:
+        self.block = block_frames
+        #: block index (its first frame // block_frames) -> (latents [1, C, F, h, w], actions [1, F, A])
+        self.blocks: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def add(self, first_frame: int, latents: Tensor, actions: Tensor) -> None:
+        self.blocks[first_frame // self.block] = (latents, actions)
+
+    def trim(self, cache: KVCache) -> None:
+        """Drop the blocks none of whose frames the cache still holds."""
+        live = {frame // self.block for part in cache.live_frames() for frame in part}
+        for index in [i for i in self.blocks if i not in live]:
+            del self.blocks[index]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self.blocks.values() for t in pair)
+
+    @staticmethod
+    def max_blocks(config: WanCausalConfig) -> int:
+        """Blocks with a frame in the cache at most: the sink's, the window's, one it straddles."""
+        block = config.block_frames
+        return (
+            -(-config.sink_frames // block)
+            + -(-config.window_frames // block)
+            + (1 if config.window_frames % block else 0)
+        )
+
+    def clone(self) -> BlockLog:
+        twin = BlockLog(self.block)
+        twin.blocks = dict(self.blocks)
+        return twin

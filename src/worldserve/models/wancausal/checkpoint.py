@@ -1,15 +1,17 @@
-"""Self-Forcing / CausVid checkpoints (original Wan2.1 key names) -> the diffusers modules.
+"""The transformer's weights as the Wan2.1 family publishes them -> the diffusers modules.
 
-Owns: :func:`diffusers_key` (one original key -> its ``SkyReelsV2Transformer3DModel``
-name), :func:`read_state_dict` (safetensors or a torch file; unwraps ``generator_ema`` /
-``generator`` / ``model`` / ``state_dict``, strips the ``model.`` and ``module.`` prefixes
-and drops the ``_fsdp_wrapped_module.`` / ``_checkpoint_wrapped_module.`` parts training
-wrappers add) and :func:`load_checkpoint`
-(maps every key, loads strictly: any key left unmapped, missing or unexpected is an error
-that names it). The action embedding's weights, if the checkpoint has them, are under
-``action_embedding.linear_1.weight`` and ``action_embedding.linear_2.weight``; without
-them it stays random-initialised and the report says so. Must not know: sessions, the
-sampler, caches.
+Owns: :func:`original_layout` (the original Wan2.1 key names and shapes of a configuration,
+as ``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save
+them), :func:`transformer_state` (a checkpoint in either layout -> the diffusers
+``SkyReelsV2Transformer3DModel`` names, through diffusers' own public
+``convert_wan_transformer_to_diffusers`` for the original layout, remembering each key's
+name in the user's file), :func:`merge_lora` (LongLive's ``lora.pt``, a peft state dict,
+merged into the weights: ``W += alpha / rank * B @ A``), :func:`infer_config` (the named
+configuration whose shapes the checkpoint has) and :func:`load_transformer` (strict: a key
+missing, extra or of the wrong shape is a :class:`~.statedict.WeightsError` naming the
+user's key, the file and both shapes). The action embedding's weights, if present, are
+``action_embedding.linear_1.weight`` and ``action_embedding.linear_2.weight``. Must not
+know: sessions, the sampler, caches.
 """
 
 from __future__ import annotations
@@ -22,139 +24,235 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-__all__ = ["CheckpointReport", "diffusers_key", "load_checkpoint", "read_state_dict"]
+from worldserve.models.wancausal.config import CONFIGS, WanCausalConfig
+from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_json, read_tensors
 
-_WB = ("weight", "bias")
+__all__ = [
+    "ACTION_PREFIX",
+    "TransformerState",
+    "infer_config",
+    "load_transformer",
+    "merge_lora",
+    "original_layout",
+    "read_transformer",
+    "transformer_state",
+]
 
-#: Top-level modules: original prefix -> diffusers prefix.
-_TOP = {
-    "patch_embedding": "patch_embedding",
-    "text_embedding.0": "condition_embedder.text_embedder.linear_1",
-    "text_embedding.2": "condition_embedder.text_embedder.linear_2",
-    "time_embedding.0": "condition_embedder.time_embedder.linear_1",
-    "time_embedding.2": "condition_embedder.time_embedder.linear_2",
-    "time_projection.1": "condition_embedder.time_proj",
-    "head.head": "proj_out",
-}
-#: Inside ``blocks.N.``: original prefix -> diffusers prefix (``norm3`` is the affine
-#: cross-attention norm, diffusers' ``norm2``).
-_BLOCK = {
-    "self_attn.q": "attn1.to_q",
-    "self_attn.k": "attn1.to_k",
-    "self_attn.v": "attn1.to_v",
-    "self_attn.o": "attn1.to_out.0",
-    "cross_attn.q": "attn2.to_q",
-    "cross_attn.k": "attn2.to_k",
-    "cross_attn.v": "attn2.to_v",
-    "cross_attn.o": "attn2.to_out.0",
-    "norm3": "norm2",
-    "ffn.0": "ffn.net.0.proj",
-    "ffn.2": "ffn.net.2",
-}
-_BLOCK_WEIGHT_ONLY = {
-    "self_attn.norm_q": "attn1.norm_q",
-    "self_attn.norm_k": "attn1.norm_k",
-    "cross_attn.norm_q": "attn2.norm_q",
-    "cross_attn.norm_k": "attn2.norm_k",
-}
-_BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)")
-_WRAPPERS = ("generator_ema", "generator", "model", "state_dict")
-_PREFIXES = ("module.", "model.")
-#: Module names FSDP and activation checkpointing insert anywhere in a key.
-_INNER_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 ACTION_PREFIX = "action_embedding."
+#: Wan2.1's attention head width (1.3B: 12 x 128, 14B: 40 x 128); the weights do not record it.
+WAN_HEAD_DIM = 128
+_BLOCK = re.compile(r"blocks\.(\d+)\.")
+#: A few names only the diffusers layout has.
+_DIFFUSERS_MARKERS = ("condition_embedder.", "proj_out.", "scale_shift_table")
 
 
-def diffusers_key(original: str) -> str | None:
-    """The transformer's parameter name for an original Wan2.1 key, or None if it has none."""
-    if original == "head.modulation":
-        return "scale_shift_table"
-    for prefix, target in _TOP.items():
-        for kind in _WB:
-            if original == f"{prefix}.{kind}":
-                return f"{target}.{kind}"
-    match = _BLOCK_KEY.fullmatch(original)
-    if match is None:
-        return None
-    index, rest = match.groups()
-    if rest == "modulation":
-        return f"blocks.{index}.scale_shift_table"
-    for prefix, target in _BLOCK.items():
-        for kind in _WB:
-            if rest == f"{prefix}.{kind}":
-                return f"blocks.{index}.{target}.{kind}"
-    for prefix, target in _BLOCK_WEIGHT_ONLY.items():
-        if rest == f"{prefix}.weight":
-            return f"blocks.{index}.{target}.weight"
-    return None
+def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of a Wan2.1 T2V transformer of ``config``'s size, by its original name."""
+    d, f, c = config.dim, config.ffn_dim, config.latent_channels
+    p_t, p_h, p_w = config.patch
+    shapes: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, c, p_t, p_h, p_w),
+        "patch_embedding.bias": (d,),
+        "text_embedding.0.weight": (d, config.text_dim),
+        "text_embedding.0.bias": (d,),
+        "text_embedding.2.weight": (d, d),
+        "text_embedding.2.bias": (d,),
+        "time_embedding.0.weight": (d, config.freq_dim),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+        "head.modulation": (1, 2, d),
+        "head.head.weight": (p_t * p_h * p_w * c, d),
+        "head.head.bias": (p_t * p_h * p_w * c,),
+    }
+    for i in range(config.num_layers):
+        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in "qkvo":
+                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
+                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
+        shapes[f"blocks.{i}.norm3.weight"] = (d,)  # the affine cross-attention norm (diffusers' norm2)
+        shapes[f"blocks.{i}.norm3.bias"] = (d,)
+        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
+        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
+        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
+        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+    return shapes
 
 
-def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """A checkpoint's tensors with training wrappers and prefixes removed."""
+def _convert(name: str) -> str:
+    """One original key's diffusers name, by the library's own conversion."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    (converted,) = convert_wan_transformer_to_diffusers({name: None})  # type: ignore[no-untyped-call]
+    return str(converted)
+
+
+def is_diffusers_layout(keys: Mapping[str, object]) -> bool:
+    return any(key.startswith(_DIFFUSERS_MARKERS) for key in keys)
+
+
+@dataclass(slots=True)
+class TransformerState:
+    """A transformer checkpoint in the model's (diffusers) names, remembering the user's names."""
+
+    tensors: dict[str, Tensor]
+    #: model name -> the name in the user's file
+    user_names: dict[str, str]
+    actions: dict[str, Tensor]
+    source: str
+    layout: str  # "original" or "diffusers"
+    #: The Diffusers config.json next to the weights, if any.
+    diffusers_config: dict[str, object] | None = None
+
+    def user_name(self, key: str) -> str:
+        return self.user_names.get(key, key)
+
+
+def transformer_state(raw: Mapping[str, Tensor], source: str) -> TransformerState:
+    """``raw`` (either layout) in the diffusers names; the action embedding split off."""
+    actions = {k[len(ACTION_PREFIX) :]: v for k, v in raw.items() if k.startswith(ACTION_PREFIX)}
+    rest = {k: v for k, v in raw.items() if not k.startswith(ACTION_PREFIX)}
+    if is_diffusers_layout(rest):
+        return TransformerState(dict(rest), {k: k for k in rest}, actions, source, "diffusers")
+    tensors: dict[str, Tensor] = {}
+    names: dict[str, str] = {}
+    for key, value in rest.items():
+        target = _convert(key)
+        if target in tensors:
+            raise WeightsError(f"{source}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
+        tensors[target] = value
+        names[target] = key
+    return TransformerState(tensors, names, actions, source, "original")
+
+
+def read_transformer(path: str | Path, *, ema: bool = True) -> TransformerState:
+    """A transformer checkpoint file, or a Diffusers ``transformer/`` folder (with its config.json)."""
     path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    state = transformer_state(read_tensors(path, ema=ema), str(path))
+    config_file = path / "config.json" if path.is_dir() else None
+    if config_file is not None and config_file.exists():
+        state.diffusers_config = read_json(config_file)
+    return state
 
-        raw: object = load_file(str(path))
-    else:
-        raw = torch.load(str(path), map_location="cpu", weights_only=True)
-    while isinstance(raw, Mapping) and not any(isinstance(v, Tensor) for v in raw.values()):
-        for wrapper in _WRAPPERS:
-            if wrapper in raw:
-                raw = raw[wrapper]
-                break
-        else:
-            raise ValueError(f"{path}: no state dict found (top-level keys: {sorted(raw)[:10]}).")
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{path}: expected a mapping of tensors; got {type(raw).__name__}.")
-    out: dict[str, Tensor] = {}
+
+def merge_lora(state: TransformerState, path: str | Path, alpha: float | None = None) -> int:
+    """Merge a peft LoRA (LongLive's ``lora.pt``) into ``state``; returns the number of layers changed.
+
+    Each adapted linear layer has ``<name>.lora_A.weight`` [rank, in] and ``<name>.lora_B.weight``
+    [out, rank]; its weight becomes ``W + alpha / rank * B @ A`` (``alpha`` defaults to the
+    rank, LongLive's released ``alpha == rank``).
+    """
+    raw = read_tensors(path, unwrap=False)
+    pairs: dict[str, dict[str, Tensor]] = {}
     for key, value in raw.items():
-        if not isinstance(value, Tensor):
-            continue
-        name = str(key)
-        for wrapper in _INNER_WRAPPERS:
-            name = name.replace(wrapper, "")
-        stripped = True
-        while stripped:
-            stripped = False
-            for prefix in _PREFIXES:
-                if name.startswith(prefix):
-                    name = name[len(prefix) :]
-                    stripped = True
-        out[name] = value
-    return out
+        name = key.removeprefix("base_model.model.").removeprefix("model.")
+        match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.default)?\.weight", name)
+        if match is None:
+            raise WeightsError(f"{path}: LoRA key {key!r} is not <layer>.lora_A.weight or <layer>.lora_B.weight.")
+        pairs.setdefault(match.group(1), {})[match.group(2)] = value
+    for layer, pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            raise WeightsError(f"{path}: LoRA layer {layer!r} has only lora_{''.join(pair)}.")
+        original = f"{layer}.weight"
+        target = original if state.layout == "diffusers" else _convert(original)
+        if target not in state.tensors:
+            raise WeightsError(f"{path}: LoRA layer {layer!r} adapts {original!r}, which the checkpoint lacks.")
+        down, up = pair["A"].float(), pair["B"].float()
+        rank = down.shape[0]
+        weight = state.tensors[target]
+        if up.shape[1] != rank or (up.shape[0], down.shape[1]) != tuple(weight.shape):
+            raise WeightsError(
+                f"{path}: LoRA layer {layer!r}: B {tuple(up.shape)} @ A {tuple(down.shape)} does not fit "
+                f"{state.user_name(target)} {tuple(weight.shape)}."
+            )
+        scale = (alpha if alpha is not None else rank) / rank
+        state.tensors[target] = (weight.float() + scale * (up @ down)).to(weight.dtype)
+    return len(pairs)
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointReport:
-    mapped: int
-    action_from_checkpoint: bool
+def _found_config(state: TransformerState) -> dict[str, int]:
+    t = state.tensors
+    try:
+        patch = t["patch_embedding.weight"]
+        found = {
+            "dim": int(patch.shape[0]),
+            "latent_channels": int(patch.shape[1]),
+            "num_layers": len({int(m.group(1)) for k in t if (m := _BLOCK.match(k))}),
+            "ffn_dim": int(t["blocks.0.ffn.net.0.proj.weight"].shape[0]),
+            "text_dim": int(t["condition_embedder.text_embedder.linear_1.weight"].shape[1]),
+            "freq_dim": int(t["condition_embedder.time_embedder.linear_1.weight"].shape[1]),
+        }
+    except KeyError as error:
+        key = error.args[0]
+        raise WeightsError(
+            f"{state.source}: not a Wan2.1 transformer checkpoint: it lacks {state.user_name(key)!r} "
+            f"(keys start: {sorted(state.user_names.values())[:6]})."
+        ) from None
+    config = state.diffusers_config or {}
+    heads = config.get("num_attention_heads", config.get("num_heads"))  # Diffusers' or Wan's own config.json
+    found["num_heads"] = int(heads) if isinstance(heads, int) else max(1, found["dim"] // WAN_HEAD_DIM)
+    return found
 
 
-def load_checkpoint(path: str | Path, transformer: nn.Module, actions: nn.Module) -> CheckpointReport:
-    """Load ``path`` into ``transformer`` (and ``actions`` if present); every key must map."""
-    state = read_state_dict(path)
-    mapped: dict[str, Tensor] = {}
-    action_state: dict[str, Tensor] = {}
-    unmapped: list[str] = []
-    for key, value in state.items():
-        if key.startswith(ACTION_PREFIX):
-            action_state[key[len(ACTION_PREFIX) :]] = value
-            continue
-        target = diffusers_key(key)
-        if target is None:
-            unmapped.append(key)
-        else:
-            mapped[target] = value
-    expected = set(transformer.state_dict())
-    missing = sorted(expected - set(mapped))
-    unexpected = sorted(set(mapped) - expected)
-    if unmapped or missing or unexpected:
-        raise ValueError(
-            f"{path}: checkpoint does not fit the model: unmapped {unmapped[:8]} ({len(unmapped)}), "
-            f"missing {missing[:8]} ({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)})."
+def _sizes(config: WanCausalConfig) -> dict[str, int]:
+    return {
+        "dim": config.dim,
+        "latent_channels": config.latent_channels,
+        "num_layers": config.num_layers,
+        "ffn_dim": config.ffn_dim,
+        "text_dim": config.text_dim,
+        "freq_dim": config.freq_dim,
+        "num_heads": config.num_heads,
+    }
+
+
+def infer_config(state: TransformerState) -> WanCausalConfig:
+    """The named configuration (``tiny``, ``1.3b``, ``14b``) of the checkpoint's width.
+
+    The width names the size; any other shape that differs from it is reported key by key
+    when the weights are loaded.
+    """
+    found = _found_config(state)
+    for config in CONFIGS.values():
+        if config.dim == found["dim"]:
+            return config
+    raise WeightsError(
+        f"{state.source}: a transformer of {found} matches no known config "
+        f"({', '.join(f'{name}: dim {c.dim}, {c.num_layers} layers' for name, c in CONFIGS.items())})."
+    )
+
+
+def load_transformer(
+    state: TransformerState, transformer: nn.Module, actions: nn.Module, config: WanCausalConfig
+) -> bool:
+    """Load ``state`` strictly into ``transformer`` (and ``actions`` if present); True if the actions were."""
+    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    names = dict(state.user_names)
+    if state.layout == "original":  # a key the file lacks is named as the authors' layout names it
+        for original in original_layout(config):
+            names.setdefault(_convert(original), original)
+    check_shapes(
+        state.tensors,
+        expected,
+        where=state.source,
+        part=f"transformer ({state.layout} layout, config {config.name})",
+        user_name=lambda key: names.get(key, key),
+    )
+    with torch.no_grad():
+        transformer.load_state_dict(state.tensors, strict=True)
+    if state.actions:
+        wanted = {k: tuple(v.shape) for k, v in actions.state_dict().items()}
+        check_shapes(
+            state.actions,
+            wanted,
+            where=state.source,
+            part="action embedding",
+            user_name=lambda k: ACTION_PREFIX + k,
         )
-    transformer.load_state_dict(mapped, strict=True)
-    if action_state:
-        actions.load_state_dict(action_state, strict=True)
-    return CheckpointReport(mapped=len(mapped), action_from_checkpoint=bool(action_state))
+        actions.load_state_dict(state.actions, strict=True)
+    return bool(state.actions)

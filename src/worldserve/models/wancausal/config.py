@@ -2,13 +2,14 @@
 
 Owns: :class:`WanCausalConfig` (transformer, VAE, latent grid, AR block, KV window,
 sampler schedule), the named configurations :data:`CONFIGS` (``tiny`` for tests on a CPU,
-``1.3b`` for Wan2.1-T2V-1.3B) and the per-session byte and FLOP counts the spec and the
+``1.3b`` for Wan2.1-T2V-1.3B, ``14b`` for Wan2.1-T2V-14B) and the per-session byte and FLOP counts the spec and the
 docs quote. Must not know: torch, diffusers, sessions, the runtime.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 __all__ = ["CONFIGS", "WanCausalConfig", "get_config"]
 
@@ -45,11 +46,18 @@ class WanCausalConfig:
     #: after them a sliding window of the ``window_frames`` most recent latent frames.
     sink_frames: int = 3
     window_frames: int = 9
-    # Sampler: the Self-Forcing few-step schedule (on a 1000-step grid), flow shift.
-    denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)
+    # Sampler: the denoising step list as a family's released config writes it (on the
+    # 1000-step grid), whether it is warped through the shifted table, the flow shift, and the
+    # update rule ("renoise": x0 re-noised with fresh noise, the distilled few-step samplers;
+    # "euler": the flow-matching ODE step, for the undistilled base model).
+    denoising_steps: tuple[float, ...] = (1000, 750, 500, 250)
+    warp: bool = True
     shift: float = 5.0
+    sampler: str = "renoise"
     #: The timestep the commit pass writes the cache at (Self-Forcing's context noise).
     context_timestep: float = 0.0
+    #: The family whose inference settings these are (:mod:`~worldserve.models.wancausal.families`).
+    family: str = "self-forcing"
     #: Action conditioning: per-latent-frame features (vx, vy, |v|, moving).
     action_dim: int = 4
 
@@ -58,8 +66,12 @@ class WanCausalConfig:
             raise ValueError(f"height/width must be multiples of {8 * self.patch[1]}; got {self.height}x{self.width}.")
         if self.block_frames <= 0 or self.sink_frames < 0 or self.window_frames <= 0:
             raise ValueError("block_frames and window_frames must be positive, sink_frames non-negative.")
-        if self.sink_frames % self.block_frames:
-            raise ValueError("sink_frames must be a whole number of blocks (the primed start block).")
+        if self.sink_frames > self.block_frames:
+            raise ValueError("sink_frames must fit in the primed start block (at most block_frames).")
+        if self.sampler not in ("renoise", "euler"):
+            raise ValueError(f"sampler must be 'renoise' or 'euler'; got {self.sampler!r}.")
+        if not self.denoising_steps:
+            raise ValueError("denoising_steps must name at least one step.")
 
     @property
     def dim(self) -> int:
@@ -110,17 +122,88 @@ class WanCausalConfig:
         return self.num_layers * per_layer
 
     def block_flops(self) -> int:
-        """FLOPs of one AR block at the full window: every denoising step plus the commit pass."""
+        """Transformer FLOPs of one AR block at the full window: every denoising step plus the commit pass."""
         keys = self.cache_frames
         return (len(self.denoising_steps) + 1) * self.forward_flops(self.block_frames, keys)
 
-    def sigmas(self) -> tuple[float, ...]:
-        """The shifted noise levels of the denoising steps (Self-Forcing's warped timesteps / 1000)."""
+    def vae_decode_flops(self, latent_frames: int | None = None) -> int:
+        """FLOPs of the streaming VAE decode of ``latent_frames`` (a block by default), after the first.
+
+        Every convolution of the decoder (``2 * C_in * C_out * kernel volume`` per output
+        element) and the middle block's spatial attention, at the resolution and frame count it
+        runs at: the first two levels double the frames (4 video frames per latent frame),
+        every level but the last doubles height and width.
+        """
+        frames = latent_frames if latent_frames is not None else self.block_frames
+        h, w = self.latent_height, self.latent_width
+        z, base, mult, res = self.latent_channels, self.vae_base_dim, self.vae_dim_mult, self.vae_res_blocks
+        dims = [base * u for u in (mult[-1], *mult[::-1])]
+        temporal = (True, True, False)[: len(mult) - 1]
+
+        def conv(c_in: int, c_out: int, kernel: int, t: int, hh: int, ww: int) -> int:
+            return 2 * c_in * c_out * kernel * t * hh * ww
+
+        def residual(c_in: int, c_out: int, t: int, hh: int, ww: int) -> int:
+            shortcut = conv(c_in, c_out, 1, t, hh, ww) if c_in != c_out else 0
+            return conv(c_in, c_out, 27, t, hh, ww) + conv(c_out, c_out, 27, t, hh, ww) + shortcut
+
+        t = frames
+        total = conv(z, z, 1, t, h, w) + conv(z, dims[0], 27, t, h, w)  # post_quant_conv, conv_in
+        d0 = dims[0]
+        tokens = h * w
+        attention = conv(d0, 3 * d0, 1, t, h, w) + conv(d0, d0, 1, t, h, w) + 2 * 2 * tokens * tokens * d0 * t
+        total += 2 * residual(d0, d0, t, h, w) + attention
+        for level, (in_dim, out_dim) in enumerate(pairwise(dims)):
+            if level in (1, 2, 3):
+                in_dim //= 2
+            for _ in range(res + 1):
+                total += residual(in_dim, out_dim, t, h, w)
+                in_dim = out_dim
+            if level != len(mult) - 1:
+                if temporal[level]:
+                    total += conv(out_dim, 2 * out_dim, 3, t, h, w)  # time_conv, then twice the frames
+                    t *= 2
+                h, w = 2 * h, 2 * w
+                total += conv(out_dim, out_dim // 2, 9, t, h, w)  # nearest upsample, then a 3x3 conv
+        return total + conv(dims[-1], 3, 27, t, h, w)
+
+    def table(self) -> tuple[list[float], list[float]]:
+        """The shifted 1000-entry grid every family samples on: (timesteps, sigmas).
+
+        As ``FlowMatchScheduler(shift, sigma_min=0, extra_one_step=True).set_timesteps(1000)``
+        builds it in Self-Forcing/CausVid/LongLive/Krea (``utils/scheduler.py``): sigma
+        ``s = 1 - i/1000`` for i in 0..999, shifted ``shift*s / (1 + (shift-1)*s)``, timestep
+        ``1000 * sigma`` (here in float64).
+        """
+        sigmas = []
+        for i in range(1000):
+            s = 1.0 - i / 1000.0
+            sigmas.append(self.shift * s / (1.0 + (self.shift - 1.0) * s))
+        return [1000.0 * sigma for sigma in sigmas], sigmas
+
+    def sigma_at(self, timestep: float) -> float:
+        """The table's sigma at the grid timestep nearest ``timestep`` (the authors' ``argmin`` lookup)."""
+        timesteps, sigmas = self.table()
+        index = min(range(len(timesteps)), key=lambda i: abs(timesteps[i] - timestep))
+        return sigmas[index]
+
+    def schedule(self) -> tuple[tuple[float, float], ...]:
+        """(timestep fed to the network, sigma) per denoising step.
+
+        Warped (``warp_denoising_step: true``): step ``k`` is the table's entry ``1000 - k``
+        (entry 1000 is timestep 0). Unwarped: the step is the timestep itself. Either way the
+        sigma is the table's at the nearest grid timestep, as the authors convert flow to x0.
+        """
+        timesteps, _ = self.table()
+        padded = [*timesteps, 0.0]
         out = []
         for step in self.denoising_steps:
-            s = step / 1000.0
-            out.append(self.shift * s / (1.0 + (self.shift - 1.0) * s))
+            t = padded[1000 - round(step)] if self.warp else float(step)
+            out.append((t, self.sigma_at(t)))
         return tuple(out)
+
+    def sigmas(self) -> tuple[float, ...]:
+        return tuple(sigma for _, sigma in self.schedule())
 
     def with_window(self, window_frames: int) -> WanCausalConfig:
         return replace(self, window_frames=window_frames)
@@ -140,7 +223,6 @@ CONFIGS: dict[str, WanCausalConfig] = {
         latent_channels=4,
         text_len=8,
         vae_base_dim=8,
-        vae_res_blocks=1,
         vae_latents_mean=(0.0, 0.0, 0.0, 0.0),
         vae_latents_std=(1.0, 1.0, 1.0, 1.0),
         height=64,
@@ -156,6 +238,18 @@ CONFIGS: dict[str, WanCausalConfig] = {
         num_heads=12,
         head_dim=128,
         ffn_dim=8960,
+        text_dim=4096,
+        freq_dim=256,
+        latent_channels=16,
+    ),
+    # Wan2.1-T2V-14B (Krea Realtime 14B is this size): 40 layers, 40 heads x 128, FFN 13824
+    # (Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py); the same VAE, text encoder and grid as 1.3b.
+    "14b": WanCausalConfig(
+        name="14b",
+        num_layers=40,
+        num_heads=40,
+        head_dim=128,
+        ffn_dim=13824,
         text_dim=4096,
         freq_dim=256,
         latent_channels=16,

@@ -4,12 +4,16 @@ Owns: :class:`CachedForward`, the transformer's forward for one AR block of ever
 in a batch, written on the public submodules of diffusers' ``SkyReelsV2Transformer3DModel``
 (patch embedding, condition embedder, each block's norms, attention projections, cross
 attention and FFN, the output head). What it adds to the library's dense forward: each
-row's self-attention reads that session's :class:`~worldserve.models.wancausal.cache.KVCache`
-(the block's own K/V written to the cache's scratch first), RoPE at each row's own frame
-offset, per-frame timesteps and an action embedding added to the timestep projection. The
-projections, FFN and cross-attention run once for the whole batch; only the attention over
-each session's cache runs per row (its own length, no padding, no copy). Must not know:
-the sampler's schedule, the VAE, sessions' control plane.
+row's self-attention reads that session's cache, RoPE at each row's own frame offset,
+per-frame timesteps and an action embedding added to the timestep projection. Every part runs
+once for the whole batch: the projections, FFN and cross-attention, and the self-attention
+too, ONE call per layer per pass over a :class:`~worldserve.models.wancausal.cache.BatchKV`
+(the sessions' caches gathered, each row masked past its own length), so a forward makes the
+same calls whatever the batch. ``attention="loop"`` keeps the per-session loop (each row
+against its own cache, no gather) as the reference the batched call is tested and measured
+against. ``compile=True`` runs each transformer block's dense parts (everything but the
+self-attention over the caches) through ``torch.compile`` (whole graphs, dynamic shapes). Must not know: the sampler's
+schedule, the VAE, sessions' control plane.
 """
 
 from __future__ import annotations
@@ -22,20 +26,41 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from worldserve.models.wancausal.build import ActionEmbedding
-from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.cache import BatchKV, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.rope import apply_rope
 
 __all__ = ["CachedForward"]
 
+#: (batch, frames, tokens per frame, model width)
+Shape = tuple[int, int, int, int]
+
 
 class CachedForward:
-    """The block-causal transformer forward against per-session KV caches."""
+    """The block-causal transformer forward against the KV caches of a batch of sessions."""
 
-    def __init__(self, transformer: nn.Module, actions: ActionEmbedding, config: WanCausalConfig):
+    def __init__(
+        self,
+        transformer: nn.Module,
+        actions: ActionEmbedding,
+        config: WanCausalConfig,
+        *,
+        attention: str = "batched",
+        compile: bool = False,
+        compile_backend: str = "inductor",
+    ) -> None:
+        if attention not in ("batched", "loop"):
+            raise ValueError(f"attention must be 'batched' or 'loop'; got {attention!r}.")
         self.transformer = transformer
         self.actions = actions
         self.config = config
+        self.attention = attention
+        self.compiled = compile
+        self._pre: Any = _pre_attention
+        self._post: Any = _post_attention
+        if compile:  # whole graphs (no breaks), shapes dynamic: one graph serves every batch size and window
+            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True, backend=compile_backend)
+            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True, backend=compile_backend)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -49,7 +74,7 @@ class CachedForward:
         timesteps: Tensor,
         text: Tensor,
         actions: Tensor,
-        caches: Sequence[KVCache],
+        caches: Sequence[KVCache] | BatchKV,
         rope: tuple[Tensor, Tensor],
         *,
         head: bool = True,
@@ -57,22 +82,31 @@ class CachedForward:
         """Flow prediction for ``latents`` ``[B, C, F, h, w]`` at ``timesteps`` ``[B, F]``.
 
         ``text`` is ``[B, text_len, text_dim]``, ``actions`` ``[B, F, action_dim]``, ``rope``
-        the (cos, sin) for each row's frames. Each row's K/V land in its cache's scratch
-        slots; with ``head=False`` (the commit pass) the output head is skipped.
+        the (cos, sin) for each row's frames, ``caches`` the step's :class:`BatchKV` (or the
+        caches, gathered here). With ``head=False`` (the commit pass) the output head is skipped.
         """
+        kv = caches if isinstance(caches, BatchKV) else BatchKV(list(caches))
         tr: Any = self.transformer
         batch, _, frames, height, width = latents.shape
         p_t, p_h, p_w = self.config.patch
         pph, ppw = height // p_h, width // p_w
         hw = pph * ppw
         dim = self.config.dim
+        heads = self.config.num_heads
         hidden = tr.patch_embedding(latents.to(self.dtype)).flatten(2).transpose(1, 2)
         temb, timestep_proj, context, _ = tr.condition_embedder(timesteps, text.to(self.dtype))
         timestep_proj = timestep_proj + self.actions(actions.to(timestep_proj.dtype))
         # Per-frame modulation [B, 6, F, 1, dim]; it broadcasts over a frame's tokens.
         modulation = timestep_proj.unflatten(-1, (6, -1)).transpose(1, 2).unsqueeze(3).float()
+        shape = (batch, frames, hw, dim)
         for layer, block in enumerate(tr.blocks):
-            hidden = self._block(layer, block, hidden, context, modulation, rope, caches, (batch, frames, hw, dim))
+            query, key, value = self._pre(block, hidden, modulation, rope[0], rope[1], shape, heads)
+            if self.attention == "loop":
+                attended = _loop_attention(layer, query, key, value, kv)
+            else:
+                keys, values, mask = kv.attend(layer, key, value)
+                attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+            hidden = self._post(block, hidden, attended, context, modulation, shape)
         if not head:
             return None
         table = tr.scale_shift_table.view(1, 2, 1, 1, dim)
@@ -84,47 +118,49 @@ class CachedForward:
         result: Tensor = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
         return result
 
-    def _block(
-        self,
-        layer: int,
-        block: Any,
-        hidden: Tensor,
-        context: Tensor,
-        modulation: Tensor,
-        rope: tuple[Tensor, Tensor],
-        caches: Sequence[KVCache],
-        shape: tuple[int, int, int, int],
-    ) -> Tensor:
-        batch, frames, hw, dim = shape
-        table = block.scale_shift_table.view(1, 6, 1, 1, dim)
-        shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate = (table + modulation).unbind(1)
-        h4 = hidden.view(batch, frames, hw, dim)
-        normed = (block.norm1(h4.float()) * (1 + scale_msa) + shift_msa).type_as(hidden)
-        attn = self._self_attention(layer, block.attn1, normed.view(batch, frames * hw, dim), rope, caches)
-        h4 = (h4.float() + attn.view(batch, frames, hw, dim) * gate_msa).type_as(hidden)
-        normed = block.norm2(h4.float()).type_as(hidden)
-        cross = block.attn2(normed.view(batch, frames * hw, dim), context, None, None)
-        h4 = h4 + cross.view(batch, frames, hw, dim)
-        normed = (block.norm3(h4.float()) * (1 + c_scale) + c_shift).type_as(hidden)
-        ff = block.ffn(normed)
-        h4 = (h4.float() + ff.float() * c_gate).type_as(hidden)
-        result: Tensor = h4.view(batch, frames * hw, dim)
-        return result
 
-    def _self_attention(
-        self, layer: int, attn: Any, x: Tensor, rope: tuple[Tensor, Tensor], caches: Sequence[KVCache]
-    ) -> Tensor:
-        heads = self.config.num_heads
-        query = attn.norm_q(attn.to_q(x)).unflatten(2, (heads, -1))
-        key = attn.norm_k(attn.to_k(x)).unflatten(2, (heads, -1))
-        value = attn.to_v(x).unflatten(2, (heads, -1))
-        query = apply_rope(query, *rope)
-        key = apply_rope(key, *rope)
-        out = torch.empty_like(query)
-        for row, cache in enumerate(caches):
-            cache.write_scratch(layer, key[row].transpose(0, 1), value[row].transpose(0, 1))
-            keys, values = cache.visible(layer)
-            attended = F.scaled_dot_product_attention(query[row].transpose(0, 1)[None], keys[None], values[None])
-            out[row] = attended[0].transpose(0, 1)
-        result: Tensor = attn.to_out[0](out.flatten(2))
-        return result
+def _pre_attention(
+    block: Any, hidden: Tensor, modulation: Tensor, cos: Tensor, sin: Tensor, shape: Shape, heads: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Norm and modulation, Q/K/V projections, QK norms and RoPE: ``[B, heads, tokens, head_dim]`` each."""
+    batch, frames, hw, dim = shape
+    shift, scale = (block.scale_shift_table.view(1, 6, 1, 1, dim) + modulation).unbind(1)[:2]
+    normed = (block.norm1(hidden.view(batch, frames, hw, dim).float()) * (1 + scale) + shift).type_as(hidden)
+    x = normed.view(batch, frames * hw, dim)
+    attn = block.attn1
+    query = apply_rope(attn.norm_q(attn.to_q(x)).unflatten(2, (heads, -1)), cos, sin)
+    key = apply_rope(attn.norm_k(attn.to_k(x)).unflatten(2, (heads, -1)), cos, sin)
+    value = attn.to_v(x).unflatten(2, (heads, -1))
+    return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+
+def _post_attention(
+    block: Any, hidden: Tensor, attended: Tensor, context: Tensor, modulation: Tensor, shape: Shape
+) -> Tensor:
+    """The attention's output projection and gate, the cross-attention, the FFN."""
+    batch, frames, hw, dim = shape
+    gate, c_shift, c_scale, c_gate = (block.scale_shift_table.view(1, 6, 1, 1, dim) + modulation).unbind(1)[2:]
+    attn = block.attn1.to_out[0](attended.transpose(1, 2).flatten(2))
+    h4 = hidden.view(batch, frames, hw, dim)
+    h4 = (h4.float() + attn.view(batch, frames, hw, dim) * gate).type_as(hidden)
+    normed = block.norm2(h4.float()).type_as(hidden)
+    cross = block.attn2(normed.view(batch, frames * hw, dim), context, None, None)
+    h4 = h4 + cross.view(batch, frames, hw, dim)
+    normed = (block.norm3(h4.float()) * (1 + c_scale) + c_shift).type_as(hidden)
+    ff = block.ffn(normed)
+    h4 = (h4.float() + ff.float() * c_gate).type_as(hidden)
+    result: Tensor = h4.view(batch, frames * hw, dim)
+    return result
+
+
+def _loop_attention(layer: int, query: Tensor, key: Tensor, value: Tensor, kv: BatchKV) -> Tensor:
+    """The per-session reference: each row against its own cache (its own length, no gather)."""
+    if kv.pending is not None:
+        kv.pending[0][layer] = key
+        kv.pending[1][layer] = value
+    out = torch.empty_like(query)
+    for row, cache in enumerate(kv.caches):
+        cache.write_scratch(layer, key[row], value[row])
+        keys, values = cache.visible(layer)
+        out[row] = F.scaled_dot_product_attention(query[row][None], keys[None], values[None])[0]
+    return out

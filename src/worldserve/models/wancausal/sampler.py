@@ -1,38 +1,57 @@
-"""The few-step sampler with the Self-Forcing schedule, and the commit pass.
+"""The few-step sampler on a family's schedule, and the commit pass.
 
-Owns: :func:`sample_block` (flow matching: start from noise at the first shifted noise
-level; at each step predict the flow ``v``, take ``x0 = x - sigma * v``, and re-noise
-``x0`` to the next level with fresh noise; return the last ``x0``), :func:`commit_block`
+Owns: :func:`sample_block` (flow matching on the configuration's schedule of (timestep,
+sigma) pairs: start from noise; at each step predict the flow ``v`` at that timestep, take
+``x0 = x - sigma * v``, and move to the next sigma: the distilled families' ``renoise`` rule
+re-noises ``x0`` with fresh noise, ``(1 - s') x0 + s' n``, as Self-Forcing/CausVid/LongLive/
+Krea do; ``euler`` takes the ODE step ``x + (s' - s) v``; return the last ``x0``), :func:`commit_block`
 (one more pass over the clean block at the context timestep, whose K/V the caches keep) and
-:func:`draw_noise` (each session's own generator, on the model's device, so a session's
-frames do not depend on its batch). Must not know: attention, the VAE, sessions.
+:func:`recache_context` (a prompt switch's re-cache). The noise comes from the caller
+(``noise()``: :func:`~worldserve.models.wancausal.noise.batch_noise` in the model). Must not
+know: attention, the VAE, sessions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.cache import KVCache
+from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.forward import CachedForward
 
-__all__ = ["StepRecord", "commit_block", "draw_noise", "sample_block"]
+__all__ = ["BlockForward", "StepRecord", "commit_block", "recache_context", "sample_block"]
+
+
+class BlockForward(Protocol):
+    """A block-causal forward over a batch against its caches (``CachedForward``, or another family's)."""
+
+    def __call__(
+        self,
+        latents: Tensor,
+        timesteps: Tensor,
+        text: Tensor,
+        actions: Tensor,
+        caches: Sequence[KVCache] | BatchKV,
+        rope: tuple[Tensor, Tensor],
+        *,
+        head: bool = True,
+    ) -> Tensor | None: ...
+
 
 #: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
 StepRecord = tuple[Tensor, Tensor, Tensor]
 
 
-def draw_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """One standard-normal draw of ``shape`` per generator, stacked: ``[B, *shape]``."""
-    return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
+def _batch(caches: Sequence[KVCache] | BatchKV) -> BatchKV:
+    return caches if isinstance(caches, BatchKV) else BatchKV(list(caches))
 
 
 def sample_block(
-    forward: CachedForward,
-    caches: Sequence[KVCache],
+    forward: BlockForward,
+    caches: Sequence[KVCache] | BatchKV,
     noise: Callable[[], Tensor],
     text: Tensor,
     actions: Tensor,
@@ -41,26 +60,31 @@ def sample_block(
     record: list[StepRecord] | None = None,
 ) -> Tensor:
     """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw."""
-    sigmas = config.sigmas()
+    kv = _batch(caches)
+    schedule = config.schedule()
     x = noise()
     batch, frames = x.shape[0], x.shape[2]
     x0 = x
-    for index, sigma in enumerate(sigmas):
-        timesteps = torch.full((batch, frames), sigma * 1000.0, device=x.device)
-        flow = forward(x, timesteps, text, actions, caches, rope)
+    for index, (timestep, sigma) in enumerate(schedule):
+        timesteps = torch.full((batch, frames), timestep, device=x.device)
+        flow = forward(x, timesteps, text, actions, kv, rope)
         assert flow is not None
         if record is not None:
             record.append((x, timesteps, flow))
-        x0 = x - sigma * flow.float()
-        if index + 1 < len(sigmas):
-            following = sigmas[index + 1]
-            x = (1.0 - following) * x0 + following * noise()
+        velocity = flow.float()
+        x0 = x - sigma * velocity
+        if index + 1 < len(schedule):
+            following = schedule[index + 1][1]
+            if config.sampler == "euler":
+                x = x + (following - sigma) * velocity
+            else:
+                x = (1.0 - following) * x0 + following * noise()
     return x0
 
 
 def commit_block(
-    forward: CachedForward,
-    caches: Sequence[KVCache],
+    forward: BlockForward,
+    caches: Sequence[KVCache] | BatchKV,
     clean: Tensor,
     text: Tensor,
     actions: Tensor,
@@ -71,11 +95,43 @@ def commit_block(
 ) -> None:
     """Run the clean block at the context timestep and keep its K/V in each cache.
 
-    With ``keep=False`` the K/V stay in the caches' scratch slots until the caller's
-    ``cache.commit()`` (so a failure after this pass can leave the caches unchanged).
+    With ``keep=False`` the K/V wait in the :class:`BatchKV` until the caller's ``kv.commit()``
+    (so a failure after this pass can leave the caches unchanged); pass the step's ``BatchKV``.
     """
+    kv = _batch(caches)
+    kv.record()
     timesteps = torch.full((clean.shape[0], clean.shape[2]), config.context_timestep, device=clean.device)
-    forward(clean, timesteps, text, actions, caches, rope, head=False)
+    forward(clean, timesteps, text, actions, kv, rope, head=False)
     if keep:
-        for cache in caches:
-            cache.commit()
+        kv.commit()
+
+
+def recache_context(
+    forward: BlockForward,
+    cache: KVCache,
+    log: BlockLog,
+    text: Tensor,
+    rope: Callable[[Sequence[int], int], tuple[Tensor, Tensor]],
+    config: WanCausalConfig,
+    *,
+    keep_sink: bool,
+) -> KVCache:
+    """A copy of ``cache`` whose context was recomputed under ``text`` (LongLive's KV re-cache).
+
+    Every logged block (oldest first; with ``keep_sink`` those wholly inside the sink are left as
+    they are) runs the commit pass again at its own position and with its own actions, seeing the
+    sink and the blocks before it, exactly as when it was first committed; the window then holds
+    the same frames as before. ``cache`` itself is untouched (a failed step keeps it).
+    """
+    fresh = cache.clone()
+    fresh.restart(keep_sink=keep_sink)
+    next_frame = cache.next_frame
+    block = config.block_frames
+    for index in sorted(log.blocks):
+        first = index * block
+        if keep_sink and first + block <= cache.sink:
+            continue
+        latents, actions = log.blocks[index]
+        commit_block(forward, [fresh], latents, text, actions, rope([first], block), config)
+    fresh.next_frame = next_frame
+    return fresh

@@ -1,8 +1,9 @@
 """Prompt text -> the transformer's text embeddings, cached per prompt.
 
-Owns: :class:`PromptEmbedder`. With ``encoder_path`` (a local directory holding a UMT5
-encoder and its tokenizer, as Wan2.1 ships ``umt5-xxl``) it runs transformers'
-``UMT5EncoderModel`` and zeroes the padding positions, as Wan does. Without it, a
+Owns: :class:`PromptEmbedder`. With an encoder (transformers' ``UMT5EncoderModel``, loaded
+by :mod:`~worldserve.models.wancausal.t5` from either published layout) and its tokenizer, it
+cleans the prompt as Wan does (``clean='whitespace'``), pads to ``text_len`` and zeroes the
+padding positions, as Wan does. Without one, a
 documented deterministic embedding stands in so the path runs with nothing downloaded:
 each lower-case word (``[a-z0-9]+``, at most ``text_len``) becomes a standard-normal vector
 from a generator seeded by the word's CRC-32, scaled by 1/sqrt(text_dim); padding positions
@@ -17,11 +18,12 @@ import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from worldserve.models.wancausal.t5 import clean_prompt
 
 __all__ = ["PromptEmbedder", "hashed_embedding"]
 
@@ -46,7 +48,8 @@ class PromptEmbedder:
         text_dim: int,
         device: torch.device,
         dtype: torch.dtype,
-        encoder_path: str | Path | None = None,
+        encoder: Any = None,
+        tokenizer: Any = None,
         capacity: int = 64,
     ) -> None:
         self.text_len = text_len
@@ -55,19 +58,15 @@ class PromptEmbedder:
         self.dtype = dtype
         self.capacity = capacity
         self._cache: OrderedDict[str, Tensor] = OrderedDict()
-        self._tokenizer: Any = None
-        self._encoder: Any = None
-        if encoder_path is not None:
-            from transformers import AutoTokenizer, UMT5EncoderModel
-
-            self._tokenizer = AutoTokenizer.from_pretrained(str(encoder_path), local_files_only=True)
-            self._encoder = UMT5EncoderModel.from_pretrained(str(encoder_path), local_files_only=True)
-            self._encoder.to(device=device, dtype=dtype).eval()
+        if (encoder is None) != (tokenizer is None):
+            raise ValueError("a text encoder needs its tokenizer, and a tokenizer its encoder.")
+        self._tokenizer: Any = tokenizer
+        self._encoder: Any = encoder
+        if encoder is not None:
+            self._encoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
             hidden = int(self._encoder.config.d_model)
             if hidden != text_dim:
-                raise ValueError(
-                    f"text encoder at {encoder_path} gives {hidden}-dim states; the model takes {text_dim}."
-                )
+                raise ValueError(f"the text encoder gives {hidden}-dim states; the transformer takes {text_dim}.")
 
     @property
     def kind(self) -> str:
@@ -93,7 +92,7 @@ class PromptEmbedder:
         if self._encoder is None:
             return hashed_embedding(prompt, self.text_len, self.text_dim).to(self.device, self.dtype)
         tokens = self._tokenizer(
-            [prompt], padding="max_length", max_length=self.text_len, truncation=True, return_tensors="pt"
+            [clean_prompt(prompt)], padding="max_length", max_length=self.text_len, truncation=True, return_tensors="pt"
         )
         ids = tokens.input_ids.to(self.device)
         mask = tokens.attention_mask.to(self.device)

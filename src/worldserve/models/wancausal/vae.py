@@ -6,7 +6,8 @@ session's own list and handed to the public ``decoder`` module one latent frame 
 exactly as the library's one-shot ``decode`` does inside a single call. A batch's caches are
 stacked along the batch axis for one decoder pass and split back after it. Also: latent
 (de)normalisation with the VAE's ``latents_mean``/``latents_std`` and the start image's
-encoding. Must not know: the transformer, the sampler, sessions' control plane.
+encoding, and :func:`decoder_cache_bytes` (a session's decoder cache, by a dry run on the meta
+device). Must not know: the transformer, the sampler, sessions' control plane.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from torch import Tensor, nn
 
-__all__ = ["DecoderCache", "VaeStream"]
+from worldserve.models.wancausal.build import build_vae
+from worldserve.models.wancausal.config import WanCausalConfig
+
+__all__ = ["DecoderCache", "VaeStream", "decoder_cache_bytes"]
 
 #: One session's decoder feature cache: one entry per causal convolution of the decoder.
 DecoderCache = list[Any]
@@ -96,3 +100,14 @@ def _unstack(shared: DecoderCache, caches: Sequence[DecoderCache]) -> None:
         parts: Sequence[Any] = torch.split(entry, 1) if isinstance(entry, Tensor) else [entry] * len(caches)
         for cache, part in zip(caches, parts, strict=True):
             cache[index] = part
+
+
+def decoder_cache_bytes(config: WanCausalConfig, dtype_bytes: int) -> int:
+    """Bytes of one session's VAE decoder cache, from a dry run on the meta device (no memory, no compute)."""
+    with torch.device("meta"):
+        stream = VaeStream(build_vae(config))
+        cache = stream.new_cache()
+        latents = torch.zeros(1, config.latent_channels, config.block_frames, config.latent_height, config.latent_width)
+        stream.decode(latents, [cache], first=True)
+        stream.decode(latents, [cache])
+    return sum(entry.numel() for entry in cache if isinstance(entry, Tensor)) * dtype_bytes

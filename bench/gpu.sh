@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One prepared GPU run of worldserve's GPU numbers, in at most 8 minutes on one H100/H200-class GPU.
+#
+#   bench/gpu.sh             # on the GPU machine: wan-causal 1.3b (load=dummy, bfloat16) and tinyworld
+#   bench/gpu.sh --dry-run   # the same code on the CPU with config=tiny, in seconds (the test suite runs it)
+#
+# Parts, each one Markdown table (or two) printed as rows are measured and written to $OUT_DIR/<part>.md;
+# each part runs under its own time budget, so a part cut short keeps the rows it measured and the
+# next part still runs:
+#   1 model        wan-causal alone: block latency at batch 1/2/4/8 and windows 3/9/15, one batched forward vs
+#                  one forward per session, peak memory, achieved TFLOP/s (whole block, transformer, VAE decode),
+#                  the prompt re-cache cost per switch (bench/wan_causal.py --parts blocks)
+#   2 attention    the batched self-attention (one call per layer) vs the per-session loop (--parts attention)
+#   3 server       wan-causal through a real `worldserve serve` with 1/2/4/8 `worldserve bench` clients (all
+#                  admitted: --step-budget 1000), and its cold start (process start to first chunk)
+#                  (bench/serve_sweep.py)
+#   4 tinyworld    tinyworld served on the GPU the same way
+# Needs: a Python with worldserve[server,wan,tinyworld] and a CUDA torch ($PYTHON, default python).
+set -u
+cd "$(dirname "$0")/.."
+# Every client is admitted (the step budget's admission control off), so each row measures that many
+# sessions in one server, real time or not, instead of how many it would admit.
+ADMIT_ALL="--step-budget 1000"
+
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
+PYTHON=${PYTHON:-python}
+OUT=${OUT_DIR:-${OUT:-gpu-bench-out}}
+mkdir -p "$OUT"
+
+if [ "$DRY" = 1 ]; then
+    DEVICE=cpu CONFIG=tiny DTYPE=float32 BATCHES="1 2" WINDOWS="3" BLOCKS=1 CLIENTS="1 2" DURATION=2 SETTLE=2
+    ATTENTION="--attention-layers 2" THREADS="--threads 1" TINY_OPTIONS="--model-option threads=1"
+    WAN_OPTIONS="--model-option config=tiny --model-option threads=1"
+    BUDGET_MODEL=120 BUDGET_ATTENTION=60 BUDGET_SERVER=120 BUDGET_TINY=120
+else
+    DEVICE=cuda CONFIG=1.3b DTYPE=bfloat16 BATCHES="1 2 4 8" WINDOWS="3 9 15" BLOCKS=2 CLIENTS="1 2 4 8" DURATION=12 SETTLE=5
+    ATTENTION="" THREADS="" TINY_OPTIONS="--model-option device=cuda"
+    WAN_OPTIONS="--model-option config=1.3b --model-option load=dummy --model-option device=cuda --model-option max_batch_size=8"
+    BUDGET_MODEL=200 BUDGET_ATTENTION=40 BUDGET_SERVER=160 BUDGET_TINY=60
+fi
+
+part() {  # name, seconds, command...: run it under its budget, print and keep what it printed
+    local name=$1 budget=$2
+    shift 2
+    echo "## $name"
+    echo
+    local started=$SECONDS
+    timeout -k 10 "$budget" "$@" 2>"$OUT/$name.err" | tee "$OUT/$name.md"
+    local status=${PIPESTATUS[0]}
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+        echo "(cut short at its ${budget} s budget: the rows above are the ones measured)" | tee -a "$OUT/$name.md"
+    elif [ "$status" != 0 ]; then
+        echo "(failed with status $status: $(tail -n 3 "$OUT/$name.err" | tr '\n' ' '))" | tee -a "$OUT/$name.md"
+    fi
+    echo "(part $name: $((SECONDS - started)) s)"
+    echo
+}
+
+{
+    echo "# bench/gpu.sh $(date -u +%Y-%m-%dT%H:%MZ) $([ "$DRY" = 1 ] && echo '(dry run: CPU, config=tiny)')"
+    if [ "$DRY" = 0 ] && command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    fi
+    "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    echo
+} | tee "$OUT/header.md"
+
+# shellcheck disable=SC2086  # the option strings split into words on purpose
+part model "$BUDGET_MODEL" "$PYTHON" bench/wan_causal.py --parts blocks --config "$CONFIG" --device "$DEVICE" \
+    --dtype "$DTYPE" --batches $BATCHES --windows $WINDOWS --blocks "$BLOCKS" $THREADS
+# shellcheck disable=SC2086
+part attention "$BUDGET_ATTENTION" "$PYTHON" bench/wan_causal.py --parts attention --config "$CONFIG" \
+    --device "$DEVICE" --dtype "$DTYPE" --batches $BATCHES --windows 15 --blocks "$BLOCKS" $ATTENTION $THREADS
+# shellcheck disable=SC2086
+part server "$BUDGET_SERVER" "$PYTHON" bench/serve_sweep.py --model wan-causal $WAN_OPTIONS --server-arg "$ADMIT_ALL" \
+    --clients $CLIENTS --duration "$DURATION" --settle "$SETTLE" --log "$OUT/server.log"
+# shellcheck disable=SC2086
+part tinyworld "$BUDGET_TINY" "$PYTHON" bench/serve_sweep.py --model tinyworld $TINY_OPTIONS --server-arg "$ADMIT_ALL" \
+    --clients $CLIENTS --duration "$DURATION" --settle "$SETTLE" --log "$OUT/tinyworld.log"
+echo "total: ${SECONDS} s; tables in $OUT/"

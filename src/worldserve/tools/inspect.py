@@ -1,0 +1,230 @@
+"""``worldserve inspect PATH...``: what a file or a folder of downloads is, and how to serve it.
+
+Owns: :func:`inspect_path` (one file or folder -> an :class:`Inspection`: each part found by its
+published name and what its keys and shapes say: layout, dtype, parameter count; the parts
+missing; the family, guessed from the published names, the training wrappers and the size;
+the configuration the shapes name; the ``worldserve serve`` command line that serves it; the
+memory per session at each window and how many sessions fit on a GPU of a given size) and
+:func:`format_inspection`. Reads shapes only (safetensors headers, memory-mapped torch files):
+a 28 GB checkpoint is not loaded. Must not know: the runtime, the server.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Inspection", "PartInfo", "format_inspection", "inspect_path"]
+
+#: What is kept back from the GPU for activations and the allocator when sessions are counted.
+ACTIVATION_RESERVE = 0.10
+_GIB = 2**30
+
+
+@dataclass(slots=True)
+class PartInfo:
+    """One part as found: its path, the layout its keys are in, tensors, parameters and dtype."""
+
+    part: str
+    path: Path
+    layout: str = ""
+    tensors: int = 0
+    parameters: int = 0
+    dtype: str = ""
+    note: str = ""
+
+
+@dataclass(slots=True)
+class Inspection:
+    path: Path
+    parts: dict[str, PartInfo] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    family: str = ""
+    family_reason: str = ""
+    config: str = ""
+    sizes: dict[str, int] = field(default_factory=dict)
+    command: str = ""
+    notes: list[str] = field(default_factory=list)
+    #: (window, KV bytes, state bytes, sessions on the GPU)
+    memory: list[tuple[int, int, int, int]] = field(default_factory=list)
+    gpu_gib: float = 0.0
+    weights_bytes: int = 0
+
+
+def _dtype(shapes: dict[str, tuple[tuple[int, ...], str]]) -> str:
+    counts = Counter(dtype for _, dtype in shapes.values())
+    return counts.most_common(1)[0][0] if counts else "?"
+
+
+def _params(shapes: dict[str, tuple[tuple[int, ...], str]]) -> int:
+    return sum(math.prod(shape) for shape, _ in shapes.values())
+
+
+def _strip(name: str) -> str:
+    for prefix in ("model.", "module.", "diffusion_model."):
+        name = name.removeprefix(prefix)
+    return name
+
+
+def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int, ...] = (3, 6, 9, 15)) -> Inspection:
+    """Inspect one weight file or folder (see the module docstring)."""
+    from worldserve.models.wancausal.checkpoint import WAN_HEAD_DIM, is_diffusers_layout
+    from worldserve.models.wancausal.config import CONFIGS
+    from worldserve.models.wancausal.families import FAMILIES, family_config, guess_family
+    from worldserve.models.wancausal.files import Parts, find_parts, part_kind
+    from worldserve.models.wancausal.statedict import read_shapes
+    from worldserve.models.wancausal.vaeweights import vae_layout_of
+
+    path = Path(path).expanduser().resolve()
+    result = Inspection(path=path, gpu_gib=gpu_gib)
+    if path.is_dir():
+        try:
+            parts = find_parts(path)
+        except ValueError as error:  # several candidates: still say what is there
+            result.notes.append(str(error))
+            parts = Parts()
+    else:
+        parts = Parts()
+        kind = part_kind(path)
+        part, implied = kind if kind is not None else ("transformer", None)
+        setattr(parts, part, path)
+        parts.family = implied
+    wrappers: list[str] = []
+    transformer_shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for part in ("transformer", "lora", "vae", "text_encoder", "tokenizer"):
+        where = getattr(parts, part)
+        if where is None:
+            continue
+        info = PartInfo(part=part, path=where)
+        result.parts[part] = info
+        if part == "tokenizer":
+            info.layout = "tokenizer folder"
+            continue
+        shapes, found = read_shapes(where)
+        info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
+        if part == "transformer":
+            wrappers = found
+            transformer_shapes = {_strip(k): v for k, v in shapes.items()}
+            info.layout = "Diffusers" if is_diffusers_layout(transformer_shapes) else "original Wan2.1 names"
+            if found:
+                info.note = "training checkpoint with " + ", ".join(found)
+        elif part == "vae":
+            info.layout = "Diffusers" if vae_layout_of(shapes) == "diffusers" else "original (Wan2.1_VAE.pth)"
+        elif part == "text_encoder":
+            info.layout = "transformers UMT5" if where.is_dir() else "Wan's T5 (models_t5_umt5-xxl-enc-bf16.pth)"
+        elif part == "lora":
+            info.layout = "peft LoRA"
+    result.missing = [p for p in ("transformer", "vae", "text_encoder", "tokenizer") if p not in result.parts]
+    # The configuration: the width names the size (Wan2.1's heads are 128 wide).
+    config = None
+    if transformer_shapes:
+        patch = transformer_shapes.get("patch_embedding.weight")
+        if patch is not None:
+            dim = patch[0][0]
+            config = next((c for c in CONFIGS.values() if c.dim == dim), None)
+            layers = {int(k.split(".")[1]) for k in transformer_shapes if k.startswith("blocks.")}
+            heads = config.num_heads if config is not None else max(1, dim // WAN_HEAD_DIM)
+            result.sizes = {"dim": dim, "layers": len(layers), "heads": heads}
+        if config is None:
+            result.notes.append("the transformer's shapes name no known config (tiny, 1.3b, 14b)")
+    result.config = config.name if config is not None else "?"
+    # The family: a published name says it; else the training wrappers and the size.
+    if parts.family is not None:
+        family = parts.family
+        name = parts.transformer.name + ("/" if parts.transformer.is_dir() else "") if parts.transformer else ""
+        result.family_reason = f"the published name {name}"
+    elif "generator_ema" in wrappers:
+        family, result.family_reason = (
+            "self-forcing",
+            "a training checkpoint with EMA weights (Self-Forcing saves them)",
+        )
+    elif "generator" in wrappers:
+        family, result.family_reason = "causvid", "a training checkpoint with generator weights only (as CausVid's)"
+    elif "lora" in result.parts:
+        family, result.family_reason = "longlive", "a LoRA next to the base weights (LongLive)"
+    else:
+        family = guess_family(result.config, None)
+        result.family_reason = f"the size ({result.config}): no published name or training wrapper says more"
+    result.family = family
+    # The command line.
+    options = [f"weights={path}"] if path.is_dir() else [f"checkpoint={path}"]
+    if parts.family is None or family != parts.family:
+        options.append(f"family={family}")
+    if "text_encoder" not in result.parts or "tokenizer" not in result.parts:
+        options.append("text=hashed")
+        result.notes.append(
+            "no text encoder (models_t5_umt5-xxl-enc-bf16.pth + google/umt5-xxl/, or text_encoder/ + tokenizer/): "
+            "the command runs the hashed-word stand-in; add text_encoder=PATH tokenizer=DIR to use the real one"
+        )
+    if "vae" not in result.parts:
+        options.append("vae=random")
+        result.notes.append("no VAE (Wan2.1_VAE.pth or vae/): the command decodes with random weights; add vae=PATH")
+    if "transformer" not in result.parts:
+        result.notes.append("no transformer checkpoint: nothing to serve here but random weights (load=dummy)")
+    command = ["worldserve", "serve", "--model", "wan-causal"]
+    for option in [*options, "device=cuda"]:
+        command += ["--model-option", option]
+    result.command = shlex.join(command)
+    # Memory per session at each window, and how many sessions fit.
+    if config is not None:
+        from worldserve.models.wancausal.vae import decoder_cache_bytes
+
+        base = family_config(config, FAMILIES[family])
+        decoder = decoder_cache_bytes(base, 2)
+        weights = 2 * sum(info.parameters for info in result.parts.values())
+        if "vae" not in result.parts:  # a random VAE is on the GPU all the same
+            import torch
+
+            from worldserve.models.wancausal.build import build_vae
+
+            with torch.device("meta"):
+                weights += 2 * sum(p.numel() for p in build_vae(base).parameters())
+        result.weights_bytes = weights
+        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
+        for window in sorted({*windows, base.window_frames}):
+            sized = base.with_window(window)
+            kv = sized.kv_bytes(2)
+            state = kv + decoder
+            result.memory.append((window, kv, state, max(0, int(usable // state))))
+    return result
+
+
+def _size(count: int) -> str:
+    return f"{count / _GIB:.2f} GiB" if count >= _GIB // 10 else f"{count / 2**20:.1f} MiB"
+
+
+def format_inspection(result: Inspection) -> str:
+    """The inspection as the text ``worldserve inspect`` prints."""
+    lines = [f"{result.path}"]
+    for part in ("transformer", "lora", "vae", "text_encoder", "tokenizer"):
+        info = result.parts.get(part)
+        if info is None:
+            continue
+        detail = info.layout
+        if info.tensors:
+            detail += f", {info.tensors} tensors, {info.parameters:,} parameters, {info.dtype}"
+        if info.note:
+            detail += f"; {info.note}"
+        lines.append(f"  {part.replace('_', ' ')}: {info.path} ({detail})")
+    lines.append(f"  missing: {', '.join(p.replace('_', ' ') for p in result.missing) or 'nothing'}")
+    sizes = ", ".join(f"{k} {v}" for k, v in result.sizes.items())
+    lines.append(f"  config: {result.config}" + (f" ({sizes})" if sizes else ""))
+    lines.append(f"  family: {result.family} (from {result.family_reason}); its settings: docs/models.md")
+    for note in result.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"  serve: {result.command}")
+    if result.memory:
+        lines.append("")
+        lines.append(
+            f"  memory per session (bfloat16) on a {result.gpu_gib:g} GiB GPU: weights {_size(result.weights_bytes)}, "
+            f"{ACTIVATION_RESERVE:.0%} kept for activations"
+        )
+        lines.append("")
+        lines.append("  | window (latent frames) | KV cache | + VAE decoder cache | sessions that fit |")
+        lines.append("  |---|---|---|---|")
+        for window, kv, state, sessions in result.memory:
+            lines.append(f"  | {window} | {_size(kv)} | {_size(state)} | {sessions} |")
+    return "\n".join(lines)
