@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import websockets
 
 from runtime_models import until
 from server_harness import (
@@ -103,6 +104,12 @@ async def test_newcomers_wait_in_line_first_come_first_served(server: RunningSer
             assert full.value.code == "admission_refused"
             with pytest.raises(WorldError, match="came first"):  # a plain start never overtakes the line
                 await late.start(seed=99)
+        video_url = server.ws.replace("/v1/world", "/v1/realtime/video")
+        async with websockets.connect(video_url) as video:  # nor does a vllm-omni client's start
+            await video.send(json.dumps({"type": "session.start", "prompt": "islands"}))
+            refused = json.loads(await asyncio.wait_for(video.recv(), 30))
+            assert refused["type"] == "error"
+            assert "came first" in refused["message"]
 
         await waiters[1].close()  # the second leaves the line (session.close): the third moves up
         with pytest.raises(WorldClientError, match="left the waiting line"):

@@ -295,9 +295,17 @@ async def _read_to_the_end(wire: Wire) -> None:
         await wire.next()
 
 
+async def _texts_to_the_end(socket: ClientConnection, said: list[dict[str, Any]]) -> None:
+    while True:
+        message = await asyncio.wait_for(socket.recv(), 30)
+        if isinstance(message, str):
+            said.append(json.loads(message))
+
+
 async def test_a_server_stop_tells_every_member_shutdown_before_closing_their_sockets() -> None:
     """Protocol: `session.closed {reason: "shutdown"}` to every member of every world when the server stops
-    (SIGTERM), then each WebSocket closes with 1001."""
+    (SIGTERM), then each WebSocket closes with 1001; a `/v1/realtime/video` session gets `session.done
+    {stopped: true}`, then 1001 too."""
     running = start_server("--model", "procedural")
     try:
         host = await Wire.open(running)
@@ -309,8 +317,19 @@ async def test_a_server_stop_tells_every_member_shutdown_before_closing_their_so
         )  # fmt: skip
         idle = await Wire.open(running)  # a connection with no session
         await idle.synced()
+        video = await websockets.connect(f"ws://127.0.0.1:{running.port}/v1/realtime/video", max_size=None)
+        await video.send(json.dumps({"type": "session.start", "prompt": "islands"}))
+        assert json.loads(await asyncio.wait_for(video.recv(), 30))["type"] == "video.start"
+        assert json.loads(await asyncio.wait_for(video.recv(), 30))["type"] == "video.chunk_metadata"
         await host.until("chunk", seq=2)
         running.process.send_signal(signal.SIGTERM)
+        said: list[dict[str, Any]] = []
+        with pytest.raises(websockets.ConnectionClosed) as video_ended:
+            await _texts_to_the_end(video, said)
+        assert said[-1]["type"] == "session.done"
+        assert said[-1]["stopped"] is True
+        assert video_ended.value.rcvd is not None
+        assert video_ended.value.rcvd.code == 1001
         for wire in (host, viewer):
             closed = await wire.until("session.closed")
             assert closed["reason"] == "shutdown"

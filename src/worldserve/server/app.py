@@ -147,7 +147,7 @@ def create_app(
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
         connection = Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
-        connections: set[Connection] = state["connections"]
+        connections: set[Connection | RealtimeVideoConnection] = state["connections"]
         connections.add(connection)
         try:
             await connection.run()
@@ -160,7 +160,13 @@ def create_app(
             return
         # vllm-omni's clients offer no subprotocol; a browser that sends its token as one gets it back.
         await websocket.accept(subprotocol=offered[0] if offered else None)
-        await RealtimeVideoConnection(websocket, backend(), config, metrics(), state["hosts"]).run()
+        connection = RealtimeVideoConnection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
+        connections: set[Connection | RealtimeVideoConnection] = state["connections"]
+        connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            connections.discard(connection)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -203,5 +209,5 @@ async def end_worlds(app: Starlette, *, flush_timeout: float = 5.0) -> None:
     await state["room"].aclose()  # those waiting in line are refused
     runtime: Runtime = state["runtime"]
     await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why first
-    connections: set[Connection] = state.get("connections", set())
+    connections: set[Connection | RealtimeVideoConnection] = state.get("connections", set())
     await asyncio.gather(*(connection.close_for_shutdown(flush_timeout) for connection in list(connections)))

@@ -4,9 +4,11 @@ Owns: one vllm-omni client's socket: its ``session.start`` (within
 ``realtime_start_timeout_s``, at most 4 MiB, ``format`` ``m4s``; a bad one gets ``error
 {message}`` and the socket closes), the session it starts -- created through the same
 backend as ``/v1/world`` (same admission, batching with every other session on its worker,
-auth, metrics), served by a :class:`~worldserve.server.host.WorldHost` with H.264 frames,
-of which this connection is the only member -- and its messages after that (at most
-128 KiB each): ``session.interaction`` (checked, queued in an
+auth, metrics; it never overtakes ``/v1/world`` starts waiting in line: while any wait, it
+is refused, as a start without ``queue`` is there), served by a
+:class:`~worldserve.server.host.WorldHost` with H.264 frames, of which this connection is
+the only member -- and its messages after that (at most 128 KiB each):
+``session.interaction`` (checked, queued in an
 :class:`~worldserve.server.realtime_plan.InteractionPlan`, answered
 ``session.interaction.queued``; applied at the next chunk boundary through the session's
 control plane: the plan turns what is due into one event right before each tick),
@@ -16,9 +18,10 @@ fragment; the init segment in front of the first); after the chunk that reaches
 ``num_frames`` come a ``trailer`` (an ``mfra`` box: the concatenated binaries form a
 complete fragmented MP4 file) and ``session.done {stopped: false}``. A session that makes
 no progress and gets no ``session.ping`` for ``realtime_stall_timeout_s`` ends with an
-``error`` and ``session.done {stopped: true}``. Pacing: a chunk counts as played once the
-socket took it (vllm-omni's clients do not ack), so a client that stops reading holds
-generation back, as on ``/v1/world``.
+``error`` and ``session.done {stopped: true}``; a server that stops ends it with
+``session.done {stopped: true}`` and closes with 1001 (:meth:`close_for_shutdown`).
+Pacing: a chunk counts as played once the socket took it (vllm-omni's clients do not
+ack), so a client that stops reading holds generation back, as on ``/v1/world``.
 
 Must not know: HTTP routing, how the runtime reaches its workers, how models compute frames.
 """
@@ -41,6 +44,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.errors import AdmissionRefusedError, SessionError
 from worldserve.media import FrameEncoding
+from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image
 from worldserve.server.host import Member, WorldBackend, WorldHost, WorldHosts
@@ -61,6 +65,7 @@ from worldserve.server.realtime_messages import (
     VideoStartRequest,
 )
 from worldserve.server.realtime_plan import Boundary, InteractionPlan, InteractionRefused, parse_interaction
+from worldserve.server.waiting import WaitingRoom, waiting_room
 from worldserve.session import Session, SessionEvent
 
 __all__ = ["RealtimeVideoConnection", "mfra_trailer"]
@@ -91,6 +96,7 @@ class RealtimeVideoConnection:
         config: ServerConfig,
         metrics: ServerMetrics,
         hosts: WorldHosts,
+        room: WaitingRoom[Session[Chunk]] | None = None,
         clock: Any = time.monotonic,
     ) -> None:
         self._ws = websocket
@@ -98,6 +104,7 @@ class RealtimeVideoConnection:
         self._config = config
         self._metrics = metrics
         self._hosts = hosts
+        self._room = room if room is not None else waiting_room(backend, config, hosts)
         self._clock = clock
         self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
@@ -159,6 +166,16 @@ class RealtimeVideoConnection:
         self._finishing = True
         self._cut = stopped is not False
         self._outbox.put_nowait(("done", (stopped, close_code)))
+
+    async def close_for_shutdown(self, flush_timeout: float) -> None:
+        """The server stops (the world has ended: ``session.done`` is queued, or the start is not
+        through yet): write what is queued, within ``flush_timeout`` seconds, then close with 1001."""
+        writer = self._writer
+        if writer is not None and self._finishing:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(writer), flush_timeout)
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=1001, reason="server shutting down")
 
     # -- writing -------------------------------------------------------------------
 
@@ -297,6 +314,7 @@ class RealtimeVideoConnection:
             await self._refuse(f"Invalid session.start: extra_params: {error}")
         seed = (request.seed or 0) % 2**32
         try:
+            self._room.refuse_if_waiting()  # those waiting in line on /v1/world came first
             session = await self._backend.create_session(
                 prompt=request.prompt, seed=seed, image=image, encoding=encoding
             )
