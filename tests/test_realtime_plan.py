@@ -59,8 +59,8 @@ def test_prompt_transitions_follow_vllm_omnis_prompt_handler(spec: ModelSpec) ->
     queue(plan, {"prompt": "desert"}, "a")  # transition_chunks absent: 3 where the model blends
     first = plan.boundary()
     assert first.prompt == "desert"
-    if blends:
-        assert [c.data for c in first.controls if c.track == "prompt_transition"] == [{"chunks": 3}]
+    if blends:  # vllm-omni's 3 chunks (1/3, 2/3, then the new prompt alone) are the track's 2 blended blocks
+        assert [c.data for c in first.controls if c.track == "prompt_transition"] == [{"chunks": 2}]
         assert lists(first) == (["a"], ["a"], [])
         assert lists(plan.boundary()) == ([], ["a"], [])
         assert lists(plan.boundary()) == ([], ["a"], ["a"])
@@ -81,6 +81,42 @@ def test_prompt_transitions_follow_vllm_omnis_prompt_handler(spec: ModelSpec) ->
         plan.boundary()
         queue(plan, {"prompt": "desert"}, "e", transition_chunks=1)
         assert lists(plan.boundary()) == (["e"], ["d", "e"], ["e"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunks", [None, 1, 4, 0])
+def test_wan_causal_blends_a_prompt_change_with_vllm_omnis_weights_chunk_by_chunk(chunks: int | None) -> None:
+    """The plan's events, fed to the real wan-causal (it declares the track) as the session would:
+    chunk k of an N-chunk transition is k / N of the way (vllm-omni's ``_current_alpha``), and the
+    chunk the lists say completed it is the first with the new prompt alone."""
+    from worldserve.models.base import SessionOptions
+    from worldserve.protocol import TickRequest
+
+    model = load_model("wan-causal", config="tiny", load="dummy", threads=1)
+    plan = InteractionPlan(model.spec)
+    assert plan.transitions
+    state = model.new_state("s", SessionOptions(prompt="islands", seed=1))
+    prompt, held = "islands", ()
+    queue(plan, {"prompt": "desert dunes"}, "p", **({} if chunks is None else {"transition_chunks": chunks}))
+    n = 3 if chunks is None else chunks
+    weights, completed = [], None
+    for index in range(max(n, 1)):
+        boundary = plan.boundary()
+        prompt = boundary.prompt or prompt
+        held = boundary.controls or held  # a control holds until replaced
+        model.step([(state, TickRequest("s", f"s-{index}", index, prompt=prompt, controls=held))])
+        _source, target, weight = state.prompt.key
+        assert target == "desert dunes"
+        weights.append(weight)
+        if "p" in boundary.completed:
+            completed = index
+    assert weights == pytest.approx([(k + 1) / max(n, 1) for k in range(max(n, 1))])
+    assert completed == max(n, 1) - 1  # the last chunk, the first with the new prompt alone
+    assert lists(plan.boundary()) == ([], [], [])
+    # Longer than the track's maximum (64 blocks): refused when queued (interaction_failed), not at its chunk.
+    with pytest.raises(InteractionRefused, match="chunks"):
+        plan.check(parse_interaction(message({"prompt": "snow"}, "long", transition_chunks=66), "x"))
+    plan.check(parse_interaction(message({"prompt": "snow"}, "longest", transition_chunks=65), "x"))
 
 
 def test_camera_velocity_holds_until_replaced_and_moves_as_motion_does() -> None:

@@ -390,3 +390,46 @@ async def test_a_stalled_session_gets_an_error_then_done_stopped(held: tuple[Run
         assert done["stopped"] is True
         assert done["chunks"] == 0
     gate.open()
+
+
+# -- a model that declares the prompt_transition track ---------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_a_prompt_transition_on_wan_causal_runs_over_its_chunks_as_vllm_omni_lists_it() -> None:
+    """wan-causal declares ``prompt_transition``: a prompt interaction with ``transition_chunks: 3`` is
+    queued, taken by the model (no ``interaction_failed`` at its boundary) and listed active over
+    three chunks, completed in the third (the blend's weights, chunk by chunk, are checked against
+    the model in ``test_realtime_plan``); one longer than the model's track allows is refused when
+    it is queued."""
+    running = start_server(
+        "--model", "wan-causal", "--model-option", "config=tiny", "--model-option", "load=dummy",
+        "--threads-per-worker", "1", "--workers", "1", timeout=150.0,
+    )  # fmt: skip
+    try:
+        async with VideoStreamClient(url(running)) as client:
+            start = await client.start(prompt="islands", seed=3)
+            request_id = start["request_id"]
+            assert start["config"]["frames_per_chunk"] == 12
+            await client.until("video.chunk_metadata", generation_chunk_index=0)
+            await client.interact({"prompt": "snow"}, "too-long", transition_chunks=66)  # the track allows 64 blocks
+            refused = await client.until("error")
+            assert refused["code"] == "interaction_failed"
+            assert refused["event_id"] == "too-long"
+            await client.interact({"prompt": "desert dunes"}, "dunes", transition_chunks=3)
+            assert await client.until("session.interaction.queued", event_id="dunes") == {
+                "type": "session.interaction.queued", "request_id": request_id, "event_id": "dunes"
+            }  # fmt: skip
+            first = (await client.until("video.chunk_metadata", started_event_ids=["dunes"]))["generation_chunk_index"]
+            await client.until("video.chunk_metadata", generation_chunk_index=first + 3)
+            await client.send({"type": "session.stop"})
+            done = await client.until("session.done")
+        assert done["stopped"] is True
+        assert [e for e in client.other if e["type"] == "error"] == [refused]  # nothing failed at a boundary
+        assert [client.chunk(first + k)["active_event_ids"] for k in range(4)] == [["dunes"]] * 3 + [[]]
+        assert [client.chunk(first + k)["completed_event_ids"] for k in range(4)] == [[], [], ["dunes"], []]
+        frames = client.frames()
+        assert frames.shape == (12 * len(client.metadata), 64, 64, 3)
+    finally:
+        running.stop()
+    assert "Traceback" not in running.log()

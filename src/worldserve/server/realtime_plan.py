@@ -20,11 +20,16 @@ a position relative to the session's start pose over ``transition_chunks`` chunk
 but identity), nor move faster than the track allows (its schema's bound, 4 px a frame),
 nor jump (a target in 0 chunks): such an interaction is refused (``interaction_failed``).
 
-Prompt transitions: a model that declares the ``prompt_transition`` track
-(``worldserve.prompt_transition.v1``, ``{"chunks": N}``) blends from the old prompt to the
-new over N chunks (``transition_chunks``, default 3, vllm-omni's); for a model without it
-every prompt change is immediate, a transition of 0 chunks, which vllm-omni's lists show as
-started, active and completed in one chunk.
+Prompt transitions: vllm-omni blends a prompt change over N chunks (``transition_chunks``,
+default 3), the k-th chunk ``k / N`` of the way, so the N-th has the new prompt alone and
+completes it. A model that declares the ``prompt_transition`` track
+(``worldserve.prompt_transition.v1``) blends ``{"chunks": M}`` ``k / (M + 1)`` of the way at
+the k-th chunk and has the new prompt alone at chunk M + 1, so it is sent ``M = N - 1``
+(0 for N = 0): the same weights, chunk for chunk, and the new prompt alone in the chunk the
+lists say completed it; a transition the track refuses (longer than the model's maximum) is
+refused when it is queued. For a model without the track every prompt change is immediate,
+a transition of 0 chunks, which vllm-omni's lists show as started, active and completed in
+one chunk.
 
 Must not know: sockets, messages' wire form, sessions, how models compute frames.
 """
@@ -253,6 +258,8 @@ class InteractionPlan:
             raise InteractionRefused(
                 f"interaction modality {interaction.other[0]!r} is not supported by model {self.spec.name!r}"
             )
+        if interaction.prompt is not None and self.transitions:
+            self._validate((_transition_control(_prompt_chunks(interaction.transition_chunks)),))
         camera = None
         if interaction.camera_payload is not None:
             if not self.camera:
@@ -333,11 +340,7 @@ class InteractionPlan:
         latest = next((item for item in reversed(pending) if item.prompt is not None), None)  # last write wins
         if latest is None:
             return None
-        chunks = latest.transition_chunks
-        if not self.transitions:
-            chunks = 0  # this model switches at once
-        elif chunks is None:
-            chunks = DEFAULT_PROMPT_TRANSITION_CHUNKS
+        chunks = _prompt_chunks(latest.transition_chunks) if self.transitions else 0  # 0: it switches at once
         self._prompt = _PromptChange(latest.event_id, chunks)
         started.append(latest.event_id)
         active.append(latest.event_id)
@@ -348,7 +351,7 @@ class InteractionPlan:
             if chunks <= 1:
                 completed.append(latest.event_id)
         if self.transitions:
-            controls.append(ControlInput(TRANSITION_TRACK, TRANSITION_SCHEMA, {"chunks": chunks}))
+            controls.append(_transition_control(chunks))
         return latest.prompt
 
     def _activate(self, item: Interaction, refused: list[tuple[str, str]]) -> _CameraMove | None:
@@ -372,6 +375,15 @@ class InteractionPlan:
             self._validator.validate_controls(controls)
         except ValueError as error:
             raise InteractionRefused(str(error)) from None
+
+
+def _prompt_chunks(transition_chunks: int | None) -> int:
+    return DEFAULT_PROMPT_TRANSITION_CHUNKS if transition_chunks is None else transition_chunks
+
+
+def _transition_control(chunks: int) -> ControlInput:
+    """vllm-omni's ``chunks``-chunk transition as the track's control (see the module docstring)."""
+    return ControlInput(TRANSITION_TRACK, TRANSITION_SCHEMA, {"chunks": max(0, chunks - 1)})
 
 
 def _camera_control(dx: float, dy: float) -> ControlInput:
