@@ -165,9 +165,11 @@ async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatc
     import worldserve.tools.loadtest as loadtest
 
     tried: list[int] = []
+    media: set[object] = set()
 
-    async def fake_bench(url: str, *, clients: int, **_: object) -> loadtest.BenchResult:
+    async def fake_bench(url: str, *, clients: int, **options: object) -> loadtest.BenchResult:
         tried.append(clients)
+        media.add(options.get("media"))
         reports = []
         for index in range(clients):
             report = loadtest.ClientReport(chunk_period=0.25, chunks=10)
@@ -179,7 +181,8 @@ async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatc
         return loadtest.BenchResult(clients=clients, duration=1.0, reports=reports)
 
     monkeypatch.setattr(loadtest, "run_bench", fake_bench)
-    capacity, steps = await loadtest.find_capacity("ws://unused", start=2, max_clients=32)
+    capacity, steps = await loadtest.find_capacity("ws://unused", start=2, max_clients=32, media="h264")
+    assert media == {"h264"}  # every step's sessions travel as asked (worldserve bench --find-capacity --media)
     assert capacity == 11
     assert tried == [2, 4, 8, 16, 12, 10, 11]
     assert [step.held for step in steps] == [True, True, True, False, False, True, True]

@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--media",
         choices=("raw", "jpeg", "h264"),
         default="raw",
-        help="how the sessions' frames travel (the clients decode them all)",
+        help="how the sessions' frames travel (the clients decode them all; every mode but --newcomers)",
     )
     bench.add_argument(
         "--drop-resume",
@@ -516,6 +516,7 @@ def _bench(args: argparse.Namespace) -> int:
                     max_clients=args.max_clients,
                     stagger=args.stagger,
                     seed=args.seed,
+                    media=args.media,
                     **common,
                 )
             )

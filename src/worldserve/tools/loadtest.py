@@ -462,12 +462,13 @@ async def find_capacity(
     token: str | None = None,
     settle: float = 5.0,
     seed: int = 0,
+    media: str = "raw",
 ) -> tuple[int, list[CapacityStep]]:
     """The most concurrent sessions held at <= ``limit`` late chunks, and every step measured.
 
     Steps the client count up from ``start`` (doubling) until a count is not held, then
     bisects between the last held count and it. Each step is a closed-loop
-    :func:`run_bench` with these arguments.
+    :func:`run_bench` with these arguments (``media``: how its sessions' frames travel).
     """
     steps: list[CapacityStep] = []
 
@@ -481,6 +482,7 @@ async def find_capacity(
             token=token,
             settle=settle,
             seed=seed,
+            media=media,
         )
         ok = held(result, limit)
         steps.append(CapacityStep(clients, result, ok))
