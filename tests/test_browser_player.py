@@ -76,6 +76,9 @@ def start(page: Page, seed: int = 11, prompt: str = "islands") -> str:
     page.fill("#seed", str(seed))
     page.click("#start")
     wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+    # The page's default: H.264 through Media Source Extensions, so these tests run every feature of
+    # the player (resume, restart, key->screen, download, ...) over its H.264 playback.
+    assert page.evaluate("() => window.worldserve.media") == "h264"
     session_id: str = page.evaluate("() => window.worldserve.sessionId")
     return session_id
 
