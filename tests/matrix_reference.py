@@ -195,6 +195,19 @@ def _cached_attend(cache: _Cache, q: Tensor, k: Tensor, v: Tensor, current_start
     return _attend(q, cache.k[:, max(0, end - window) : end], cache.v[:, max(0, end - window) : end])
 
 
+def reference_windows(condition: Tensor, block: int, window: int = 3, ratio: int = 4) -> Tensor:
+    """The cached branch's grouping of a per-video-frame condition ``[B, 1 + 4 (start + F - 1), C]``
+    (every frame up to the block's last): padded in front with ``window * ratio`` copies of the first
+    frame's, cut to the block, and the ``window * ratio`` frames before each of its latent frames
+    stacked: ``[B, F, window * ratio, C]``. (The keyboard is embedded per frame first; embedding commutes
+    with the cut, so it is done before here.)"""
+    pad_t = ratio * window
+    n_feats = (condition.shape[1] - 1) // ratio + 1
+    cond = torch.cat([condition[:, 0:1, :].expand(-1, pad_t, -1), condition], dim=1)
+    cond = cond[:, ratio * (n_feats - block - window) + pad_t :, :]
+    return torch.stack([cond[:, ratio * (j - window) + pad_t : j * ratio + pad_t, :] for j in range(block)], dim=1)
+
+
 @dataclass
 class Geometry:
     num_heads: int
@@ -342,11 +355,7 @@ class ReferenceMatrixGame:
             assert mouse_condition is not None
             C = mouse_condition.shape[2]
             hs = x.reshape(B, tt, S, -1).transpose(1, 2).reshape(B * S, tt, -1)  # "B (T S) C -> (B S) T C"
-            pad = mouse_condition[:, 0:1, :].expand(-1, pad_t, -1)
-            cond = torch.cat([pad, mouse_condition], dim=1)
-            cond = cond[:, g.ratio * (n_feats - block - g.window) + pad_t :, :]
-            group = [cond[:, g.ratio * (j - g.window) + pad_t : j * g.ratio + pad_t, :] for j in range(block)]
-            gm = torch.stack(group, dim=1)  # [B, F, pad_t, C]
+            gm = reference_windows(mouse_condition, block, g.window, g.ratio)  # [B, F, pad_t, C]
             gm = gm.unsqueeze(-1).expand(B, block, pad_t, C, S).permute(0, 4, 1, 2, 3).reshape(B * S, block, pad_t * C)
             feat = torch.cat([hs, gm], dim=-1)
             feat = _linear(sd, f"{p}.mouse_mlp.0", feat)
@@ -363,12 +372,8 @@ class ReferenceMatrixGame:
                 attn.reshape(B, S, block, -1).transpose(1, 2).reshape(B, block * S, -1)
             )  # "(b S) T h d -> b (T S) (h d)"
             hidden_states = x + F.linear(attn, sd[f"{p}.proj_mouse.weight"], sd.get(f"{p}.proj_mouse.bias"))
-        pad = keyboard_condition[:, 0:1, :].expand(-1, pad_t, -1)
-        cond = torch.cat([pad, keyboard_condition], dim=1)
-        cond = cond[:, g.ratio * (n_feats - block - g.window) + pad_t :, :]
-        cond = _linear(sd, f"{p}.keyboard_embed.2", F.silu(_linear(sd, f"{p}.keyboard_embed.0", cond)))
-        group = [cond[:, g.ratio * (j - g.window) + pad_t : j * g.ratio + pad_t, :] for j in range(block)]
-        gk = torch.stack(group, dim=1).reshape(B, block, -1)
+        embed = _linear(sd, f"{p}.keyboard_embed.2", F.silu(_linear(sd, f"{p}.keyboard_embed.0", keyboard_condition)))
+        gk = reference_windows(embed, block, g.window, g.ratio).reshape(B, block, -1)
         mouse_q = F.linear(hidden_states, sd[f"{p}.mouse_attn_q.weight"], sd.get(f"{p}.mouse_attn_q.bias"))
         kv = F.linear(gk, sd[f"{p}.keyboard_attn_kv.weight"], sd.get(f"{p}.keyboard_attn_kv.bias"))
         q = mouse_q.view(B, mouse_q.shape[1], heads, -1)
@@ -390,3 +395,27 @@ class ReferenceMatrixGame:
             attn.reshape(B, S, tt, heads * D).transpose(1, 2).reshape(B, tt * S, heads * D)
         )  # "(B S) T H D -> B (T S) (H D)"
         return hidden_states + F.linear(attn, sd[f"{p}.proj_keyboard.weight"], sd.get(f"{p}.proj_keyboard.bias"))
+
+
+def wan_clip_features(sd: Mapping[str, Tensor], pixels: Tensor, heads: int, image_size: int) -> Tensor:
+    """``CLIPModel.encode_video`` of Wan's ``clip.py`` on one image ``pixels`` [1, 3, H, W] in [-1, 1]: resized
+    (bicubic) to the encoder's input, to [0, 1], normalised with CLIP's mean and std, then the vision
+    tower's ``forward(use_31_block=True)`` (every block but the last), on the OpenCLIP names."""
+    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
+    std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
+    video = F.interpolate(pixels, size=(image_size, image_size), mode="bicubic", align_corners=False)
+    video = (video.mul(0.5).add(0.5) - mean) / std
+    patch = sd["visual.patch_embedding.weight"]
+    x = F.conv2d(video, patch, stride=patch.shape[-1]).flatten(2).permute(0, 2, 1)
+    b, _, dim = x.shape
+    x = torch.cat([sd["visual.cls_embedding"].expand(b, -1, -1), x], dim=1) + sd["visual.pos_embedding"]
+    x = _layer_norm(x, sd, "visual.pre_norm", 1e-5)
+    layers = len({k.split(".")[2] for k in sd if k.startswith("visual.transformer.")})
+    for i in range(layers - 1):
+        p = f"visual.transformer.{i}"
+        h = _layer_norm(x, sd, f"{p}.norm1", 1e-5)
+        q, k, v = _linear(sd, f"{p}.attn.to_qkv", h).view(b, -1, 3, heads, dim // heads).unbind(2)
+        x = x + _linear(sd, f"{p}.attn.proj", _attend(q, k, v).reshape(b, -1, dim))
+        h = _layer_norm(x, sd, f"{p}.norm2", 1e-5)
+        x = x + _linear(sd, f"{p}.mlp.2", F.gelu(_linear(sd, f"{p}.mlp.0", h)))
+    return x

@@ -25,6 +25,7 @@ from worldserve.models.wancausal.config import WanCausalConfig
 
 __all__ = [
     "CONFIGS",
+    "SIZES",
     "VARIANTS",
     "ActionConfig",
     "ClipConfig",
@@ -283,7 +284,7 @@ def _wan(base: WanCausalConfig, name: str, **sizes: object) -> WanCausalConfig:
 
 
 #: (Wan geometry, action widths, CLIP) per size; a variant sets the keyboard, mouse, context and schedule.
-_SIZES: dict[str, tuple[WanCausalConfig, ActionConfig, ClipConfig]] = {
+SIZES: dict[str, tuple[WanCausalConfig, ActionConfig, ClipConfig]] = {
     # A tiny Matrix-Game: 2 blocks (the first with an action module), a non-square 48x80 video (3x5 patches
     # per latent frame), a 4-channel tiny VAE, a 3-layer CLIP of 5 tokens: the whole path on a CPU in seconds.
     "tiny": (
@@ -326,7 +327,7 @@ _SIZES: dict[str, tuple[WanCausalConfig, ActionConfig, ClipConfig]] = {
     ),
 }
 
-CONFIGS = tuple(_SIZES)
+CONFIGS = tuple(SIZES)
 
 
 def matrix_config(size: str, variant: str | Variant, *, window: int | None = None) -> MatrixGameConfig:
@@ -335,10 +336,10 @@ def matrix_config(size: str, variant: str | Variant, *, window: int | None = Non
     The context is the reference's: no sink; ``local_attn_size`` frames, the block's own 3 included,
     so the window holds ``local_attn_size - 3`` committed frames (``window=`` overrides it).
     """
-    if size not in _SIZES:
+    if size not in SIZES:
         raise ValueError(f"unknown matrix-game-2 config {size!r}; known: {list(CONFIGS)}.")
     chosen = variant if isinstance(variant, Variant) else get_variant(variant)
-    wan, action, clip = _SIZES[size]
+    wan, action, clip = SIZES[size]
     block = 3
     past = chosen.local_attn_size - block if window is None else window
     if past <= 0:
