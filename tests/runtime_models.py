@@ -167,3 +167,14 @@ class SlowStartModel(ProceduralModel):
     def __init__(self, *, load_s: float = 0.0, **options: Any) -> None:
         time.sleep(load_s)
         super().__init__(**options)
+
+
+class RandomWeightsModel(ProceduralModel):
+    """The procedural world under a spec that says its weights are random (as ``wan-causal load=dummy``
+    does): what the player must show on screen."""
+
+    @property
+    def spec(self) -> ModelSpec:
+        return dataclasses.replace(
+            super().spec, description="RANDOM WEIGHTS (a test stand-in): frames are the procedural world."
+        )

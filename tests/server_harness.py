@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from runtime_models import Truth
-from worldserve.client import WorldClient
+from worldserve.client import SessionFailedError, WorldClient, WorldError
 
 #: JPEG at quality 80 (4:4:4 chroma) keeps the procedural world's 48x48 frames within ~3.5-4.5 of the
 #: truth (mean abs error); another seed's world is 30+ away.
@@ -123,3 +125,54 @@ async def check_frames_and_events(server: RunningServer) -> None:
     finally:
         server.stop()
     assert "Traceback" not in server.log()
+
+
+async def play_until(client: WorldClient, stop: asyncio.Event, chunks: list[int]) -> BaseException | None:
+    """Play (read and ack every chunk) until ``stop``; record chunk indexes; return what ended it early."""
+    while not stop.is_set():
+        try:
+            chunk = await client.next_chunk(timeout=1.0)
+        except TimeoutError:
+            continue
+        except Exception as error:  # the caller asserts on it
+            return error
+        chunks.append(chunk.chunk_index)
+    return None
+
+
+async def check_a_playing_world_is_never_evicted(url: str, newcomers: int = 8) -> None:
+    """On a server with one session slot: a world someone plays keeps it; each newcomer is refused
+    at once with ``admission_refused`` and a retry hint, and the player never notices."""
+    async with WorldClient(url) as player:
+        await player.start(seed=1)
+        stop = asyncio.Event()
+        chunks: list[int] = []
+        playing = asyncio.ensure_future(play_until(player, stop, chunks))
+        for attempt in range(newcomers):
+            while len(chunks) <= attempt:  # a newcomer between each pair of the player's chunks
+                assert not playing.done(), playing.result()
+                await asyncio.sleep(0.02)
+            async with WorldClient(url) as newcomer:
+                with pytest.raises(WorldError) as refused:
+                    await newcomer.start(seed=100 + attempt)
+            assert refused.value.code == "admission_refused", refused.value
+            assert refused.value.retry_after_ms is not None
+            assert refused.value.retry_after_ms > 0
+        seen = len(chunks)
+        while len(chunks) < seen + 2:  # still playing after the last newcomer
+            assert not playing.done(), playing.result()
+            await asyncio.sleep(0.02)
+        stop.set()
+        assert await playing is None
+        assert chunks == list(range(len(chunks)))  # none lost, none repeated: never evicted
+        await player.close()
+
+
+async def until_failed(client: WorldClient, chunks: int = 200) -> SessionFailedError:
+    """Read (and ack) chunks until the session fails (``session.failed``); that failure."""
+    for _ in range(chunks):
+        try:
+            await client.next_chunk(timeout=60)
+        except SessionFailedError as failed:
+            return failed
+    raise AssertionError(f"the session did not fail within {chunks} chunks")

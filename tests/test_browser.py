@@ -7,9 +7,10 @@ reset must bring back the start view.
 
 Nothing here samples the canvas on a clock: a script added before the player loads
 (:data:`RECORDER`) records every frame the player draws, with the player's own ``epoch``
-and ``chunkIndex`` for it, every chunk header the page receives and every input event it
-sends. The tests wait on those records (an event applied in chunk k, chunk k drawn) and
-check the frames drawn one by one, in order, so they hold on a machine of any speed.
+and ``chunkIndex`` for it and when it was drawn, every chunk header the page receives,
+every input event it sends and every key pressed (with its event's time). The tests wait on
+those records (an event applied in chunk k, chunk k drawn) and check the frames drawn one by
+one, in order, so they hold on a machine of any speed.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ FRAMES_PER_CHUNK = 4  # procedural's and tinyworld's
 RECORDER = """
 (() => {
   const LIMIT = 4000;
-  const log = { drawn: [], chunks: [], sent: [], last: { epoch: -1, chunk: -1 } };
+  const log = { drawn: [], chunks: [], sent: [], keys: [], last: { epoch: -1, chunk: -1 } };
   window.__worldserveTest = log;
   const keep = (list, item) => { list.push(item); if (list.length > LIMIT) list.shift(); };
   const record = (context) => {
@@ -58,7 +59,7 @@ RECORDER = """
     for (let i = 0; i < rgba.length; i += 4) {
       binary += String.fromCharCode(rgba[i], rgba[i + 1], rgba[i + 2]);
     }
-    const entry = { width, height, pixels: btoa(binary) };
+    const entry = { width, height, pixels: btoa(binary), at: performance.now() };
     keep(log.drawn, entry);
     queueMicrotask(() => {
       const player = window.worldserve;
@@ -76,6 +77,10 @@ RECORDER = """
       return result;
     };
   }
+  // Each key pressed, with its event's time (the player's time base: performance.now()).
+  window.addEventListener("keydown", (event) => {
+    if (!event.repeat) keep(log.keys, { code: event.code, at: event.timeStamp });
+  }, true);
   const NativeWebSocket = window.WebSocket;
   window.WebSocket = class extends NativeWebSocket {
     constructor(...args) {
@@ -103,12 +108,14 @@ RECORDER = """
 
 @dataclass(frozen=True, slots=True)
 class Drawn:
-    """One frame the player drew: its number (the player's ``displayed``), epoch, chunk and pixels."""
+    """One frame the player drew: its number (the player's ``displayed``), epoch, chunk, pixels, and when
+    (``performance.now()`` in the page, milliseconds)."""
 
     number: int
     epoch: int
     chunk: int
     frame: npt.NDArray[np.uint8]
+    at: float = 0.0
 
 
 class Recording:
@@ -124,7 +131,7 @@ class Recording:
         for entry in entries:
             pixels = np.frombuffer(base64.b64decode(entry["pixels"]), dtype=np.uint8)
             frame = pixels.reshape(entry["height"], entry["width"], 3)
-            self._drawn.append(Drawn(entry["displayed"], entry["epoch"], entry["chunk"], frame))
+            self._drawn.append(Drawn(entry["displayed"], entry["epoch"], entry["chunk"], frame, entry["at"]))
         return list(self._drawn)
 
     def sent_event(self, condition: str) -> dict[str, Any]:

@@ -122,8 +122,10 @@ async def test_what_cannot_be_cancelled_changes_nothing() -> None:
     plain_consumer.gate = asyncio.Event()
     tick = asyncio.create_task(plain.next_chunk())
     await plain_consumer.started.wait()
-    with pytest.raises(CancelUnsupportedError):
+    with pytest.raises(CancelUnsupportedError) as refused:
         await plain.cancel_chunk()
+    assert str(refused.value) == f"the tick consumer of session {plain.session_id!r} cannot cancel a chunk."
+    assert "''" not in str(refused.value)  # no doubled quote ('s1''s)
     plain_consumer.gate.set()
     await tick
     assert (plain.status, plain.chunk_index) == (SessionStatus.ACTIVE, 1)

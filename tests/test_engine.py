@@ -237,15 +237,23 @@ async def test_a_model_that_cannot_load_fails_start_with_its_reason(executor: st
 
 async def test_capacity_counts_free_slots_on_ready_workers() -> None:
     async with Runtime("procedural", executor="inprocess", workers=2, max_sessions_per_worker=2) as rt:
-        assert rt.capacity() == Capacity(free=4, workers_alive=2)
+        assert rt.capacity() == Capacity(free=4, workers_alive=2, slots=4, room=True)
         await rt.create_session(seed=1)
-        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2, slots=4, room=True)
         rt.engine.executor.kill(1)  # worker 1 is down until its replacement is ready
-        assert rt.capacity() == Capacity(free=1, workers_alive=1)
+        assert rt.capacity() == Capacity(free=1, workers_alive=1, slots=2, room=True)
         await rt.engine.wait_workers_ready(timeout=30)
-        assert rt.capacity() == Capacity(free=3, workers_alive=2)
+        assert rt.capacity() == Capacity(free=3, workers_alive=2, slots=4, room=True)
+        for seed in (2, 3, 4):
+            session = await rt.create_session(seed=seed)
+            rt.mark_in_use(session.session_id, 600.0)
+        # Every slot held; the first session is not in use (it may be evicted): room, but no free slot.
+        assert rt.capacity() == Capacity(free=0, workers_alive=2, slots=4, room=True)
+        for session in rt.manager:
+            rt.mark_in_use(session.session_id, 600.0)
+        assert rt.capacity() == Capacity(free=0, workers_alive=2, slots=4, room=False)
     async with Runtime("procedural", executor="inprocess") as unlimited:
-        assert unlimited.capacity() == Capacity(free=None, workers_alive=1)
+        assert unlimited.capacity() == Capacity(free=None, workers_alive=1, slots=None, room=True)
     assert unlimited.capacity() == Capacity(free=0, workers_alive=0)  # shut down
 
 
@@ -268,6 +276,26 @@ async def test_clocked_workers_without_real_time_headroom_take_no_more_sessions(
             await rt.create_session(session_id="fourth")
         assert refused.value.code == "admission_refused"
         assert rt.stats().engine.admissions_refused == 1
+
+
+async def test_a_full_clocked_worker_without_headroom_still_swaps_a_session_nobody_uses() -> None:
+    """A newcomer that takes an evicted session's place adds no load: the clock's headroom does not
+    refuse it, so a world nobody uses is evicted for it, as the eviction policy says. One session's
+    step (0.15 s) fits 0.9 of the 0.25 s period; two sessions' is predicted at 0.3 s."""
+    async with runtime(slow_s=0.15, max_sessions_per_worker=2) as rt:
+        playing = await rt.create_session(prompt="slow", session_id="playing")
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()  # the clock runs, one session's step measured
+        with pytest.raises(SessionError, match="no real-time headroom"):  # a free slot: it would add load
+            await rt.create_session(session_id="more")
+    async with runtime(slow_s=0.15, max_sessions_per_worker=1) as rt:
+        playing = await rt.create_session(prompt="slow", session_id="playing")  # never marked in use
+        rt.tick_due(playing.session_id, None)
+        await playing.next_chunk()
+        await rt.create_session(session_id="newcomer")  # full: it takes the idle one's place
+        assert rt.engine.worker_of("newcomer") == 0
+        assert rt.engine.worker_of("playing") is None
+        assert rt.stats().engine.evictions == 1
 
 
 async def test_a_session_held_back_does_not_stretch_its_workers_clock() -> None:

@@ -18,6 +18,7 @@ import worldserve.errors as errors
 from worldserve.errors import (
     CODES,
     ErrorCode,
+    Fault,
     RuntimeFailure,
     SessionError,
     Surface,
@@ -116,7 +117,11 @@ def test_metrics_carry_every_client_code_as_a_label() -> None:
     text = ServerMetrics(SessionManager(tick_consumer=nothing, lifecycle=nothing, max_pending_events=4)).render()
     rendered = text.decode()
     for code in codes_at(Surface.MESSAGE) + codes_at(Surface.EVENT) + codes_at(Surface.START):
-        assert f'worldserve_client_errors_total{{code="{code.value}"}}' in rendered, code
+        # a code is a label of exactly one of the two families: the client's fault or the server's
+        mine, other = ("client", "server") if CODES[code].fault is Fault.CLIENT else ("server", "client")
+        assert f'worldserve_{mine}_errors_total{{code="{code.value}"}}' in rendered, code
+        assert f'worldserve_{other}_errors_total{{code="{code.value}"}}' not in rendered, code
+    assert "_created" not in rendered
     for code in codes_at(Surface.TICK) + codes_at(Surface.LIFECYCLE):
         assert f'worldserve_session_failures_total{{code="{code.value}"}}' in rendered, code
 

@@ -18,6 +18,7 @@ from worldserve.media import EncodedFrames, FrameEncoding, encode, encode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
 from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.metrics import Capacity
 from worldserve.server.config import ServerConfig
 from worldserve.server.host import Role, WorldHost, WorldHosts
 from worldserve.server.messages import ChunkMessage, ChunkSkipped, InputDropped
@@ -36,6 +37,7 @@ class _Backend:
 
     def __init__(self, frames: np.ndarray | EncodedFrames | None = None) -> None:
         self.applied: list[tuple[int, ...]] = []
+        self.in_use: list[float] = []  # every mark_in_use, in order
         self.frames = np.zeros((1, 2, 2, 3), np.uint8) if frames is None else frames
 
     async def execute_tick(self, tick: TickRequest) -> Chunk:
@@ -56,6 +58,13 @@ class _Backend:
         self, *, prompt: str | None, seed: int, image: bytes | None, encoding: FrameEncoding | None = None
     ) -> Session[Chunk]:
         raise AssertionError
+
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        assert session_id == "s1"
+        self.in_use.append(seconds)
+
+    def capacity(self) -> Capacity:
+        return Capacity(free=None, workers_alive=1)
 
 
 class _Outlet:
@@ -170,6 +179,31 @@ async def test_a_parked_host_resumes_with_the_chunks_it_missed() -> None:
     assert skipped[0].applied_event_ids == [1]
     assert all(m.applied_event_ids == [] for m in replayed)
     await host.shutdown("test")
+
+
+async def test_a_world_is_in_use_while_a_connected_member_plays_and_not_once_all_are_parked() -> None:
+    host, backend = _world(evict_idle_s=7.0)
+    a, c = _Outlet(), _Outlet()
+    owner = host.attach_host(a)
+    assert backend.in_use == [7.0]  # arrived
+    host.start()
+    await _chunks(a, 1)
+    host.ack(owner, 0)
+    await host.accept(owner, _keys(1))
+    assert backend.in_use == [7.0, 7.0, 7.0]  # each ack and event extends the mark
+    assert host.controller_token is not None
+    controller = host.join(host.controller_token, Role.CONTROLLER, c)
+    assert controller is not None
+    await host.disconnected(owner, a, clean=False)  # parked, but the controller still plays
+    assert backend.in_use[-1] == 7.0
+    await host.disconnected(controller, c, clean=False)  # nobody connected: evictable now
+    assert backend.in_use[-1] == 0.0
+    host.resume(owner, 0, _Outlet())
+    assert backend.in_use[-1] == 7.0  # back in use on resume
+    marks = len(backend.in_use)
+    await host.shutdown("test")
+    host.remove(controller)
+    assert len(backend.in_use) == marks  # a closed world marks nothing
 
 
 async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten() -> None:

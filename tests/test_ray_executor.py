@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,12 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from runtime_models import Truth  # noqa: E402
-from server_harness import check_frames_and_events, start_server  # noqa: E402
+from server_harness import (  # noqa: E402
+    check_a_playing_world_is_never_evicted,
+    check_frames_and_events,
+    free_port,
+    start_server,
+)
 from worldserve import Session, SessionEvent, SessionStatus  # noqa: E402
 from worldserve.media import EncodedFrames, FrameEncoding, encode_frames  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
@@ -253,6 +259,63 @@ async def test_node_loss_fails_only_its_sessions_then_capacity_moves_and_returns
         await rt.engine.wait_workers_ready(timeout=60)
 
 
+def _freeze(node: Any) -> list[Any]:
+    """SIGSTOP every process of a cluster_utils node (its raylet and what it started: the actors):
+    the machine goes silent -- frozen or partitioned -- without closing a single socket."""
+    import psutil  # Ray's own copy (importing ray puts its third-party packages on the path)
+
+    processes = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(info.process.pid)
+                processes += [root, *root.children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGSTOP)
+    return processes
+
+
+async def test_a_silent_node_fails_its_sessions_within_5_s_and_its_worker_lands_on_a_live_node(nodes: Nodes) -> None:
+    nodes.add()  # room for the replacement
+    async with Runtime("procedural", workers=2, **RAY) as rt:
+        executor = rt.engine.executor
+        assert isinstance(executor, RayExecutor)
+        sessions = [await rt.create_session(seed=seed) for seed in (1, 2)]
+        assert [rt.engine.worker_of(s.session_id) for s in sessions] == [0, 1]
+        silent = nodes.by_id(executor.node_of(1))
+        stop = asyncio.Event()
+        seen: list[list[int]] = [[], []]
+        players = [asyncio.ensure_future(play(s, stop, seen[i])) for i, s in enumerate(sessions)]
+        await until(lambda: min(len(indexes) for indexes in seen) >= 2)
+        loop = asyncio.get_running_loop()
+        frozen = _freeze(silent)
+        try:
+            froze_at = loop.time()
+            died = await asyncio.wait_for(players[1], 30.0)
+            noticed_after = loop.time() - froze_at
+            assert isinstance(died, WorkerDiedError), died
+            assert noticed_after < 5.0, noticed_after  # the pings' bound (1 s apart, 3 s to answer)
+            assert not players[0].done()  # the live node's session never noticed
+            await rt.engine.wait_workers_ready(timeout=60)
+            assert executor.is_alive(1)
+            placed = executor.node_of(1)  # never on the silent node: on the spare, or the one the spread left free
+            assert placed != silent.node_id
+            assert placed in {node.node_id for node in nodes.workers}
+            await sessions[1].reset()
+            chunk = await sessions[1].next_chunk()
+            assert chunk.metadata.chunk_index == 0
+            assert np.array_equal(chunk.frames, Truth(2).next(None, ()))
+            stop.set()
+            assert await players[0] is None
+            assert seen[0] == list(range(len(seen[0])))
+        finally:
+            for process in frozen:
+                with contextlib.suppress(Exception):
+                    process.kill()
+            nodes.remove(silent)
+
+
 async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nodes) -> None:
     address = nodes.cluster.address
     config = RuntimeConfig(**RAY, ray_address=address)
@@ -265,6 +328,19 @@ async def test_server_with_ray_executor_loses_and_duplicates_no_event(nodes: Nod
     await check_frames_and_events(server)  # JPEG and raw payloads made by the Ray workers
 
 
+async def test_a_playing_world_is_never_evicted_on_ray_either(nodes: Nodes) -> None:
+    resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
+    server = start_server(
+        "--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1", "--executor", "ray",
+        "--ray-address", nodes.cluster.address, "--ray-num-cpus", "0", "--ray-resource", resource, timeout=90.0,
+    )  # fmt: skip
+    try:
+        await check_a_playing_world_is_never_evicted(server.ws)
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
+
+
 def test_ray_flags_and_no_ray_import_unless_named() -> None:
     parser = argparse.ArgumentParser()
     RuntimeConfig.add_cli_arguments(parser)
@@ -272,8 +348,8 @@ def test_ray_flags_and_no_ray_import_unless_named() -> None:
     config = RuntimeConfig.from_cli_arguments(parser.parse_args(flags))
     assert (config.executor, config.ray_address, config.ray_num_cpus, config.ray_num_gpus) == ("ray", "head:6379", 1, 1)
     assert dict(config.ray_resources) == {"worldserve": 2.0}
-    with pytest.raises(ValueError, match="NAME=AMOUNT"):
-        RuntimeConfig.from_cli_arguments(parser.parse_args(["--ray-resource", "worldserve"]))
+    with pytest.raises(SystemExit):  # the parser refuses it: one line, exit status 2 (tests/test_cli.py)
+        parser.parse_args(["--ray-resource", "worldserve"])
     assert (config.ray_ping_interval_s, config.ray_ping_timeout_s) == (1.0, 3.0)
     pings = parser.parse_args(["--executor", "ray", "--ray-ping-interval-s", "0.5", "--ray-ping-timeout-s", "2"])
     executor = Runtime(config=RuntimeConfig.from_cli_arguments(pings)).engine.executor
@@ -318,3 +394,77 @@ async def test_a_worker_lost_before_it_was_ready_is_placed_again_at_start(monkey
     monkeypatch.setattr(executor, "_launch", always_lost)
     with pytest.raises(WorkerStartError, match="until its start timed out"):
         await executor._place(0, 0.05)
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``worldserve serve --model procedural`` with ``args``, its output in a pipe."""
+    port = str(free_port())
+    command = [sys.executable, "-m", "worldserve", "serve", "--model", "procedural", "--port", port, *args]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
+
+
+def _output_until(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """Read the process's output lines until one contains ``marker`` (or it ends)."""
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if marker in line:
+            break
+    return lines
+
+
+def test_a_cluster_nothing_answers_at_exits_within_the_connect_timeout_naming_the_address() -> None:
+    process = _serve("--executor", "ray", "--ray-address", "127.0.0.1:9", "--ray-connect-timeout-s", "2")
+    out, _ = process.communicate(timeout=90)  # would retry for minutes (ignoring SIGTERM) before
+    assert process.returncode == 2
+    lines = [line for line in out.splitlines() if line.startswith("worldserve")]
+    assert lines == [
+        "worldserve serve: error: cannot start the runtime: no Ray cluster answered at 127.0.0.1:9 within 2 s "
+        "(--ray-connect-timeout-s); is the head running, and is the address right?"
+    ]
+    assert "Traceback" not in out
+
+
+def test_workers_the_cluster_cannot_place_say_what_they_ask_and_stop_on_sigterm(nodes: Nodes) -> None:
+    # The cluster has no GPU: a worker asking for one waits (saying so), until the start timeout.
+    address = ("--ray-address", nodes.cluster.address)
+    process = _serve("--executor", "ray", *address, "--ray-num-gpus", "1", "--worker-start-timeout-s", "4")
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    ending = [line for line in out.splitlines() if line.startswith("worldserve serve: error:")]
+    assert len(ending) == 1
+    assert "worker 0 was not placed and ready within 4 s (--worker-start-timeout-s)" in ending[0]
+    assert "it asks for 1 CPU, 1 GPU; the cluster has" in ending[0]
+    assert " 0 GPU in all" in ending[0]
+    assert "Traceback" not in out
+
+    # SIGTERM while the start waits for placement: the process is gone within 5 s.
+    process = _serve("--executor", "ray", *address, "--ray-num-gpus", "1")
+    _output_until(process, "not placed and ready after")  # it says what it waits for
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=5)
+    assert process.returncode == 1
+    assert "worldserve: stopped by SIGTERM while starting." in out
+
+
+def test_serve_joins_the_cluster_ray_address_names(nodes: Nodes) -> None:
+    """docs/deploy.md: without --ray-address, serve joins the cluster RAY_ADDRESS names (and
+    tests/test_ray_start.py: else the one a `ray start` runs on this machine)."""
+    resource = ",".join(f"{k}={v}" for k, v in SLOT.items())
+    process = _serve(
+        "--executor", "ray", "--ray-num-cpus", "0", "--ray-resource", resource,
+        env={"RAY_ADDRESS": nodes.cluster.address},
+    )  # fmt: skip
+    try:
+        lines = _output_until(process, "Uvicorn running on")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    text = "".join(lines) + rest
+    assert "Uvicorn running on" in text, text
+    assert f"joined the Ray cluster at {nodes.cluster.address}" in text
+    assert "Started a local Ray instance" not in text
+    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful stop

@@ -76,7 +76,9 @@ async def test_a_recorded_live_session_replays_frame_for_frame(tmp_path: Path) -
     finally:
         running.stop()
     path = journals / f"{session_id}.jsonl"
-    start, chunks = read_journal(path)
+    journal = read_journal(path)
+    start, chunks = journal.start, journal.chunks
+    assert journal.complete  # a close line, nothing cut off
     assert (start.model, start.options.seed, start.options.prompt) == ("procedural", 11, "islands")
     assert [chunk.chunk_index for chunk in chunks] == [header["chunk_index"] for header in headers]
     # The journal keeps the session's own event ids (a connection's wire ids are mapped to them).

@@ -93,7 +93,7 @@ def test_residency_evicts_idle_lru_never_pinned_and_refuses_when_full() -> None:
     ok(r.step([tick("a", 0)]).results[0])  # a is now more recently used than b
     assert r.admit("c", SessionOptions()) == ("b",)
     failed(r.step([tick("b", 0)]).results[0], "evicted")
-    with pytest.raises(AdmissionRefusedError, match="every resident session has a tick in flight"):
+    with pytest.raises(AdmissionRefusedError, match="every resident session is in use or has a tick in flight"):
         r.admit("d", SessionOptions(), pinned={"a", "c"})
     assert r.resident_sessions() == ("a", "c")  # a refusal touches nothing
     assert r.admit("d", SessionOptions(), pinned={"a"}) == ("c",)

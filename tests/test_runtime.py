@@ -157,6 +157,36 @@ async def test_idle_sessions_are_evicted_lru_and_a_full_worker_refuses_at_once(t
             await a.next_chunk()
 
 
+async def test_a_session_marked_in_use_is_never_evicted_until_its_mark_lapses() -> None:
+    """The server's mechanism (docs/sessions.md, "Who may be evicted"): a session marked in use
+    stays resident although it is the least recently used; with every resident session in use
+    a newcomer is refused at once; a mark of 0 makes the session evictable again."""
+    async with Runtime(FAULTY, workers=1, max_sessions_per_worker=2) as rt:
+        a = await rt.create_session(seed=1)
+        b = await rt.create_session(seed=2)
+        await a.next_chunk()
+        await b.next_chunk()  # least recently used first: a, b
+        rt.mark_in_use(a.session_id, 600.0)
+        c = await rt.create_session(seed=3)  # evicts b, the least recently used of those not in use
+        with pytest.raises(SessionEvictedError):
+            await b.next_chunk()
+        assert (await a.next_chunk()).metadata.chunk_index == 1
+        rt.mark_in_use(c.session_id, 600.0)
+        with pytest.raises(AdmissionRefusedError, match="every session is in use") as refused:
+            await rt.create_session(seed=4)
+        assert refused.value.retry_after_s is not None
+        assert rt.stats().engine.evictions == 1
+        rt.mark_in_use(a.session_id, 0.0)  # a is no longer in use: the next newcomer takes its place
+        d = await rt.create_session(seed=5)
+        with pytest.raises(SessionEvictedError):
+            await a.next_chunk()
+        assert (await c.next_chunk()).metadata.chunk_index == 0
+        assert (await d.next_chunk()).metadata.chunk_index == 0
+        with pytest.raises(ValueError, match="seconds"):
+            rt.mark_in_use(d.session_id, -1.0)
+        rt.mark_in_use("unknown", 5.0)  # a session the runtime does not know: nothing to mark
+
+
 async def test_a_session_with_a_tick_waiting_is_never_evicted_even_when_least_recently_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from runtime_models import Gate
 from server_harness import RunningServer, start_server
 from worldserve.client import SessionFailedError, WorldClient, WorldError, keys
 from worldserve.models.world import World
@@ -332,15 +334,16 @@ async def test_http_endpoints_and_metrics(server: RunningServer, client: WorldCl
 
 
 async def test_failed_session_says_why_and_accepts_reset() -> None:
-    # One resident session per worker: a second session evicts the first between its ticks.
-    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1")
+    # One resident session per worker: once the first world's player stops acking for
+    # --evict-idle-s, it is no longer in use and a second session evicts it.
+    running = start_server(
+        "--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1", "--evict-idle-s", "0.5"
+    )  # fmt: skip
     try:
         async with WorldClient(running.ws) as first, WorldClient(running.ws) as second:
             await first.start(seed=1)
-            await first.next_chunk(timeout=30)
-            # The paced generator is mostly between ticks (idle, evictable); while a tick of the
-            # first session is in flight it cannot be evicted and the start is refused: retry.
-            for _ in range(200):
+            await first.next_chunk(timeout=30)  # ... and reads no more for now
+            for _ in range(400):
                 try:
                     await second.start(seed=2)
                 except WorldError as refused_start:
@@ -406,16 +409,28 @@ async def test_idle_connections_are_closed() -> None:
         running.stop()
 
 
-async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint() -> None:
-    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "0")
+async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint(tmp_path: Path) -> None:
+    # One session per worker, and its first step held in the model (a session with a tick in the
+    # engine is never evicted): the worker is full, so the next session is refused.
+    gate = Gate(tmp_path / "gate")
+    running = start_server(
+        "--model", "runtime_models:FaultyModel", "--model-option", f"gate={gate.path}", "--workers", "1",
+        "--max-sessions-per-worker", "1", test_models=True,
+    )  # fmt: skip
     try:
         _, body = http_get(running.http + "/healthz")
-        assert json.loads(body)["capacity"] == {"free": 0, "workers_alive": 1}
-        async with WorldClient(running.ws) as world:
+        assert json.loads(body)["capacity"] == {"free": 1, "slots": 1, "room": True, "workers_alive": 1}
+        async with WorldClient(running.ws) as holder, WorldClient(running.ws) as world:
+            await holder.start(seed=1, prompt="gate")
+            await gate.wait_entered()
+            _, body = http_get(running.http + "/healthz")
+            assert json.loads(body)["capacity"] == {"free": 0, "slots": 1, "room": False, "workers_alive": 1}
             with pytest.raises(WorldError) as refused:
                 await world.start(seed=1)
             assert refused.value.code == "admission_refused"
             # The runtime's hint: the longer of a worker restart's first backoff and a chunk period.
             assert refused.value.retry_after_ms == 500
+            gate.open()
     finally:
+        gate.open()
         running.stop()

@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from server_harness import RunningServer, start_server
-from worldserve.tools.loadtest import format_table, run_bench
+from worldserve.tools.loadtest import TABLE_NOTES, check_server, format_table, run_bench
+from worldserve.tools.record import load_script, record
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,15 @@ async def test_bench_accounts_for_every_event(server: RunningServer) -> None:
     result = await run_bench(server.ws, clients=3, duration=1.5, event_interval=0.1, settle=3.0)
     table = format_table(result)
     assert "accepted->applied" in table
+    for note in TABLE_NOTES:  # the "of it" and "bound" rows, and both frame rates, are explained under the table
+        assert note in table
     for report in result.reports:
+        played = report.played_fps
+        assert played is not None
+        # what a player at the model's 16 fps plays: never more than 16, less only by the stalls
+        assert 0 < played <= 16.0 + 1e-9
+        _, stall = report.late
+        assert played == pytest.approx(report.frames / (report.chunks * 0.25 + stall))
         assert not report.errors, report.errors
         assert report.accepted > 0
         assert report.lost == 0
@@ -76,6 +85,65 @@ def test_record_writes_gif_mp4_and_sidecar(server: RunningServer, tmp_path: Path
             gif.seek(index)
             total += gif.info["duration"]
         assert abs(total - 1500) <= 100, total
+
+
+def test_record_exits_1_when_the_server_refused_an_event(server: RunningServer, tmp_path: Path) -> None:
+    script = {
+        "chunks": 3,
+        "events": [
+            {
+                "after_chunk": 0,
+                "controls": [{"track": "keys", "schema": "worldserve.keys.v1", "data": {"held": ["Q"]}}],
+            },
+            {"after_chunk": 0, "prompt": "snow"},
+        ],
+    }
+    script_path = tmp_path / "script.json"
+    script_path.write_text(json.dumps(script))
+    out = tmp_path / "refused.gif"
+    done = subprocess.run(
+        [sys.executable, "-m", "worldserve", "record", str(script_path), "--url", server.ws, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    said = done.stderr.splitlines()
+    assert len(said) == 1, done.stderr
+    assert "refused 1 of 2 events (first: script event 0, invalid_control" in said[0]
+    assert out.exists()  # what was recorded is still written, the sidecar with the refusal
+    sidecar = json.loads(out.with_suffix(".json").read_text())
+    assert [event["status"] for event in sidecar["events"]] == ["error", "accepted"]
+
+
+async def test_an_event_after_chunk_k_is_sent_once_chunk_k_has_arrived(server: RunningServer, tmp_path: Path) -> None:
+    """docs/protocol.md (Tools): ``after_chunk: k`` is sent once chunk k -- the (k+1)-th chunk -- has arrived,
+    so the chunk that applies it comes after chunk k on the wire."""
+    script_path = tmp_path / "script.json"
+    script_path.write_text(
+        json.dumps({"chunks": 6, "events": [{"after_chunk": k, "prompt": f"p{k}"} for k in (-1, 0, 2)]})
+    )
+    recording = await record(server.ws, load_script(script_path))
+    events = recording.sidecar["events"]
+    assert [event["sent_after_chunks"] for event in events] == [0, 1, 3]
+    for event, k in zip(events, (-1, 0, 2), strict=True):
+        assert event["applied_in_chunk"] is not None
+        assert event["applied_in_chunk"] > k
+
+
+async def test_check_server_says_why_a_bench_cannot_run(server: RunningServer) -> None:
+    assert await check_server(server.ws) is None
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    said = await check_server(f"ws://127.0.0.1:{port}/v1/world")
+    assert said is not None
+    assert said.startswith(f"cannot connect to ws://127.0.0.1:{port}/v1/world: ")
+    assert "\n" not in said
 
 
 def test_record_refuses_a_bad_script(tmp_path: Path) -> None:

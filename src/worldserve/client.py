@@ -25,7 +25,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "Acceptance",
     "ClientChunk",
     "Dropped",
+    "Queued",
     "SessionFailedError",
     "SessionInfo",
     "WorldClient",
@@ -80,8 +81,19 @@ class SessionInfo:
     max_lag_chunks: int
     role: str = "host"  # "host", "controller" or "viewer"
     resume_token: str | None = None  # for resume() after a dropped connection (None: the server has it off)
+    resume_grace_s: float | None = None  # how long the server keeps a dropped connection's place
     viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
     controller_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A ``session.queued`` notice: this start waits in line (``position`` 1 is next)."""
+
+    position: int
+    ahead: int
+    eta_s: float | None  # the server's estimate; None until it has measured session lengths
+    received: float  # time.monotonic() when it arrived
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +168,10 @@ class WorldClient:
         self.skipped_applied: list[int] = []
         #: The last chunk seq received (what ``resume()`` tells the server); -1 before any.
         self.last_seq = -1
+        #: Every ``session.queued`` notice of a ``start(queue=True)``, in order.
+        self.queued: list[Queued] = []
+        self._on_queued: Callable[[Queued], None] | None = None
+        self._waiting_start: str | None = None  # the id of a start waiting in line
 
     # -- connection ----------------------------------------------------------------
 
@@ -169,8 +185,9 @@ class WorldClient:
                 open_timeout=self._open_timeout,
                 max_size=16 * 1024 * 1024,
             )
-        except (OSError, websockets.InvalidHandshake, TimeoutError) as error:
-            raise WorldClientError(f"cannot connect to {self.url}: {error}") from error
+        except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, TimeoutError) as error:
+            reason = str(error) or type(error).__name__  # a TimeoutError says nothing
+            raise WorldClientError(f"cannot connect to {self.url}: {reason}") from error
         self._reader = asyncio.create_task(self._read(), name="worldclient-reader")
 
     async def __aenter__(self) -> WorldClient:
@@ -246,22 +263,29 @@ class WorldClient:
             max_lag_chunks=reply["max_lag_chunks"],
             role=reply["role"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
         )
         return self.session
 
     # -- requests ------------------------------------------------------------------
 
-    async def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _request(self, message: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
+        """Send ``message`` and return its reply (``wait=False``: however long it takes, for a start
+        waiting in line, which the server's queue timeout bounds)."""
         if self._ws is None:
             raise WorldClientError("not connected; call connect() or use 'async with'.")
         message_id = f"c{next(self._ids)}"
+        if not wait:
+            self._waiting_start = message_id
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[message_id] = future
         try:
             await self._ws.send(json.dumps({**message, "id": message_id}))
-            reply = await asyncio.wait_for(future, self._reply_timeout)
+            reply = await asyncio.wait_for(future, self._reply_timeout if wait else None)
         finally:
             self._replies.pop(message_id, None)
+            if self._waiting_start == message_id:
+                self._waiting_start = None
         if reply["type"] == "error":
             raise WorldError(reply["code"], reply["message"], reply.get("event_id"), reply.get("retry_after_ms"))
         if reply["type"] == "session.failed":
@@ -279,10 +303,15 @@ class WorldClient:
         model: str | None = None,
         share_viewers: bool = False,
         share_controllers: bool = False,
+        queue: bool = False,
+        on_queued: Callable[[Queued], None] | None = None,
     ) -> SessionInfo:
         """Start this connection's session; ``image`` is an optional start image.
 
         ``share_viewers`` / ``share_controllers`` ask for tokens others can :meth:`join` with.
+        ``queue``: when the server is full, wait in line until a slot opens (each position
+        notice is appended to :attr:`queued` and passed to ``on_queued``) instead of raising
+        ``admission_refused`` at once; the server refuses after its ``--queue-timeout-s``.
         """
         message: dict[str, Any] = {
             "type": "session.start",
@@ -301,7 +330,13 @@ class WorldClient:
                 Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
                 image = buffer.getvalue()
             message["image"] = base64.b64encode(image).decode()
-        reply = await self._request(message)
+        if queue:
+            message["queue"] = True
+        self._on_queued = on_queued
+        try:
+            reply = await self._request(message, wait=not queue)
+        finally:
+            self._on_queued = None
         self.session = SessionInfo(
             session_id=reply["session_id"],
             model=reply["model"],
@@ -309,6 +344,7 @@ class WorldClient:
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
             resume_token=reply.get("resume_token"),
+            resume_grace_s=reply.get("resume_grace_s"),
             viewer_token=(reply.get("share") or {}).get("viewer"),
             controller_token=(reply.get("share") or {}).get("controller"),
         )
@@ -363,11 +399,19 @@ class WorldClient:
         return time.perf_counter() - started
 
     async def close(self) -> None:
-        """Close the session (the server answers with any dropped events), then the socket."""
-        if self._ws is not None and self.session is not None:
+        """Close the session (the server answers with any dropped events), then the socket.
+
+        A ``start(queue=True)`` still waiting in line leaves it: that start raises
+        :class:`WorldClientError`.
+        """
+        waiting = self._waiting_start
+        if self._ws is not None and (self.session is not None or waiting is not None):
             with contextlib.suppress(WorldError, WorldClientError):
                 await self._request({"type": "session.close"})
             self.session = None
+            start = None if waiting is None else self._replies.get(waiting)
+            if start is not None and not start.done():
+                start.set_exception(WorldClientError("left the waiting line: close() withdrew the start."))
         await self.disconnect()
 
     # -- chunks --------------------------------------------------------------------
@@ -418,6 +462,11 @@ class WorldClient:
                     self.dropped.append(
                         Dropped(tuple(message["event_ids"]), message["reason"], message.get("detail", ""))
                     )
+                elif kind == "session.queued":
+                    queued = Queued(message["position"], message["ahead"], message.get("eta_s"), time.monotonic())
+                    self.queued.append(queued)
+                    if self._on_queued is not None:
+                        self._on_queued(queued)
                 elif message.get("id") in self._replies:
                     future = self._replies[message["id"]]
                     if not future.done():

@@ -169,8 +169,9 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
         ),
         ErrorCode.SESSION_EXISTS: _info(
             _C,
-            "start api",
-            "a second `session.start` while this connection's session is open; a session id already in use",
+            "message start api",
+            "a `session.start`, `session.resume` or `session.join` while this connection's session is open; a "
+            "session id already in use",
             "close the session first",
         ),
         ErrorCode.UNKNOWN_MODEL: _info(_C, "start", "`model` is not the served model", "see `GET /v1/models`"),
@@ -196,7 +197,10 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             "ask the host for a share link",
         ),
         ErrorCode.NOT_CONTROLLER: _info(
-            _C, "message event", "a viewer sent `input.event` or `session.reset`", "join as a controller"
+            _C,
+            "message event",
+            "a viewer sent `input.event`, `session.reset` or `chunk.cancel`",
+            "join as a controller",
         ),
         ErrorCode.SESSION_ERROR: _info(
             _S, "lifecycle api", "a worker lifecycle RPC is unsupported or failed", "close the session"
@@ -261,7 +265,7 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             "retry after `retry_after_ms`, here or on another front-end",
         ),
         ErrorCode.EVICTED: _info(
-            _S, "tick", "the session's state was evicted (idle, least recently used) for another session", "reset"
+            _S, "tick", "the session's state was evicted (not in use, least recently used) for another session", "reset"
         ),
         ErrorCode.OUT_OF_SYNC: _info(_S, "tick", "a tick did not continue its state's own chunk count", "reset"),
         ErrorCode.NOT_RESIDENT: _info(_S, "tick", "the session holds no state on any worker", "reset"),
@@ -387,7 +391,7 @@ TickFailedError = RuntimeFailure
 
 
 class SessionEvictedError(RuntimeFailure):
-    """The session's state was evicted (idle, least recently used) to admit another; reset it."""
+    """The session's state was evicted (not in use, least recently used) to admit another; reset it."""
 
     code = ErrorCode.EVICTED
 

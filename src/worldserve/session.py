@@ -691,7 +691,7 @@ class Session(Generic[TickOutputT]):
             raise NothingToCancelError(f"session {self.session_id!r} is not generating a chunk.")
         cancel_tick = getattr(self._tick_consumer, "cancel_tick", None)
         if not callable(cancel_tick):
-            raise CancelUnsupportedError(f"session {self.session_id!r}'s tick consumer cannot cancel a chunk.")
+            raise CancelUnsupportedError(f"the tick consumer of session {self.session_id!r} cannot cancel a chunk.")
         cancel_tick(tick)  # raises (changing nothing) or promises the rollback
         self._cancelled_request = tick.request_id
         return tick.chunk_index

@@ -1,9 +1,11 @@
 """Admission: placing sessions on workers and (re)creating, evicting and releasing their states.
 
 Owns: the choice of worker for a new session (least loaded first, skipping at once the
-workers that are down, stalled in a step, full of sessions with ticks in flight, or that the
+workers that are down, stalled in a step, full of sessions it must not evict, or that the
 engine says lack real-time headroom: their measured step time would outgrow the chunk
-period), the ``admit`` call with the sessions the worker must not evict, recording
+period), the ``admit`` call with the sessions the worker must not evict (a tick queued or
+running there, or marked in use: :meth:`~worldserve.runtime.router.Router.mark_in_use`;
+the runner evicts the others least recently used first), recording
 evictions, resets (a fresh state on the session's own worker, or anywhere when it lost
 its state), releases that never wait behind a step, and fail-closed clean-up when an
 admission times out or is cancelled.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -58,7 +61,8 @@ class Admission:
         rpc_timeout_s: float | None,
         stalled: Callable[[int], bool] = lambda index: False,
         retry_after_s: float | None = None,
-        headroom: Callable[[int], str | None] | None = None,
+        headroom: Callable[[int, int], str | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._executor = executor
         self._router = router
@@ -68,6 +72,7 @@ class Admission:
         self._stalled = stalled
         self._retry_after_s = retry_after_s
         self._headroom = headroom
+        self._clock = clock
         self._capacity = executor.config.limits.capacity(executor.spec.state_bytes)
 
     def free_slots(self) -> int | None:
@@ -93,15 +98,9 @@ class Admission:
             else:
                 refusals.append(f"worker {worker.index}: down, restarting")
         for index in self._router.placement_order(ready):
-            if self._stalled(index):
-                refusals.append(f"worker {index}: stalled in a step")
-                continue
-            if not self._may_take(index):
-                refusals.append(f"worker {index}: full, every session has a tick in flight")
-                continue
-            short = self._lacks_headroom(index)
-            if short is not None:
-                refusals.append(short)
+            unfit = self._unfit(index)
+            if unfit is not None:
+                refusals.append(unfit)
                 continue
             try:
                 await self.admit_on(index, session_id, options, timeout)
@@ -117,24 +116,49 @@ class Admission:
             retry_after_s=self._retry_after_s,
         )
 
+    def slots(self) -> int | None:
+        """Session slots on ready workers, held or not (None: no residency limit)."""
+        ready = sum(worker.ready for worker in self._workers)
+        return None if self._capacity is None else self._capacity * ready
+
+    def has_room(self) -> bool:
+        """Whether :meth:`place` would ask some worker to admit a session now (its checks that
+        need no call): a cheap look for those waiting for room."""
+        return any(worker.ready and self._unfit(worker.index) is None for worker in self._workers)
+
+    def _unfit(self, index: int) -> str | None:
+        """Why worker ``index`` is skipped without a call (stalled, surely full, no headroom), or None."""
+        if self._stalled(index):
+            return f"worker {index}: stalled in a step"
+        if not self._may_take(index):
+            return f"worker {index}: full, every session is in use or has a tick in flight"
+        capacity = self._capacity
+        evicts = capacity is not None and self._router.load(index) >= capacity  # one in, one out
+        return self._lacks_headroom(index, 0 if evicts else 1)
+
+    def _protected(self, index: int) -> frozenset[str]:
+        """The sessions on worker ``index`` it must not evict: a tick queued or running there, or in use."""
+        return self._workers[index].pinned() | self._router.in_use(index, self._clock())
+
     def _may_take(self, index: int) -> bool:
-        """False when the worker is surely full of pinned sessions (refuse without asking it)."""
+        """False when the worker is surely full of sessions it must not evict (refuse without asking it)."""
         capacity = self._capacity
         if capacity is None or self._router.load(index) < capacity:
             return True
         if capacity == 0:
             return False
-        pinned = self._workers[index].pinned()
-        return any(session_id not in pinned for session_id in self._router.resident(index))
+        protected = self._protected(index)
+        return any(session_id not in protected for session_id in self._router.resident(index))
 
-    def _lacks_headroom(self, index: int) -> str | None:
-        """Why the worker cannot hold real time with one more session (its measured step time
-        against the chunk period, from the engine), or None."""
-        return None if self._headroom is None else self._headroom(index)
+    def _lacks_headroom(self, index: int, more: int) -> str | None:
+        """Why the worker cannot hold real time with ``more`` sessions than now (its measured step
+        time against the chunk period, from the engine; 0 more when the newcomer takes an evicted
+        session's place), or None."""
+        return None if self._headroom is None else self._headroom(index, more)
 
     async def admit_on(self, index: int, session_id: str, options: SessionOptions, timeout: float | None) -> None:
         """Create (or re-create: a reset) the session's state on worker ``index``."""
-        pinned = self._workers[index].pinned()
+        pinned = self._protected(index)
         self._router.begin_admission(index)
         try:
             evicted = await self.call(index, ADMIT, (session_id, options, pinned), timeout)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +176,7 @@ class Engine:
         self._admission: Admission | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = "new"
+        self._lost = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -190,11 +192,24 @@ class Engine:
     def num_workers(self) -> int:
         return self._executor.num_workers
 
+    @property
+    def lost(self) -> WorkerDiedError | None:
+        """Why no worker can run any more (the executor's cluster is gone), or None."""
+        return self._executor.lost
+
+    async def wait_lost(self) -> WorkerDiedError:
+        """Wait until no worker can run any more (every session of the engine failed ``worker_died``)."""
+        await self._lost.wait()
+        lost = self._executor.lost
+        assert lost is not None
+        return lost
+
     async def start(self) -> None:
         if self._state != "new":
             raise SessionStateError(f"the engine cannot start: it is {self._state}.")
         self._loop = asyncio.get_running_loop()
         self._executor.on_worker_death = self._on_worker_death
+        self._executor.on_lost = lambda error: self._lost.set()
         self._state = "starting"
         await self._executor.start()
         limit = min(self.spec.max_batch_size, self.config.max_batch_size or self.spec.max_batch_size)
@@ -295,19 +310,20 @@ class Engine:
             self._schedule(worker)  # a batch may have been waiting for this session
         return instant
 
-    def _headroom_refusal(self, index: int) -> str | None:
-        """Why a clocked worker should take no more sessions (its step would outgrow the period), or None."""
+    def _headroom_refusal(self, index: int, more: int = 1) -> str | None:
+        """Why a clocked worker should not hold ``more`` sessions than now (its step would outgrow the
+        period), or None."""
         worker = self._workers[index]
         load = self._router.load(index)
         clock = worker.gathering.clock
         if not clock.started or load == 0:
             return None  # an empty worker takes a session (and measures it)
-        predicted = worker.gathering.steps.predict(load + 1)
+        predicted = worker.gathering.steps.predict(load + more)
         budget = clock.nominal * self.config.step_budget
         if predicted is None or predicted <= budget:
             return None
         return (
-            f"worker {index}: no real-time headroom (a step of {load + 1} sessions is predicted at "
+            f"worker {index}: no real-time headroom (a step of {load + more} sessions is predicted at "
             f"{predicted * 1000:.0f} ms, over {budget * 1000:.0f} ms of the "
             f"{clock.nominal * 1000:.0f} ms period)"
         )
@@ -532,7 +548,7 @@ class Engine:
         """Replace a dead worker, retrying with backoff until it starts or the engine closes."""
         delay = self.config.restart_backoff_s
         try:
-            while self._state == "running":
+            while self._state == "running" and self._executor.lost is None:
                 try:
                     await self._executor.restart(worker.index)
                 except Exception as error:
@@ -570,7 +586,8 @@ class Engine:
 
         Returns the worker. Admitted now or refused now: raises
         :class:`AdmissionRefusedError` at once when no worker can make room (each keeps
-        sessions with a tick in flight), when every worker is down or restarting, or
+        sessions with a tick queued or in flight, and those marked in use:
+        :meth:`mark_in_use`), when every worker is down or restarting, or
         stalled in a step; a worker that dies or times out while admitting is skipped
         for the next. ``ValueError`` for options the model cannot take.
         """
@@ -605,6 +622,19 @@ class Engine:
         if self._admission is not None and self._state == "running":
             self.release_session(session_id)
         self._router.remove(session_id)
+
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """Someone is using the session: admission must not evict it for the next ``seconds``
+        (0: from now on it may be, least recently used first, like any idle session).
+
+        Without marks (a library user who never calls this) every session without a tick
+        queued or in flight may be evicted when a full worker admits another. The server marks
+        its sessions while a connected member plays or steers them (docs/sessions.md).
+        """
+        if isinstance(seconds, bool) or not seconds >= 0:
+            raise ValueError(f"seconds must be zero or positive; got {seconds!r}.")
+        until = time.monotonic() + seconds if seconds > 0 else float("-inf")
+        self._router.mark_in_use(session_id, until)
 
     def worker_of(self, session_id: str) -> int | None:
         """The worker holding the session's state (None: it holds none, or is unknown)."""
@@ -666,8 +696,11 @@ class Engine:
         """Room for new sessions now (what ``/healthz`` reports to a balancer)."""
         if self._admission is None or self._state != "running":
             return Capacity(free=0, workers_alive=0)
+        admission = self._admission
         alive = sum(worker.ready for worker in self._workers)
-        return Capacity(free=self._admission.free_slots(), workers_alive=alive)
+        return Capacity(
+            free=admission.free_slots(), workers_alive=alive, slots=admission.slots(), room=admission.has_room()
+        )
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot(
@@ -675,8 +708,12 @@ class Engine:
             resident=tuple(self._router.resident_count(index) for index in range(self.num_workers)),
             queued_ticks=sum(len(worker.queue) for worker in self._workers),
             workers_alive=sum(self._executor.is_alive(index) for index in range(self.num_workers)),
+            # a worker's clock period while it serves sessions (None: no clock running, or no one on it)
             chunk_periods=tuple(
-                worker.gathering.clock.period if worker.gathering.clock.started else None for worker in self._workers
+                worker.gathering.clock.period
+                if worker.gathering.clock.started and self._router.resident_count(worker.index) > 0
+                else None
+                for worker in self._workers
             ),
         )
 

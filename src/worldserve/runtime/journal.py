@@ -17,7 +17,14 @@ Lines, each a JSON object with a ``type``:
   ``chunk_index`` of 0 after the first chunk means the session was reset before it;
 - ``close``: the session closed.
 
-A line is written once the chunk's metadata echoed its tick (the commit follows at once).
+``applied_event_ids`` are the *session's* event ids: the server maps each member's wire ids
+(each connection numbers its own events) to the session's one increasing sequence, so they
+are no client's ids; replay does not need them (it replays each chunk's snapshot).
+
+A line is written once the chunk's metadata echoed its tick (the commit follows at once),
+and flushed. A server that dies leaves a journal without a close line, perhaps with its
+last line cut off: :func:`read_journal` keeps every complete line and says what is missing
+(:attr:`Journal.warnings`); a bad line anywhere else is refused, naming it.
 Must not know: transports, what a model computes, how the engine schedules.
 """
 
@@ -26,17 +33,17 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from worldserve.errors import CancelUnsupportedError
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
 from worldserve.runtime.chunk import Chunk
 from worldserve.session import TickConsumer
 
-__all__ = ["JournalChunk", "JournalStart", "Journals", "read_journal"]
+__all__ = ["Journal", "JournalChunk", "JournalStart", "Journals", "read_journal"]
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -63,6 +70,21 @@ class JournalChunk:
     applied_event_ids: tuple[int, ...]
     prompt: str | None
     controls: tuple[ControlInput, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """A journal read back: how the session started, its chunks, and what a reader should know
+    (the journal ended without a close line, or its last line was cut off)."""
+
+    start: JournalStart
+    chunks: list[JournalChunk]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the journal ends with the session's close line (and nothing was cut off)."""
+        return not self.warnings
 
 
 class Journals:
@@ -139,16 +161,33 @@ class Journals:
     def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
         return self._engine.chunk_metadata(output)
 
+    def cancel_tick(self, tick: TickRequest) -> None:
+        """``chunk.cancel`` goes through to the engine (a :class:`~worldserve.session.TickCanceller`):
+        the cancelled tick's ``execute_tick`` raises, so its chunk is never logged, and the
+        journal goes on from the last chunk logged, as the session does."""
+        cancel = getattr(self._engine, "cancel_tick", None)
+        if not callable(cancel):
+            raise CancelUnsupportedError("the runtime behind this journal cannot cancel a chunk.")
+        cancel(tick)
+
     @staticmethod
     def _write(handle: IO[str], line: dict[str, Any]) -> None:
         handle.write(json.dumps(line, separators=(",", ":")) + "\n")
         handle.flush()
 
 
-def read_journal(path: str | Path) -> tuple[JournalStart, list[JournalChunk]]:
-    """Read a journal back; ``ValueError`` names the line that is not one."""
-    lines = list(_lines(Path(path)))
-    if not lines or lines[0][1].get("type") != "start":
+def read_journal(path: str | Path) -> Journal:
+    """Read a journal back; ``ValueError`` names the line that is not one (``OSError``: no file).
+
+    A last line cut off mid-write (no newline, not JSON: the writer died) is left out with a
+    warning, as is a missing close line; the complete lines before it replay as they are.
+    """
+    lines, cut = _lines(Path(path))
+    if not lines:
+        raise ValueError(
+            f"{path}: {'empty' if cut is None else 'cut off in its first line'}: a journal starts with a 'start' line."
+        )
+    if lines[0][1].get("type") != "start":
         raise ValueError(f"{path}: a journal starts with a 'start' line.")
     number, first = lines[0]
     try:
@@ -168,12 +207,14 @@ def read_journal(path: str | Path) -> tuple[JournalStart, list[JournalChunk]]:
             frames_per_chunk=int(first["frames_per_chunk"]),
             fps=float(first["fps"]),
         )
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"{path}:{number}: not a start line ({error}).") from None
     chunks = []
+    closed = False
     for number, line in lines[1:]:
         kind = line.get("type")
         if kind == "close":
+            closed = True
             break
         if kind != "chunk":
             raise ValueError(f"{path}:{number}: unknown line type {kind!r}.")
@@ -186,20 +227,47 @@ def read_journal(path: str | Path) -> tuple[JournalStart, list[JournalChunk]]:
                     controls=tuple(ControlInput.from_dict(control) for control in line["controls"]),
                 )
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{path}:{number}: not a chunk line ({error}).") from None
-    return start, chunks
+    warnings = []
+    if cut is not None:
+        warnings.append(
+            f"{path}:{cut}: the last line is cut off (the server stopped while writing it); "
+            f"replaying the {len(chunks)} complete chunk lines before it"
+        )
+    elif not closed:
+        warnings.append(
+            f"{path}: no close line (the server stopped, or the session was still open): "
+            f"replaying its {len(chunks)} chunks"
+        )
+    return Journal(start, chunks, tuple(warnings))
 
 
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _lines(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+    """The journal's lines as objects, and the number of a last line cut off mid-write (None: none)."""
     with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error}).") from None
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}:{number}: a line must be a JSON object.")
-            yield number, value
+        texts = handle.read().split("\n")
+    # Every line the writer finished ends in a newline, so what follows the last one is a cut line.
+    tail = texts.pop()
+    lines: list[tuple[int, dict[str, Any]]] = []
+    for number, text in enumerate(texts, start=1):
+        if text.strip():
+            lines.append((number, _parse_line(path, number, text)))
+    cut = None
+    if tail.strip():
+        number = len(texts) + 1
+        try:
+            lines.append((number, _parse_line(path, number, tail)))
+        except ValueError:
+            cut = number
+    return lines, cut
+
+
+def _parse_line(path: Path, number: int, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{number}: not JSON ({error}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}:{number}: a line must be a JSON object.")
+    return value

@@ -29,12 +29,17 @@ class Capacity:
     """Room for new sessions now, for a load balancer to steer by.
 
     ``free``: session slots no session holds on the workers that are ready (None:
-    unlimited -- no residency limit; a full worker may still admit by evicting an idle
-    session); ``workers_alive``: workers ready to take sessions.
+    unlimited -- no residency limit; a full worker may still admit by evicting a session
+    nobody uses); ``workers_alive``: workers ready to take sessions; ``slots``: session
+    slots on those workers, held or not (None: unlimited); ``room``: whether a new session
+    would be tried on some worker now (a free slot, a session it may evict, real-time
+    headroom), not whether it surely gets in.
     """
 
     free: int | None
     workers_alive: int
+    slots: int | None = None
+    room: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """Session routing: which worker holds each session's state (affinity) and how loaded each is.
 
 Owns: ``session_id -> Route`` (the session's options, its worker, or why it holds no
-state now: evicted, its worker died, released after a failure), per-worker resident
-sets, and the placement order for a new session (least loaded first). Pure
-bookkeeping: the engine tells it what happened; it never calls a worker.
+state now: evicted, its worker died, released after a failure; and until when it is *in
+use*: someone is playing it, so admission must not evict it), per-worker resident sets,
+and the placement order for a new session (least loaded first). Pure bookkeeping: the
+engine tells it what happened (and what time it is); it never calls a worker.
 
 Must not know: asyncio, executors, batching, models.
 """
@@ -27,12 +28,13 @@ __all__ = ["Route", "Router"]
 class Route:
     """One admitted session: its options (kept for resets) and where its state lives."""
 
-    __slots__ = ("gone", "options", "worker")
+    __slots__ = ("gone", "in_use_until", "options", "worker")
 
     def __init__(self, options: SessionOptions) -> None:
         self.options = options
         self.worker: int | None = None
         self.gone: TickFailedError | None = None  # why the session holds no state (worker None)
+        self.in_use_until = float("-inf")  # monotonic time; never evicted before it
 
     def not_resident_error(self) -> TickFailedError:
         """A fresh error for a tick of a session that holds no state."""
@@ -94,6 +96,17 @@ class Router:
         """Candidate workers for a new session, least loaded first (ties: lowest index)."""
         return sorted(workers, key=lambda worker: (self.load(worker), worker))
 
+    def mark_in_use(self, session_id: str, until: float) -> None:
+        """The session is in use until ``until`` (monotonic seconds; the past: not in use)."""
+        route = self._routes.get(session_id)
+        if route is not None:
+            route.in_use_until = until
+
+    def in_use(self, worker: int, now: float) -> frozenset[str]:
+        """The sessions resident on ``worker`` that are in use at ``now``."""
+        routes = self._routes
+        return frozenset(sid for sid in self._resident[worker] if sid in routes and routes[sid].in_use_until > now)
+
     def begin_admission(self, worker: int) -> None:
         self._admitting[worker] += 1
 
@@ -129,8 +142,8 @@ class Router:
                 session_id,
                 worker,
                 SessionEvictedError(
-                    f"session {session_id!r} was evicted from worker {worker} (idle, least recently used) "
-                    "to admit another session; reset it to start over."
+                    f"session {session_id!r} was evicted from worker {worker} (not in use, least recently "
+                    "used) to admit another session; reset it to start over."
                 ),
             )
 

@@ -134,7 +134,7 @@ class ModelRunner:
         """Create ``session_id``'s state, evicting idle sessions (LRU) if full.
 
         Returns the ids evicted to make room. ``pinned`` sessions (a tick queued or in
-        flight) are never evicted. Raises :class:`AdmissionRefusedError` when no room
+        flight, or marked in use by the caller) are never evicted. Raises :class:`AdmissionRefusedError` when no room
         can be made, before touching any state.
         """
         victims = self._victims(session_id, pinned)
@@ -165,8 +165,8 @@ class ModelRunner:
         if len(idle) < need:
             raise AdmissionRefusedError(
                 f"session {session_id!r} refused: worker {self._worker} is full ({others} of "
-                f"{capacity} sessions resident) and every resident session has a tick in flight; "
-                "try again later or close a session."
+                f"{capacity} sessions resident) and every resident session is in use or has a tick in "
+                "flight; try again later or close a session."
             )
         return tuple(idle[:need])
 
@@ -322,7 +322,7 @@ class ModelRunner:
             if sid in self._tombstones:
                 return TickFailure(
                     ErrorCode.EVICTED,
-                    f"session {sid!r} was evicted from worker {self._worker} (idle, least recently used) "
+                    f"session {sid!r} was evicted from worker {self._worker} (not in use, least recently used) "
                     "to admit another session; reset it to start over.",
                 )
             return TickFailure(

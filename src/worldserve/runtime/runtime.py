@@ -27,7 +27,7 @@ from worldserve.models.base import ModelSpec, SessionOptions, SpecControlValidat
 from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.config import RuntimeConfig
 from worldserve.runtime.engine import Engine
-from worldserve.runtime.errors import RuntimeClosedError
+from worldserve.runtime.errors import RuntimeClosedError, WorkerDiedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
 from worldserve.runtime.journal import Journals
 from worldserve.runtime.metrics import Capacity, EngineStats
@@ -174,10 +174,26 @@ class Runtime:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
         return self.engine.capacity()
 
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """The session is in use for the next ``seconds``: a full worker never evicts it to admit
+        another (0: no longer in use). See :meth:`Engine.mark_in_use
+        <worldserve.runtime.engine.Engine.mark_in_use>`; without it, the runtime keeps its old
+        rule: any session without a tick queued or in flight may be evicted, least recently used first."""
+        self.engine.mark_in_use(session_id, seconds)
+
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session should issue its next tick to share its worker's chunk clock
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
         return self.engine.tick_due(session_id, want, eager=eager, due=due)
+
+    @property
+    def lost(self) -> WorkerDiedError | None:
+        """Why no worker can run any more (e.g. the Ray head is gone), or None while the runtime can serve."""
+        return self.engine.lost
+
+    async def wait_lost(self) -> WorkerDiedError:
+        """Wait until no worker can run any more (the server then stops; see :attr:`lost`)."""
+        return await self.engine.wait_lost()
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(sessions=self.manager.stats(), engine=self.engine.stats())
@@ -192,7 +208,12 @@ class Runtime:
 def _build_executor(config: RuntimeConfig) -> Executor:
     """The executor the configuration names (Ray's is imported only when named)."""
     if config.executor == "multiprocess":
-        return MultiprocExecutor(config.worker_config(), config.workers, frame_buffer_bytes=config.frame_buffer_bytes)
+        return MultiprocExecutor(
+            config.worker_config(),
+            config.workers,
+            frame_buffer_bytes=config.frame_buffer_bytes,
+            start_timeout=config.worker_start_timeout_s,
+        )
     if config.executor == "ray":
         from worldserve.runtime.executor.ray_actor import RayExecutor
 
@@ -201,9 +222,12 @@ def _build_executor(config: RuntimeConfig) -> Executor:
             config.workers,
             address=config.ray_address,
             num_cpus=config.ray_num_cpus,
-            num_gpus=config.ray_num_gpus,
+            num_gpus=config.ray_gpus_per_worker,
             resources=config.ray_resources,
             ping_interval_s=config.ray_ping_interval_s,
             ping_timeout_s=config.ray_ping_timeout_s,
+            start_timeout=config.worker_start_timeout_s,
+            connect_timeout=config.ray_connect_timeout_s,
+            head_timeout=config.ray_head_timeout_s,
         )
     return InprocExecutor(config.worker_config(), config.workers)

@@ -5,12 +5,17 @@ Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/mo
 ``bearer.<token>`` WebSocket subprotocol browsers can send); the origin allow-list.
 Each WebSocket gets one :class:`~worldserve.server.connection.Connection`; the worlds
 they start, join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
+:func:`end_worlds` is the server's stop: every world ends with ``session.closed {reason:
+"shutdown"}`` to each member, then each socket closes with 1001 (the caller runs it before
+uvicorn closes the sockets; the lifespan's end ends any world still open, with no one left
+to tell).
 
 Must not know: how sessions, engines or models work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -30,8 +35,9 @@ from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.waiting import waiting_room
 
-__all__ = ["PROTOCOL_NAME", "create_app"]
+__all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
 #: The WebSocket subprotocol the server speaks (offered optionally by clients).
 PROTOCOL_NAME = "worldserve.v1"
@@ -92,12 +98,19 @@ def create_app(
     async def healthz(request: Request) -> Response:
         runtime = backend()
         capacity = runtime.capacity()
+        room = state["room"]
         return JSONResponse(
             {
                 "status": "ok",
                 "model": runtime.spec.name,
                 "sessions": len(runtime.manager),
-                "capacity": {"free": capacity.free, "workers_alive": capacity.workers_alive},
+                "capacity": {
+                    "free": capacity.free,
+                    "slots": capacity.slots,
+                    "room": capacity.room,
+                    "workers_alive": capacity.workers_alive,
+                },
+                "queue": {"waiting": room.waiting, "max": room.max_waiting},
             }
         )
 
@@ -122,7 +135,13 @@ def create_app(
             await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
             return
         await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        await Connection(websocket, backend(), config, metrics(), state["hosts"]).run()
+        connection = Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
+        connections: set[Connection] = state["connections"]
+        connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            connections.discard(connection)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -130,11 +149,14 @@ def create_app(
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
             state["hosts"] = hosts = WorldHosts()
+            state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
+            state["connections"] = set()
             yield
-            await hosts.shutdown()
+            await room.aclose()
+            await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
             state.clear()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", index),
             Route("/healthz", healthz),
@@ -145,3 +167,21 @@ def create_app(
         ],
         lifespan=lifespan,
     )
+    app.state.worldserve = state
+    return app
+
+
+async def end_worlds(app: Starlette, *, flush_timeout: float = 5.0) -> None:
+    """The server stops: end every world (each member is sent ``session.closed {reason: "shutdown"}``,
+    after ``session.failed`` when the runtime lost its workers; each session released), then close
+    every socket with 1001 once what was queued for it is written (a client not reading gets
+    ``flush_timeout`` seconds)."""
+    state: dict[str, Any] = getattr(app.state, "worldserve", {})
+    hosts: WorldHosts | None = state.get("hosts")
+    if hosts is None:
+        return  # not started, or already stopped
+    await state["room"].aclose()  # those waiting in line are refused
+    runtime: Runtime = state["runtime"]
+    await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why first
+    connections: set[Connection] = state.get("connections", set())
+    await asyncio.gather(*(connection.close_for_shutdown(flush_timeout) for connection in list(connections)))

@@ -36,6 +36,15 @@ class ServerConfig:
     #: A session whose connection drops (without a clean close) waits this long for ``session.resume``
     #: (seconds; 0: it closes at once, as a clean close does).
     resume_grace_s: float = 30.0
+    #: A world is *in use* (never evicted to admit another) while a connected member acked a
+    #: chunk, sent an event or arrived within this many seconds; a world whose members are all
+    #: parked is not in use (seconds).
+    evict_idle_s: float = 30.0
+    #: ``session.start`` with ``queue: true`` waits in line while the server is full: at most
+    #: this many wait (None: four times the session slots, at least 8) ...
+    queue_max: int | None = None
+    #: ... each at most this long (seconds); beyond either, ``admission_refused``.
+    queue_timeout_s: float = 300.0
     #: The last chunks a session keeps, encoded, to re-send after a resume (at least ``max_lag_chunks``).
     replay_chunks: int = 8
 
@@ -50,6 +59,12 @@ class ServerConfig:
             raise ValueError("idle_timeout must be positive.")
         if self.max_lag_chunks < 1 or self.lead_chunks < 0:
             raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")
+        if not self.evict_idle_s > 0:
+            raise ValueError("evict_idle_s must be positive.")
+        if self.queue_max is not None and self.queue_max < 0:
+            raise ValueError("queue_max must be zero or positive (0: no waiting line).")
+        if not self.queue_timeout_s > 0:
+            raise ValueError("queue_timeout_s must be positive.")
         if self.resume_grace_s < 0:
             raise ValueError("resume_grace_s must be non-negative.")
         if self.replay_chunks < self.max_lag_chunks:

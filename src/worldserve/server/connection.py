@@ -5,9 +5,11 @@ exception out of the loop), its rate limit, its one writer task (everything this
 connection sends goes through one queue, in order, so a world can post to it without
 waiting: a slow reader never holds up the world or other members), and which member
 of which world (:class:`~worldserve.server.host.WorldHost`) it speaks for: it starts
-one (``session.start``), joins one (``session.join``) or resumes one
-(``session.resume``). On disconnect it tells its world whether the close was clean
-(the world then parks the member for a resume, or lets it go).
+one (``session.start``; with ``queue``, it waits in the front-end's
+:class:`~worldserve.server.waiting.WaitingRoom` meanwhile, reading on), joins one
+(``session.join``) or resumes one (``session.resume``). On disconnect it tells its
+world whether the close was clean (the world then parks the member for a resume, or
+lets it go), or leaves the line.
 
 Must not know: HTTP routing, how the runtime reaches its workers, what controls mean,
 how generation is paced.
@@ -28,6 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from worldserve.errors import AdmissionRefusedError, ErrorCode
 from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput, prompt_transition_control
+from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image
 from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldHosts
@@ -47,6 +50,7 @@ from worldserve.server.messages import (
     SessionFailed,
     SessionJoin,
     SessionJoined,
+    SessionQueued,
     SessionReset,
     SessionResetDone,
     SessionResume,
@@ -57,8 +61,10 @@ from worldserve.server.messages import (
     parse_client_message,
 )
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.waiting import Position, WaitingRoom, waiting_room
 from worldserve.session import (
     EventAcceptanceStatus,
+    Session,
     SessionError,
     SessionEvent,
     SessionStateError,
@@ -94,6 +100,7 @@ class Connection:
         config: ServerConfig,
         metrics: ServerMetrics,
         hosts: WorldHosts | None = None,
+        room: WaitingRoom[Session[Chunk]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ws = websocket
@@ -101,6 +108,8 @@ class Connection:
         self._config = config
         self._metrics = metrics
         self._hosts = hosts if hosts is not None else WorldHosts()
+        self._room = room if room is not None else waiting_room(backend, config, self._hosts)
+        self._queued: asyncio.Task[None] | None = None  # session.start waiting in line
         self._clock = clock
         self._events = TokenBucket(config.event_rate, config.event_burst, clock)
         self._member: Member | None = None
@@ -143,6 +152,15 @@ class Connection:
         """Another connection resumed our member: stop speaking for it and close this socket."""
         self._forget()
         self._closing = asyncio.create_task(self._close_socket(4000, "resumed elsewhere"))
+
+    async def close_for_shutdown(self, flush_timeout: float) -> None:
+        """The server stops (its worlds have ended, their ``session.closed`` queued): write what is
+        queued, within ``flush_timeout`` seconds, then close the socket with 1001 (going away)."""
+        self._clean_close = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush(), flush_timeout)
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=1001, reason="server shutting down")
 
     async def _close_socket(self, code: int, reason: str) -> None:
         await self._flush()
@@ -197,7 +215,7 @@ class Connection:
         event_id: int | None = None,
         retry_after_ms: int | None = None,
     ) -> None:
-        self._metrics.client_errors.labels(code=code.value).inc()
+        self._metrics.error_replies(code).inc()
         await self._send(
             ErrorMessage(id=message_id, code=code, message=message, event_id=event_id, retry_after_ms=retry_after_ms)
         )
@@ -212,6 +230,8 @@ class Connection:
                 try:
                     message = await asyncio.wait_for(self._ws.receive(), timeout=self._config.idle_timeout)
                 except TimeoutError:
+                    if self._queued is not None:
+                        continue  # waiting in line is not idling: the queue's own timeout bounds it
                     await self._end("idle_timeout", message_id=None)
                     await self._flush()
                     self._clean_close = True
@@ -279,7 +299,13 @@ class Connection:
             await self._error(ErrorCode.INTERNAL_ERROR, "internal server error.", message_id=parsed.id)
 
     async def _release(self) -> None:
-        """On disconnect: the world parks our member for a resume, or lets it go (a clean close)."""
+        """On disconnect: the world parks our member for a resume, or lets it go (a clean close);
+        a start waiting in line leaves it."""
+        queued = self._queued
+        if queued is not None:
+            queued.cancel()
+            with contextlib.suppress(BaseException):
+                await queued
         member = self._current()
         self._member = None
         try:
@@ -296,9 +322,16 @@ class Connection:
 
     # -- client messages -----------------------------------------------------------
 
+    async def _has_session(self, message_id: str | None) -> bool:
+        """Refuse (``session_exists``) a start, join or resume on a connection that has a session or waits for one."""
+        if self._current() is None and self._queued is None:
+            return False
+        detail = "is waiting in line for a session" if self._queued is not None else "already has a session"
+        await self._error(ErrorCode.SESSION_EXISTS, f"this connection {detail}.", message_id=message_id)
+        return True
+
     async def _on_start(self, message: SessionStart) -> None:
-        if self._current() is not None:
-            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+        if await self._has_session(message.id):
             return
         spec = self._backend.spec
         if message.model is not None and message.model != spec.name:
@@ -322,23 +355,61 @@ class Connection:
             except ValueError as error:
                 await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
                 return
-        try:
-            encoding = FrameEncoding(message.options.media, message.options.quality)
+        encoding = FrameEncoding(message.options.media, message.options.quality)
+
+        async def create() -> Session[Chunk]:
             session = await self._backend.create_session(
                 prompt=message.prompt, seed=message.seed, image=image, encoding=encoding
             )
-        except SessionError as error:
+            # In use from birth: the next start (the line's next) must not evict it before its host arrives.
+            self._backend.mark_in_use(session.session_id, self._config.evict_idle_s)
+            return session
+
+        if message.queue:  # wait in line if need be; meanwhile this connection reads on (session.close leaves)
+            self._queued = asyncio.create_task(self._start_in_line(message, create), name="waiting-in-line")
+            return
+        try:
+            self._room.refuse_if_waiting()
+            session = await create()
+        except (SessionError, ValueError) as error:
+            await self._start_refused(error, message.id)
+            return
+        await self._begin(message, session)
+
+    async def _start_in_line(self, message: SessionStart, create: Callable[[], Awaitable[Session[Chunk]]]) -> None:
+        def notify(where: Position) -> None:
+            self.post((SessionQueued(id=message.id, position=where.position, ahead=where.ahead, eta_s=where.eta_s),))
+
+        try:
+            session = await self._room.admit(create, notify)
+        except (SessionError, ValueError) as error:
+            self._queued = None
+            await self._start_refused(error, message.id)
+            return
+        except Exception:
+            self._queued = None
+            log.exception("internal error while waiting in line")
+            await self._error(ErrorCode.INTERNAL_ERROR, "internal server error.", message_id=message.id)
+            return
+        finally:
+            self._queued = None
+        await self._begin(message, session)
+
+    async def _start_refused(self, error: SessionError | ValueError, message_id: str | None) -> None:
+        if isinstance(error, SessionError):
             retry = error.retry_after_s if isinstance(error, AdmissionRefusedError) else None
             await self._error(
                 _wire_code(error, ErrorCode.INTERNAL_ERROR),
                 str(error),
-                message_id=message.id,
+                message_id=message_id,
                 retry_after_ms=None if retry is None else round(retry * 1000),
             )
-            return
-        except ValueError as error:  # options the model cannot take
-            await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id)
-            return
+        else:  # options the model cannot take
+            await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message_id)
+
+    async def _begin(self, message: SessionStart, session: Session[Chunk]) -> None:
+        """The start was admitted: the world and its host member, then ``session.started``."""
+        spec = self._backend.spec
         host = WorldHost(
             session,
             backend=self._backend,
@@ -366,14 +437,14 @@ class Connection:
                 max_pending_events=session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
                 share=share,
             )
         )
         host.start()
 
     async def _on_join(self, message: SessionJoin) -> None:
-        if self._current() is not None:
-            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+        if await self._has_session(message.id):
             return
         host = self._hosts.get(message.session_id)
         role = Role(message.role)
@@ -395,13 +466,13 @@ class Connection:
                 max_lag_chunks=self._config.max_lag_chunks,
                 seq=host.seq + member.seq_base,
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
+                resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
             )
         )
         host.report_failure(member)
 
     async def _on_resume(self, message: SessionResume) -> None:
-        if self._current() is not None:
-            await self._error(ErrorCode.SESSION_EXISTS, "this connection already has a session.", message_id=message.id)
+        if await self._has_session(message.id):
             return
         host = self._hosts.get(message.session_id)
         member = None
@@ -532,6 +603,14 @@ class Connection:
         await self._send(SessionResetDone(id=message.id, epoch=host.session.epoch))
 
     async def _on_close(self, message: SessionClose) -> None:
+        queued = self._queued
+        if queued is not None:  # leaves the line
+            queued.cancel()
+            with contextlib.suppress(BaseException):
+                await queued
+            if self._current() is None:  # not admitted meanwhile
+                await self._send(SessionClosed(id=message.id, reason="left_queue"))
+                return
         if self._current() is None:
             await self._error(ErrorCode.NO_SESSION, "there is no session to close.", message_id=message.id)
             return

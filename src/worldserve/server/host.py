@@ -8,6 +8,10 @@ as this world's media and quality are used as they are), a replay buffer of the 
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
 each with its own event-id mapping (wire ids are per member; the session sees one
 increasing sequence), its ack state, its resume token, and what it missed while parked.
+And whether the world is *in use*: each time a connected member arrives, acks a chunk or
+sends an event, the runtime is told the session is in use for ``evict_idle_s`` more
+seconds (:meth:`WorldBackend.mark_in_use`), and when its last member parks that it no
+longer is, so a newcomer may evict only a world nobody is playing.
 :class:`WorldHosts` is the registry of the server's worlds by session id.
 
 Sans-I/O towards sockets: members are reached through :class:`Outlet` (``post`` never
@@ -32,10 +36,11 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import ChunkCancelledError, ErrorCode, StaleEventError
+from worldserve.errors import ChunkCancelledError, ErrorCode, InvalidEventError, StaleEventError
 from worldserve.media import EncodedFrames, FrameEncoding, decode_frames, encode
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.metrics import Capacity
 from worldserve.server.config import ServerConfig
 from worldserve.server.messages import (
     ChunkFrames,
@@ -50,6 +55,7 @@ from worldserve.session import (
     EventAcceptance,
     EventAcceptanceStatus,
     Session,
+    SessionError,
     SessionEvent,
     SessionStateError,
     SessionStatus,
@@ -77,6 +83,14 @@ class WorldBackend(Protocol):
 
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
+        ...
+
+    def mark_in_use(self, session_id: str, seconds: float) -> None:
+        """Someone plays the session: never evict it for the next ``seconds`` (0: it may be evicted)."""
+        ...
+
+    def capacity(self) -> Capacity:
+        """Room for new sessions now (slots, and whether a worker would take one)."""
         ...
 
 
@@ -242,6 +256,11 @@ class WorldHost:
         """The last chunk's seq (-1 before the first)."""
         return self._seq
 
+    @property
+    def age(self) -> float:
+        """Seconds since the world started."""
+        return self._clock() - self._started_at
+
     # -- members -------------------------------------------------------------------
 
     def _add(self, role: Role, outlet: Outlet, seq_base: int) -> Member:
@@ -257,6 +276,7 @@ class WorldHost:
         )
         self.members.append(member)
         self._wake.set()
+        self._in_use()
         return member
 
     def attach_host(self, outlet: Outlet, seq_base: int = 0) -> Member:
@@ -300,6 +320,7 @@ class WorldHost:
         member.sent_seq = last
         member.skipped_from = None
         self._metrics.sessions_resumed.inc()
+        self._in_use()
         return last
 
     def buffered_after(self, last_seq: int) -> int:
@@ -342,6 +363,7 @@ class WorldHost:
         if grace > 0 and not clean and not self.closed:
             member.held[:0] = outlet.unsent()  # posted before the drop, never written: a resume sends them first
             member.expiry = asyncio.create_task(self._expire(member, grace), name=f"park-{self.session_id}")
+            self._unattended()
             return
         await self._leave(member)
 
@@ -357,14 +379,29 @@ class WorldHost:
         else:
             self.remove(member)
 
-    async def shutdown(self, reason: str) -> None:
-        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release."""
+    async def shutdown(self, reason: str, failure: SessionError | None = None) -> None:
+        """End the world at once (the host is gone, or the server stops): cancel the tick in flight, release.
+
+        ``failure``: why the world cannot go on anyway (e.g. the runtime lost every worker): each
+        connected member not told of a failure yet gets ``session.failed`` with its code first.
+        """
         await self._stop_generator(grace=0)
+        if failure is not None:
+            self._report_lost(failure)
         try:
             await self._backend.close_session(self.session_id)
         except Exception:
             log.exception("releasing session %s (%s) failed", self.session_id, reason)
         self._finish(reason, requester=None, message_id=None)
+
+    def _report_lost(self, failure: SessionError) -> None:
+        if self.session.status is SessionStatus.FAILED:
+            self._report_failure()  # its own failure (often this one), once per member
+            return
+        code = failure.code if isinstance(failure.code, str) else ErrorCode.TICK_FAILED
+        self._metrics.session_failures.labels(code=code).inc()
+        for member in self.members:
+            member.post(SessionFailed(code=code, message=str(failure)))
 
     def remove(self, member: Member) -> None:
         """A joiner leaves (``session.close``, or its grace ran out); the world goes on."""
@@ -376,12 +413,24 @@ class WorldHost:
         with contextlib.suppress(ValueError):
             self.members.remove(member)
         self._wake.set()
+        self._unattended()
+
+    def _in_use(self) -> None:
+        """A connected member arrived, acked or sent an event: the world is in use a while more."""
+        if not self.closed:
+            self._backend.mark_in_use(self.session_id, self._config.evict_idle_s)
+
+    def _unattended(self) -> None:
+        """No member is connected (all parked or gone): a newcomer may evict this world now."""
+        if not self.closed and all(member.outlet is None for member in self.members):
+            self._backend.mark_in_use(self.session_id, 0.0)
 
     def wake(self) -> None:
         """Something the pacing depends on changed (a socket drained): look again."""
         self._wake.set()
 
     def ack(self, member: Member, wire_seq: int) -> None:
+        self._in_use()
         seq = wire_seq - member.seq_base
         if seq > member.acked_seq:
             member.acked_seq = min(seq, self._seq)
@@ -412,7 +461,12 @@ class WorldHost:
                 session.note_transport_refusal("stale")
                 raise StaleEventError(f"event_id {wire} is stale; this connection's event floor is {floor}.")
         sid = max(self._next_sid, session.event_floor + 1)
-        acceptance = await session.accept_event(replace(event, event_id=sid))
+        try:
+            acceptance = await session.accept_event(replace(event, event_id=sid))
+        except InvalidEventError as error:  # the session names its own id: say the member's instead
+            reason = error.__cause__ if error.__cause__ is not None else error
+            raise InvalidEventError(f"event {wire} refused: {reason}") from reason
+        self._in_use()
         self._next_sid = sid + 1
         self._accepted_at[sid] = self._clock()
         member.sid_of[wire] = sid
@@ -712,10 +766,11 @@ class WorldHost:
 
 
 class WorldHosts:
-    """The server's worlds by session id."""
+    """The server's worlds by session id; ``on_end`` hears how long each world that ended ran."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, WorldHost] = {}
+        self.on_end: Callable[[float], None] | None = None
 
     def add(self, host: WorldHost) -> None:
         self._hosts[host.session_id] = host
@@ -723,6 +778,8 @@ class WorldHosts:
     def remove(self, host: WorldHost) -> None:
         if self._hosts.get(host.session_id) is host:
             del self._hosts[host.session_id]
+            if self.on_end is not None:
+                self.on_end(host.age)
 
     def get(self, session_id: str) -> WorldHost | None:
         return self._hosts.get(session_id)
@@ -730,7 +787,8 @@ class WorldHosts:
     def __len__(self) -> int:
         return len(self._hosts)
 
-    async def shutdown(self) -> None:
-        """The server stops: end every world still open (parked ones included)."""
-        for host in list(self._hosts.values()):
-            await host.shutdown("shutdown")
+    async def shutdown(self, failure: SessionError | None = None) -> None:
+        """The server stops: end every world still open (parked ones included), each member told
+        ``session.closed {reason: "shutdown"}``; ``failure``: why they could not go on anyway,
+        sent to each as ``session.failed`` first."""
+        await asyncio.gather(*(host.shutdown("shutdown", failure) for host in list(self._hosts.values())))

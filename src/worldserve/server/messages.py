@@ -46,6 +46,7 @@ __all__ = [
     "SessionFailed",
     "SessionJoin",
     "SessionJoined",
+    "SessionQueued",
     "SessionReset",
     "SessionResetDone",
     "SessionResume",
@@ -120,6 +121,11 @@ class SessionStart(_ClientMessage):
     ] = None
     options: StartOptions = StartOptions()
     share: ShareOptions = ShareOptions()
+    queue: bool = Field(
+        default=False,
+        description="When the server is full, wait in line (session.queued notices, then session.started) "
+        "instead of an admission_refused error.",
+    )
 
 
 _TOKEN = Annotated[str, Field(min_length=1, max_length=128)]
@@ -227,7 +233,25 @@ class SessionStarted(_ServerMessage):
     resume_token: str | None = Field(
         default=None, description="Send it with session.resume after a dropped connection (absent: resume is off)."
     )
+    resume_grace_s: float | None = Field(
+        default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
+    )
     share: ShareTokens | None = Field(default=None, description="Tokens for session.join, as share asked.")
+
+
+class SessionQueued(_ServerMessage):
+    """The server is full: this start waits in line (first come, first served); sent at once, and
+    again when the position changes (at most once a second). ``session.started`` follows when a
+    slot opens; ``session.close`` leaves the line."""
+
+    type: Literal["session.queued"] = "session.queued"
+    position: int = Field(description="1: next to start.")
+    ahead: int = Field(description="Starts ahead of this one.")
+    eta_s: float | None = Field(
+        default=None,
+        description="About how many seconds until it starts, from the lengths of the sessions that ended on this "
+        "server (null until one has).",
+    )
 
 
 class SessionJoined(_ServerMessage):
@@ -238,8 +262,13 @@ class SessionJoined(_ServerMessage):
     media: Literal["jpeg", "raw"]
     max_pending_events: int
     max_lag_chunks: int
-    seq: int = Field(description="The world's last chunk seq; the next chunk this connection gets is later.")
+    seq: int = Field(
+        description="The world's last chunk seq, in this connection's numbering; the next chunk it gets is seq + 1."
+    )
     resume_token: str | None = None
+    resume_grace_s: float | None = Field(
+        default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
+    )
 
 
 class SessionResumed(_ServerMessage):
@@ -367,6 +396,7 @@ class Pong(_ServerMessage):
 
 ServerMessage = Annotated[
     SessionStarted
+    | SessionQueued
     | SessionJoined
     | SessionResumed
     | ChunkSkipped

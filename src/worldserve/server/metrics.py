@@ -2,11 +2,16 @@
 
 Owns: the server's own instruments (sessions started/active, time to first chunk,
 chunk latency, frames sent, resumes, joins, skipped chunks, the process's CPU time,
-client errors and session failures by code) and a collector that reads, at scrape
-time, the control plane's counters and latency histogram (``SessionManager.stats()``),
-its queue depth, and the engine's counters.
+error replies by code -- the client's fault and the server's in two families -- and
+session failures by code) and a collector that reads, at scrape time, the control
+plane's counters and latency histogram (``SessionManager.stats()``), its queue depth, and
+the engine's counters.
 Nothing is counted twice: the control plane's and the engine's counters stay where
-they are kept and are only read here.
+they are kept and are only read here. Each labelled family sums to something: the
+events received by the answer they got (``worldserve_events_total{outcome}``), the
+accepted events by where they ended (``worldserve_events_settled_total{fate}``; plus
+``worldserve_queue_depth``, the ones still queued, it equals the accepted). No counter has
+a ``_created`` series (prometheus-client's are switched off, so every family looks alike).
 
 Must not know: sockets, how counters are kept.
 """
@@ -17,11 +22,19 @@ from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from worldserve.errors import Surface, codes_at
+from worldserve.errors import CODES, ErrorCode, Fault, Surface, codes_at
 from worldserve.runtime.metrics import EngineStats
 from worldserve.session import SessionManager
 from worldserve.stats import HistogramSnapshot
@@ -30,7 +43,11 @@ __all__ = ["ServerMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-_EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid", "applied", "dropped", "superseded")
+_QUEUE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_QUEUE_OUTCOMES = ("admitted", "timeout", "left", "full")
+
+#: The answers an input event that reached a session's queue got: each event exactly one.
+_EVENT_OUTCOMES = ("accepted", "duplicate", "stale", "rejected_full", "invalid")
 
 
 def _histogram(name: str, documentation: str, snapshot: HistogramSnapshot) -> HistogramMetricFamily:
@@ -50,11 +67,23 @@ class _RuntimeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._manager.stats()
         events = CounterMetricFamily(
-            "worldserve_events", "Input events by outcome (accepted, duplicate, stale, ...).", labels=["outcome"]
+            "worldserve_events",
+            "Input events that reached a session, by the answer each got (one each: the family sums to them).",
+            labels=["outcome"],
         )
         for outcome in _EVENT_OUTCOMES:
             events.add_metric([outcome], getattr(stats, outcome))
         yield events
+        settled = CounterMetricFamily(
+            "worldserve_events_settled",
+            "Accepted events by where each ended: applied in a chunk, superseded by a newer held control, or "
+            "dropped by a reset, close or failure (one each: with worldserve_queue_depth it sums to the accepted).",
+            labels=["fate"],
+        )
+        settled.add_metric(["applied"], stats.applied)
+        settled.add_metric(["superseded"], stats.superseded)
+        settled.add_metric(["dropped"], stats.dropped - stats.superseded)
+        yield settled
         yield CounterMetricFamily("worldserve_chunks", "Chunks committed.", value=stats.chunks)
         yield CounterMetricFamily(
             "worldserve_chunks_cancelled", "Chunks cancelled by chunk.cancel (never sent).", value=stats.cancelled
@@ -107,7 +136,7 @@ class _RuntimeCollector(Collector):
             "Per worker whose chunk clock runs: its period (over the model's chunk period: it cannot hold real time).",
             labels=["worker"],
         )
-        for worker, period in enumerate(engine.chunk_periods):
+        for worker, period in enumerate(engine.chunk_periods):  # None: no clock, or no session on it
             if period is not None:
                 periods.add_metric([str(worker)], period)
         yield periods
@@ -135,6 +164,9 @@ class ServerMetrics:
         manager: SessionManager[Any],
         engine_stats: Callable[[], EngineStats] | None = None,
     ) -> None:
+        # prometheus-client adds a `_created` series to the counters and histograms it keeps (not to those
+        # read at scrape time): off, so every family looks alike. It is process-wide, as the server is.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.sessions_started = Counter(
             "worldserve_sessions_started", "Sessions started over WebSocket.", registry=self.registry
@@ -172,7 +204,16 @@ class ServerMetrics:
         )
         self.frames_sent = Counter("worldserve_frames_sent", "Frames sent to clients.", registry=self.registry)
         self.client_errors = Counter(
-            "worldserve_client_errors", "Error messages sent to clients, by code.", ["code"], registry=self.registry
+            "worldserve_client_errors",
+            "Error replies for the client's fault (a message, event or start the client must fix), by code.",
+            ["code"],
+            registry=self.registry,
+        )
+        self.server_errors = Counter(
+            "worldserve_server_errors",
+            "Error replies for the server's fault (no room, a runtime or internal failure), by code.",
+            ["code"],
+            registry=self.registry,
         )
         self.session_failures = Counter(
             "worldserve_session_failures",
@@ -182,13 +223,43 @@ class ServerMetrics:
         )
         # Every code a client can meet is a label from the start (0 until it happens): the
         # vocabulary (worldserve.errors), not this module, decides the label values.
-        for code in codes_at(Surface.MESSAGE) + codes_at(Surface.EVENT) + codes_at(Surface.START):
-            self.client_errors.labels(code=code.value)
+        for code in dict.fromkeys(codes_at(Surface.MESSAGE) + codes_at(Surface.EVENT) + codes_at(Surface.START)):
+            self.error_replies(code)
         for code in codes_at(Surface.TICK) + codes_at(Surface.LIFECYCLE):
             self.session_failures.labels(code=code.value)
+        # The waiting room (session.start with queue: true): how many wait now, and each wait's outcome and length.
+        self.queue_waiting: Callable[[], int] = lambda: 0
+        Gauge("worldserve_queue_waiting", "Starts waiting in line for room now.", registry=self.registry).set_function(
+            lambda: self.queue_waiting()
+        )
+        self.queue_starts = Counter(
+            "worldserve_queue_starts",
+            "Starts that waited in line, by outcome (admitted, timeout, left, full: refused, the line was full).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in _QUEUE_OUTCOMES:
+            self.queue_starts.labels(outcome=outcome)
+        self.queue_wait_seconds = Histogram(
+            "worldserve_queue_wait_seconds",
+            "How long a start waited in line (admitted, timed out or left).",
+            buckets=_QUEUE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_RuntimeCollector(manager, engine_stats))
         # This process's CPU time (Linux /proc; absent elsewhere): `worldserve bench` reads it per chunk.
         ProcessCollector(registry=self.registry)
+
+    def queue_wait(self, outcome: str, waited_s: float) -> None:
+        """A start left the waiting room (or was refused at its door: ``full``)."""
+        self.queue_starts.labels(outcome=outcome).inc()
+        if outcome != "full":
+            self.queue_wait_seconds.observe(waited_s)
+
+    def error_replies(self, code: ErrorCode) -> Any:
+        """The counter of ``error`` replies with ``code``: in the client's family or the server's, by its fault."""
+        family = self.client_errors if CODES[code].fault is Fault.CLIENT else self.server_errors
+        return family.labels(code=code.value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

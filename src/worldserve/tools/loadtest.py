@@ -34,11 +34,13 @@ from urllib.parse import urlsplit
 from worldserve.client import SessionInfo, WorldClient, WorldClientError, WorldError, keys
 
 __all__ = [
+    "TABLE_NOTES",
     "BenchResult",
     "CapacityStep",
     "ClientReport",
     "ServerSample",
     "ViewerReport",
+    "check_server",
     "find_capacity",
     "format_capacity_table",
     "format_table",
@@ -91,6 +93,14 @@ class ClientReport:
     def late(self) -> tuple[int, float]:
         """Chunks that arrived after their playout instant, and the total stall (seconds)."""
         return playout_lateness(self.arrivals, self.chunk_period)
+
+    @property
+    def played_fps(self) -> float | None:
+        """Frames a player at the model's rate shows per second: frames / (chunks x period + stall)."""
+        if not self.arrivals or self.chunk_period <= 0 or self.chunks == 0:
+            return None
+        _, stall = self.late
+        return self.frames / (len(self.arrivals) * self.chunk_period + stall)
 
     @property
     def late_ratio(self) -> float:
@@ -147,6 +157,17 @@ def playout_lateness(arrivals: list[float], period: float) -> tuple[int, float]:
             stall += arrival - due
             due = arrival
     return late, stall
+
+
+async def check_server(url: str, token: str | None = None) -> str | None:
+    """Before a run: None when a WebSocket to ``url`` opens (it is closed at once, cleanly);
+    else why not, in one line (no server there, a refused token, not a WebSocket URL)."""
+    try:
+        async with WorldClient(url, token=token, open_timeout=10.0):
+            pass
+    except WorldClientError as error:
+        return str(error)
+    return None
 
 
 def _metrics_url(url: str) -> str:
@@ -511,6 +532,7 @@ def format_table(result: BenchResult) -> str:
     reports = result.reports
     ttfc = [r.ttfc for r in reports if r.ttfc is not None]
     fps = [r.frames / r.seconds for r in reports if r.seconds > 0]
+    played = [value for r in reports if (value := r.played_fps) is not None]
     latencies = [value for r in reports for value in r.latencies]
     server_side = [value for r in reports for value in r.applied]
     waits = [value for r in reports for value in r.boundary_wait]
@@ -532,6 +554,10 @@ def format_table(result: BenchResult) -> str:
         ("clients", f"{result.clients} ({result.arrivals})"),
         ("duration per client (s)", f"{result.duration:.0f}"),
         ("chunks received", f"{sum(r.chunks for r in reports)}"),
+        (
+            "frames/s per client, played (mean / min)",
+            f"{statistics.mean(played):.1f} / {min(played):.1f}" if played else "-",
+        ),
         ("frames/s per client (mean / min)", f"{statistics.mean(fps):.1f} / {min(fps):.1f}" if fps else "-"),
         (
             "late chunks % (mean / worst session); sessions over 1 %",
@@ -598,7 +624,27 @@ def format_table(result: BenchResult) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 24}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    said = next((message for r in reports for message in r.error_messages), None)
+    if said is not None:
+        lines.append(f"first error: {said[:300]}")
+    lines += ["", *TABLE_NOTES]
     return "\n".join(lines)
+
+
+#: What the bench table's less obvious rows mean (printed under it).
+TABLE_NOTES = (
+    "frames/s played: frames / (chunks x chunk period + stall time), what a player showing each chunk "
+    "at the model's rate plays (the model's fps unless chunks came late); frames/s (received): frames / "
+    "seconds from the start request to the close, so the chunk generated ahead of playback and the "
+    "un-acked window lift a short run above the model's fps.",
+    "of it: a chunk's compute (its tick's time on the server, p50) split into the time its tick waited "
+    "in the engine for a batch to start (queued_ms) and the model's step for the whole batch (model_ms); "
+    "batch size: sessions in that step.",
+    "bound, overall: an event waits at most one chunk period for the next snapshot, then one chunk's "
+    "compute, so accepted->applied p99 should stay under period + compute p50.",
+    "bound, per event: the same without the compute, per event: p99 of (accepted->applied minus the "
+    "tick time of the chunk that applied it) against one chunk period.",
+)
 
 
 def _server_cost(result: BenchResult) -> tuple[str, str, str]:

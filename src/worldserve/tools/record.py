@@ -1,7 +1,9 @@
 """``worldserve record``: play a scripted event list against a server; save video + sidecar.
 
 Owns: the script format (JSON: ``{"prompt", "seed", "chunks", "events": [{"after_chunk":
-k, "prompt"?, "controls"?}]}``: each event is sent once chunk ``k`` has arrived), writing
+k, "prompt"?, "controls"?}]}``: each event is sent once chunk ``k`` -- the ``k+1``-th chunk
+-- has arrived; ``-1``: right after the start, before any chunk) and checking it whole before
+anything connects, writing
 the frames as GIF (Pillow) or MP4 (imageio-ffmpeg, whose wheel carries ffmpeg), and a
 JSON sidecar of every chunk and of where each event went (the chunk that applied it,
 or the drop notice).
@@ -22,7 +24,7 @@ from PIL import Image
 
 from worldserve.client import WorldClient, WorldError
 
-__all__ = ["Recording", "load_script", "record", "write_video"]
+__all__ = ["Recording", "load_script", "record", "refused_events", "write_video"]
 
 
 @dataclass(frozen=True)
@@ -32,23 +34,57 @@ class Recording:
 
 
 def load_script(path: str | Path) -> dict[str, Any]:
-    """Read and check a script; raise ``ValueError`` saying what is wrong."""
-    script = json.loads(Path(path).read_text())
+    """Read and check a script; raise ``ValueError`` (or ``OSError``) saying what is wrong, in one sentence."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"cannot read script {path}: {reason}.") from None
+    try:
+        script = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"script {path} is not JSON: {error}.") from None
     if not isinstance(script, dict):
-        raise ValueError("script must be a JSON object.")
+        raise ValueError(f"script {path} must be a JSON object; it is a {type(script).__name__}.")
+    unknown = sorted(set(script) - {"prompt", "seed", "chunks", "events"})
+    if unknown:
+        raise ValueError(f"script {path}: unknown key(s) {unknown}; a script has prompt, seed, chunks and events.")
+    prompt = script.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"script {path}: 'prompt' must be a string.")
+    seed = script.get("seed", 0)
+    if not _is_int(seed) or not 0 <= seed < 2**32:
+        raise ValueError(f"script {path}: 'seed' must be an integer from 0 to 2**32 - 1; got {seed!r}.")
     chunks = script.get("chunks", 16)
-    if not isinstance(chunks, int) or chunks < 1:
-        raise ValueError("script 'chunks' must be a positive integer.")
+    if not _is_int(chunks) or chunks < 1:
+        raise ValueError(f"script {path}: 'chunks' must be a positive integer; got {chunks!r}.")
     events = script.get("events", [])
     if not isinstance(events, list) or not all(isinstance(event, dict) for event in events):
-        raise ValueError("script 'events' must be a list of objects.")
+        raise ValueError(f"script {path}: 'events' must be a list of objects.")
     for index, event in enumerate(events):
+        unknown = sorted(set(event) - {"after_chunk", "prompt", "controls"})
+        if unknown:
+            raise ValueError(f"script {path}: events[{index}] has unknown key(s) {unknown}.")
         after = event.get("after_chunk", -1)
-        if not isinstance(after, int) or after < -1:
-            raise ValueError(f"events[{index}].after_chunk must be an integer >= -1.")
-        if "prompt" not in event and not event.get("controls"):
-            raise ValueError(f"events[{index}] must carry a prompt and/or controls.")
+        if not _is_int(after) or after < -1:
+            raise ValueError(f"script {path}: events[{index}].after_chunk must be an integer >= -1.")
+        if "prompt" in event and not isinstance(event["prompt"], str):
+            raise ValueError(f"script {path}: events[{index}].prompt must be a string.")
+        controls = event.get("controls", [])
+        if not isinstance(controls, list) or not all(isinstance(control, dict) for control in controls):
+            raise ValueError(f"script {path}: events[{index}].controls must be a list of objects.")
+        if "prompt" not in event and not controls:
+            raise ValueError(f"script {path}: events[{index}] must carry a prompt and/or controls.")
     return script
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def refused_events(sidecar: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sidecar's events the server refused (an ``error`` reply), in the order sent."""
+    return [entry for entry in sidecar["events"] if entry.get("status") == "error"]
 
 
 async def record(url: str, script: dict[str, Any], *, token: str | None = None) -> Recording:

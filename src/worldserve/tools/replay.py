@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.runtime.config import RuntimeConfig
-from worldserve.runtime.journal import JournalStart, read_journal
+from worldserve.runtime.journal import Journal, JournalStart, read_journal
 from worldserve.runtime.runtime import Runtime
 from worldserve.session import SessionEvent
 
@@ -47,10 +47,12 @@ class Replay:
         return (self.model_version, self.precision) == (self.start.model_version, self.start.precision)
 
 
-async def replay(path: str | Path, *, config: RuntimeConfig | None = None, **overrides: Any) -> Replay:
-    """Replay the journal at ``path``; ``config``/``overrides`` are the runtime's (model and
-    model options default to the journal's)."""
-    start, chunks = read_journal(path)
+async def replay(journal: str | Path | Journal, *, config: RuntimeConfig | None = None, **overrides: Any) -> Replay:
+    """Replay a journal (or the one at a path: what :func:`read_journal` keeps of it, its warnings
+    aside); ``config``/``overrides`` are the runtime's (model and model options default to the
+    journal's)."""
+    read = journal if isinstance(journal, Journal) else read_journal(journal)
+    start, chunks = read.start, read.chunks
     base = config or RuntimeConfig(model=start.model, model_options=start.model_options, workers=1)
     runtime_config = dataclasses.replace(base, record_dir=None, **overrides)
     frames: list[npt.NDArray[np.uint8]] = []

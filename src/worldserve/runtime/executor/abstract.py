@@ -13,6 +13,8 @@ closed / not-running checks, the translation of a runner's reply ``(ok, payload)
 builds that reply on the worker's side), and deaths: a worker's pending calls fail with
 :class:`~worldserve.runtime.errors.WorkerDiedError` and the death is reported exactly
 once to :attr:`Executor.on_worker_death`; the engine decides to :meth:`Executor.restart`.
+An executor that can run no worker any more (its cluster is gone) reports every death and
+then :attr:`Executor.on_lost`, once.
 
 A concrete executor says only how calls are carried: :meth:`Executor.start`,
 :meth:`Executor._send` (and optionally :meth:`Executor._send_step`),
@@ -86,6 +88,10 @@ class Executor(ABC):
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: Set once the executor can run no worker any more (e.g. the Ray head is gone): every
+        #: worker's death was reported with it, no restart can succeed; ``on_lost`` hears it once.
+        self.lost: WorkerDiedError | None = None
+        self.on_lost: Callable[[WorkerDiedError], None] | None = None
 
     @property
     def num_workers(self) -> int:
@@ -225,6 +231,17 @@ class Executor(ABC):
             callback = self.on_worker_death
             if callback is not None:
                 callback(life.index, error)
+
+    def _executor_lost(self, error: WorkerDiedError) -> None:
+        """Nothing can run any more: every live worker dies with ``error``, then ``on_lost`` hears it (once)."""
+        if self.lost is not None or self._closed:
+            return
+        self.lost = error
+        for life in self._lives:
+            if life is not None:
+                self._life_lost(life, error)
+        if self.on_lost is not None:
+            self.on_lost(error)
 
     @staticmethod
     def _fail_pending(life: Life, error: TickFailedError) -> None:

@@ -117,7 +117,9 @@ class MultiprocExecutor(Executor):
         except TimeoutError:
             proc.life.closing = True
             proc.process.kill()
-            raise WorkerStartError(f"worker {index} did not load its model within {self._start_timeout:g} s.") from None
+            raise WorkerStartError(
+                f"worker {index} did not load its model within {self._start_timeout:g} s (--worker-start-timeout-s)."
+            ) from None
         kind = message[0]
         if kind != "ready":
             raise WorkerStartError(message[1])

@@ -1,13 +1,15 @@
 """The Ray executor: each worker is a Ray actor hosting one runner, anywhere on a Ray cluster.
 
-Owns: joining a Ray cluster (``address``) or starting a local one (with Ray's node
-health checks tightened), one actor per worker (:class:`RayWorker`: one GPU each when
-the cluster has GPUs, else a CPU share, plus any custom resources; placed with Ray's
+Owns: joining a Ray cluster (``address``, else ``RAY_ADDRESS``, else a ``ray start`` of this
+machine; within ``connect_timeout``, off the event loop) or starting a private local one
+(with Ray's node health checks tightened), one actor per worker (:class:`RayWorker`: the
+CPUs, GPUs and custom resources it was told to reserve; placed with Ray's
 ``SPREAD`` strategy, never pinned to a node, so a replacement lands on any live node
 with room), carrying calls as actor tasks awaited on the event loop through their
 futures, and noticing deaths: a call that fails because its actor is gone, or a
 liveness ping that does not come back within ``ping_timeout_s``, ends the worker's life
-(the base's death path: ``worker_died``, reported once).
+(the base's death path: ``worker_died``, reported once); a head (GCS) that does not answer
+within ``head_timeout`` ends every worker's life and the executor's (:attr:`Executor.lost`).
 
 Call order: :class:`RayWorker` is a synchronous actor whose default concurrency group
 has one thread, created with ``allow_out_of_order_execution=False``; Ray runs the tasks
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -48,18 +51,24 @@ __all__ = ["LOCAL_SYSTEM_CONFIG", "RayExecutor", "RayWorker"]
 _log = logging.getLogger(__name__)
 
 #: Ray's system configuration when this executor starts a local Ray (for a cluster, pass the
-#: same to ``ray start --head --system-config``, see docs/deploy.md):
-#: node health checks every second, a node silent for 3 declared dead (Ray's defaults: ~15 s;
-#: the executor's pings bound detection anyway, but until Ray declares the node dead it may
-#: place a replacement there); and a step's reply (its frames) up to 4 MiB goes straight
-#: back to the caller instead of through Ray's object store (Ray's default: 100 KiB).
+#: same to ``ray start --head --system-config``, see docs/deploy.md): a node health check
+#: every second that gives up after one second, and a node that fails 3 in a row is dead --
+#: a node that vanishes *or goes silent* (frozen, partitioned: its checks hang until their
+#: timeout) is declared dead in ~3-6 s (Ray's defaults: a 10 s timeout, 5 failures, 3 s
+#: apart: ~37 s for a silent node; the executor's pings fail its sessions in ~4 s anyway,
+#: but until Ray declares the node dead it may place a replacement there); and a step's
+#: reply (its frames) up to 4 MiB goes straight back to the caller instead of through Ray's
+#: object store (Ray's default: 100 KiB).
 LOCAL_SYSTEM_CONFIG: Mapping[str, int] = {
     "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
     "health_check_failure_threshold": 3,
     "max_direct_call_object_size": 4 * 2**20,
 }
 
 _HEALTH_GROUP = "health"
+#: How often a worker that is not placed yet says what it waits for.
+_NOTICE_S = 10.0
 
 
 def _ray() -> ModuleType:
@@ -70,18 +79,88 @@ def _ray() -> ModuleType:
     return ray
 
 
-def _init_keeping_signals(ray: ModuleType, kwargs: dict[str, Any]) -> None:
-    """``ray.init`` (once per process, on the loop's thread, as Ray wants), keeping this process's
-    SIGTERM/SIGINT handlers: Ray's own SIGTERM handler exits at once, which would cut short a
-    server's graceful shutdown (closing sessions, then the workers)."""
-    main = threading.current_thread() is threading.main_thread()
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    try:
-        ray.init(**kwargs)
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
+def _resources(cpus: float, gpus: float, custom: Mapping[str, float]) -> str:
+    extra = "".join(f", {amount:g} {name}" for name, amount in sorted(custom.items()))
+    return f"{cpus:g} CPU, {gpus:g} GPU{extra}"
+
+
+def _reclaim_signals() -> None:
+    """Put this process's SIGTERM/SIGINT handlers back in force after ``ray.init``.
+
+    Ray's core installs a C-level handler for fatal signals (SIGTERM among them) that
+    aborts the process with a stack dump; it replaces, below Python, the handlers the
+    server set (a graceful stop: close the sessions, then the workers). Setting Python's
+    handlers again re-installs them. Only the main thread may set handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
+async def _off_loop(call: Callable[[], Any], timeout: float | None, *, then: Callable[[], None] | None = None) -> Any:
+    """``call()`` in a daemon thread of its own, awaited for at most ``timeout`` seconds.
+
+    Ray's blocking calls (``ray.init`` retries an address nothing answers for minutes; a
+    cluster query waits on its head) never run on the event loop, so signals and the
+    server's own timers keep working; a thread still blocked when the process exits does
+    not hold it up (a default-executor thread would be joined at exit). ``then`` runs in the
+    same thread after the result is handed over, for as long as it likes: a private local
+    Ray's processes die with the thread that started them (they are started with a parent-
+    death signal), so the thread that starts one lives on until it is shut down.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(error: BaseException | None, result: Any) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as error:  # handed to the awaiting task
+            post(loop, settle, error, None)
+            return
+        post(loop, settle, None, result)
+        if then is not None:
+            then()
+
+    threading.Thread(target=run, name="worldserve-ray", daemon=True).start()
+    return await asyncio.wait_for(done, timeout)
+
+
+class _PrivateRay:
+    """A local Ray of this executor's own, owned by one thread from ``ray.init`` to ``ray.shutdown``."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+
+    async def start(self, ray: ModuleType, timeout: float) -> None:
+        def own_until_stopped() -> None:
+            self._stop.wait()
+            try:
+                ray.shutdown()
+            finally:
+                self._stopped.set()
+
+        kwargs = {"include_dashboard": False, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
+        await _off_loop(
+            lambda: ray.init(address="local", log_to_driver=True, **kwargs), timeout, then=own_until_stopped
+        )
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """``ray.shutdown`` in the owning thread; waits at most ``timeout`` (the process may exit anyway)."""
+        self._stop.set()
+        with contextlib.suppress(TimeoutError):
+            await _off_loop(lambda: self._stopped.wait(timeout), timeout + 1.0)
 
 
 class RayWorker:
@@ -133,17 +212,22 @@ class RayExecutor(Executor):
         *,
         address: str | None = None,
         num_cpus: float = 1.0,
-        num_gpus: float | None = None,
+        num_gpus: float = 0.0,
         resources: Mapping[str, float] | None = None,
         ping_interval_s: float = 1.0,
         ping_timeout_s: float = 3.0,
         start_timeout: float = 300.0,
+        connect_timeout: float = 20.0,
+        head_timeout: float = 10.0,
         retry_s: float = 1.0,
     ) -> None:
         super().__init__(config, num_workers)
         self._address = address
         self._num_cpus = num_cpus
         self._num_gpus = num_gpus
+        self._connect_timeout = connect_timeout
+        self._head_timeout = head_timeout
+        self._head_watch: asyncio.Task[None] | None = None
         self._resources = dict(resources or {})
         self._ping_interval_s = ping_interval_s
         self._ping_timeout_s = ping_timeout_s
@@ -151,7 +235,7 @@ class RayExecutor(Executor):
         self._retry_s = retry_s
         self._actors: list[_Actor | None] = [None] * num_workers
         self._remote: Any = None  # the actor class made remote, with its options
-        self._started_ray = False
+        self._private: _PrivateRay | None = None  # a local Ray this executor started
         self._pinger: asyncio.Task[None] | None = None
 
     # -- starting ----------------------------------------------------------------------
@@ -160,18 +244,11 @@ class RayExecutor(Executor):
         self._bind_loop()
         ray = _ray()
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"address": self._address, "log_to_driver": True}
-            if self._address is None:  # a local Ray of our own
-                kwargs.update(include_dashboard=False, _system_config=dict(LOCAL_SYSTEM_CONFIG))
-                self._started_ray = True
-            _init_keeping_signals(ray, kwargs)
-        gpus = self._num_gpus
-        if gpus is None:
-            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+            await self._connect(ray)
         actor_class = ray.remote(concurrency_groups={_HEALTH_GROUP: 1})(RayWorker)
         self._remote = actor_class.options(
             num_cpus=self._num_cpus,
-            num_gpus=gpus,
+            num_gpus=self._num_gpus,
             resources=self._resources,
             scheduling_strategy="SPREAD",
             max_concurrency=1,
@@ -185,6 +262,75 @@ class RayExecutor(Executor):
             await self.shutdown()
             raise
         self._pinger = asyncio.ensure_future(self._ping_forever())
+        self._head_watch = asyncio.ensure_future(self._watch_head())
+
+    async def _connect(self, ray: ModuleType) -> None:
+        """Join the cluster ``address`` names, else the one ``RAY_ADDRESS`` names, else the one a
+        ``ray start`` on this machine runs; with none of them, start a private local Ray.
+
+        Joining gives up after ``connect_timeout`` seconds (:class:`WorkerStartError` naming the
+        address); starting a private Ray, after the start timeout. Both run off the event loop.
+        """
+        try:
+            await self._init(ray)
+        finally:
+            _reclaim_signals()
+
+    async def _init(self, ray: ModuleType) -> None:
+        target = self._address or os.environ.get("RAY_ADDRESS") or None
+        if target is None:
+            from ray._common.utils import get_ray_address_file
+            from ray._private.services import get_ray_address_from_environment
+
+            try:  # the cluster a `ray start` on this machine runs (Ray's own rule for "auto")
+                local = get_ray_address_from_environment("auto", None)
+            except ConnectionError:  # none
+                local = None
+            if local is not None:
+                # "auto", not the address: only then does Ray take this machine's cluster token too.
+                where = f"{local} (the cluster of this machine's last `ray start`, from {get_ray_address_file(None)})"
+                await self._join(ray, "auto", where)
+                return
+            self._private = _PrivateRay()
+            try:
+                await self._private.start(ray, self._start_timeout)
+            except TimeoutError:
+                raise WorkerStartError(f"a private local Ray did not start within {self._start_timeout:g} s.") from None
+            return
+        await self._join(ray, target)
+
+    async def _join(self, ray: ModuleType, address: str, where: str | None = None) -> None:
+        where = where or address
+        try:
+            await _off_loop(lambda: ray.init(address=address, log_to_driver=True), self._connect_timeout)
+        except TimeoutError:
+            raise WorkerStartError(
+                f"no Ray cluster answered at {where} within {self._connect_timeout:g} s "
+                "(--ray-connect-timeout-s); is the head running, and is the address right?"
+            ) from None
+        _log.info("joined the Ray cluster at %s", where)
+
+    async def cluster_summary(self) -> str:
+        """What the cluster has, in all and free now, and its live nodes (for messages; best effort)."""
+        ray = _ray()
+
+        def read() -> str:
+            total, free = ray.cluster_resources(), ray.available_resources()
+            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+            return (
+                f"{total.get('CPU', 0):g} CPU, {total.get('GPU', 0):g} GPU in all; "
+                f"{free.get('CPU', 0):g} CPU, {free.get('GPU', 0):g} GPU free now; {nodes} live node(s)"
+            )
+
+        try:
+            summary: str = await _off_loop(read, 5.0)
+        except Exception as error:  # a slow or lost head: say so rather than wait
+            return f"the cluster could not be read ({type(error).__name__})"
+        return summary
+
+    def asks(self) -> str:
+        """What each worker's actor reserves, e.g. ``1 CPU, 1 GPU, 1 worldserve``."""
+        return _resources(self._num_cpus, self._num_gpus, self._resources)
 
     async def restart(self, worker: int) -> None:
         """Start a replacement wherever Ray finds room; with none, wait until a node joins.
@@ -193,6 +339,8 @@ class RayExecutor(Executor):
         """
         if self._closed:
             raise RuntimeClosedError("the executor is shut down.")
+        if self.lost is not None:
+            raise WorkerStartError(f"no worker can start: {self.lost}")
         self.kill(worker)
         await self._place(worker, None)
 
@@ -223,12 +371,12 @@ class RayExecutor(Executor):
         actor = _Actor(self._begin_life(index), self._remote.remote(self.config, index))
         self._actors[index] = actor
         try:
-            spec, actor.pid, actor.node = await asyncio.wait_for(self._await(actor.handle.ready.remote()), timeout)
+            spec, actor.pid, actor.node = await self._until_ready(index, actor, timeout)
         except TimeoutError:
             ray.kill(actor.handle, no_restart=True)
             raise WorkerStartError(
-                f"worker {index} was not placed and ready within {timeout:g} s (does the cluster have room: "
-                f"{self._num_cpus:g} CPU, {self._num_gpus} GPU, {self._resources}?)."
+                f"worker {index} was not placed and ready within {timeout:g} s (--worker-start-timeout-s): "
+                f"it asks for {self.asks()}; the cluster has {await self.cluster_summary()}."
             ) from None
         except asyncio.CancelledError:
             ray.kill(actor.handle, no_restart=True)
@@ -245,6 +393,32 @@ class RayExecutor(Executor):
             raise RuntimeClosedError("the executor is shut down.")
         self._life_ready(actor.life, spec)
         _log.info("worker %d: Ray actor pid %s on node %s", index, actor.pid, actor.node)
+
+    async def _until_ready(self, index: int, actor: _Actor, timeout: float | None) -> Any:
+        """The actor's ``ready()`` answer; says every ``_NOTICE_S`` what it waits for (Ray places an
+        actor only where its resources are free). ``TimeoutError`` after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        ready = asyncio.ensure_future(self._await(actor.handle.ready.remote()))
+        try:
+            while True:
+                left = None if timeout is None else timeout - (loop.time() - began)
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                wait = _NOTICE_S if left is None else min(_NOTICE_S, left)
+                done, _ = await asyncio.wait({ready}, timeout=wait)
+                if done:
+                    return ready.result()
+                if left is None or left > wait:
+                    _log.warning(
+                        "worker %d: not placed and ready after %.0f s; it asks for %s; the cluster has %s",
+                        index,
+                        loop.time() - began,
+                        self.asks(),
+                        await self.cluster_summary(),
+                    )
+        finally:
+            ready.cancel()
 
     # -- calls -------------------------------------------------------------------------
 
@@ -302,10 +476,33 @@ class RayExecutor(Executor):
         except Exception as error:
             self._lost(actor, f"its Ray actor is gone ({type(error).__name__})")
 
+    async def _watch_head(self) -> None:
+        """Ask the head (GCS) for the cluster's nodes every ``ping_interval_s``: a head that does not
+        answer within ``head_timeout`` is lost, and with it every worker (the front-end's Ray
+        driver cannot place, kill or replace an actor without it, and Ray ends the whole process
+        about a minute later): each worker dies with ``worker_died`` and the executor is lost.
+        Actor calls go straight to the actors, so the pings alone would not notice."""
+        ray = _ray()
+        while not self._closed and self.lost is None:
+            await asyncio.sleep(self._ping_interval_s)
+            try:
+                await _off_loop(ray.nodes, self._head_timeout)
+            except Exception as error:
+                if self._closed:
+                    return
+                why = "no answer" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+                self._executor_lost(
+                    WorkerDiedError(
+                        f"the Ray head (GCS) did not answer within {self._head_timeout:g} s "
+                        f"(--ray-head-timeout-s; {why}): every worker of this front-end is lost with it."
+                    )
+                )
+                return
+
     def _lost(self, actor: _Actor, why: str) -> None:
         if actor.life.ended:
             return
-        if not self._closed:
+        if not self._closed and self.lost is None:
             _ray().kill(actor.handle, no_restart=True)  # fail closed: a silent actor never comes back
         where = f"pid {actor.pid} on node {actor.node}" if actor.node else "not placed yet"
         self._life_lost(
@@ -334,12 +531,14 @@ class RayExecutor(Executor):
         return None if actor is None or not actor.life.alive else actor.node
 
     async def _stop_workers(self) -> None:
-        if self._pinger is not None:
-            self._pinger.cancel()
+        for task in (self._pinger, self._head_watch):
+            if task is not None:
+                task.cancel()
         ray = _ray()
         for actor in self._actors:
             if actor is not None:
                 actor.life.closing = True
-                ray.kill(actor.handle, no_restart=True)
-        if self._started_ray:
-            await self._require_loop().run_in_executor(None, ray.shutdown)
+                if self.lost is None:  # without a head, killing an actor would wait on it
+                    ray.kill(actor.handle, no_restart=True)
+        if self._private is not None:
+            await self._private.stop()

@@ -1,7 +1,10 @@
 // worldserve browser player: one WebSocket session, frames played at the model's rate,
-// keyboard and mouse-drag controls sent as input events, an overlay of live figures;
-// share links (?join=SESSION&token=TOKEN&role=viewer|controller) and resume after a drop.
-// Plain JS, no build step. Protocol: docs/protocol.md.
+// keyboard, mouse-drag, touch-pad and gamepad controls sent as input events, an overlay of
+// live figures (the delay you feel, measured here, beside the server's); share links
+// (?join=SESSION&token=TOKEN&role=viewer|controller, the server's token in #auth=... only
+// when the host chooses), reconnects that resume after every drop until the server's grace
+// ends, and a new world at once after a server restart; fullscreen, keyboard help, and a
+// download of what you played. Plain JS, no build step. Protocol: docs/protocol.md.
 "use strict";
 
 (() => {
@@ -12,7 +15,10 @@
     KeyW: "W", KeyA: "A", KeyS: "S", KeyD: "D",
     ArrowUp: "W", ArrowLeft: "A", ArrowDown: "S", ArrowRight: "D",
   };
+  const MOVE_KEYS = ["W", "A", "S", "D"];
   const MAX_PAN = 4; // px per frame, the camera schema's bound
+  const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 5000]; // then 5 s between tries
+  const RESTART_GIVE_UP_MS = 10 * 60 * 1000; // after a server restart, wait this long for it at most
 
   const state = {
     ws: null,
@@ -20,28 +26,36 @@
     sessionId: null,
     role: null, // "host", "controller" or "viewer"
     resumeToken: null,
+    resumeGraceS: null, // how long the server keeps our place after a drop (session.started)
     lastSeq: -1, // the last chunk received: what a resume asks to go on from
-    join: null, // {session, token, role} from a share link
+    join: null, // {session, token, role} from a share link, until it has been joined
+    started: null, // {prompt, seed}: what this page's world was started with (a restart starts it again)
     status: "idle",
+    statusLog: [], // every status this page took, in order (for tests and curious users)
     epoch: 0,
     nextMessageId: 1,
     nextEventId: 1,
-    held: new Set(),
-    sentAt: new Map(), // event_id -> performance.now() when sent
+    held: { keys: new Set(), touch: new Set(), pad: new Set() }, // held movement keys, by source
+    sentAt: new Map(), // event_id -> when its input happened (performance.now() time base)
     header: null, // chunk header waiting for its binary frames
     frames: [], // frames received for the header so far
-    queue: [], // {image, seq, epoch, first, chunk} to play, in order
+    queue: [], // {image, seq, epoch, first, chunk, photonFrom?} to play, in order
     displayed: 0,
     chunkIndex: -1,
     lastChunkMs: null,
-    lastAppliedMs: null,
+    serverAppliedMs: null, // the server's figure: acceptance -> commit of the chunk that applied our event
+    photonMs: null, // this page's figure: input -> first frame on screen that applied it
     fpsTimes: [],
     nextFrameAt: 0,
     camera: { dragging: false, x: 0, y: 0, dx: 0, dy: 0, last: { dx: 0, dy: 0 } },
+    reconnect: null, // {mode: "resume"|"restart", attempt, deadline, timer} while reconnecting
+    resumes: 0,
+    restarts: 0,
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
     get status() { return state.status; },
+    get statusLog() { return state.statusLog.slice(); },
     get sessionId() { return state.sessionId; },
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
@@ -49,6 +63,11 @@
     get chunkIndex() { return state.chunkIndex; },
     get displayed() { return state.displayed; },
     get spec() { return state.spec; },
+    get keyToPhotonMs() { return state.photonMs; },
+    get serverAppliedMs() { return state.serverAppliedMs; },
+    get resumes() { return state.resumes; },
+    get restarts() { return state.restarts; },
+    get recordedBytes() { return recording.bytes; },
   };
 
   function log(text, kind) {
@@ -60,47 +79,110 @@
     while (list.children.length > 60) list.lastChild.remove();
   }
 
+  function notice(text, kind) {
+    const box = $("notice");
+    box.textContent = text || "";
+    box.dataset.kind = kind || "error";
+    box.hidden = !text;
+  }
+
   function setStatus(status, text) {
     state.status = status;
+    state.statusLog.push(status);
+    if (state.statusLog.length > 200) state.statusLog.shift();
     const badge = $("status");
     badge.dataset.state = status;
     badge.textContent = text || status;
-    const live = status === "live" || status === "failed";
-    $("reset").disabled = !live;
-    $("close").disabled = !live;
+    const inWorld = ["live", "failed", "resetting"].includes(status);
+    const steering = inWorld && state.role !== "viewer";
+    $("close").disabled = !inWorld && status !== "queued"; // Close also leaves the waiting line
+    $("reset").disabled = !steering;
     $("apply-prompt").disabled = status !== "live" || state.role === "viewer";
-    $("reset").disabled = !live || state.role === "viewer";
+    $("start").textContent = state.join ? "Join" : "Start";
+    $("join-pending").hidden = !state.join;
   }
 
-  function shareLink(token, role) {
-    if (!token) return "";
-    const url = new URL(location.href);
-    url.search = new URLSearchParams({ join: state.sessionId, token, role }).toString();
-    return url.toString();
-  }
-
-  function showShare(share) {
-    $("share-viewer").value = shareLink(share && share.viewer, "viewer");
-    $("share-controller").value = shareLink(share && share.controller, "controller");
-    $("share").hidden = !(share && (share.viewer || share.controller));
-  }
+  // -- worlds: enter, leave --------------------------------------------------------------
 
   function enterWorld(message, role) {
     state.spec = message.model;
     state.sessionId = message.session_id;
     state.role = role;
     state.resumeToken = message.resume_token || null;
+    state.resumeGraceS = message.resume_grace_s || null;
     state.epoch = 0;
     state.queue = [];
+    state.photonMs = null;
+    state.serverAppliedMs = null;
     canvas.width = message.model.width;
     canvas.height = message.model.height;
+    $("screen-box").style.aspectRatio = `${message.model.width} / ${message.model.height}`;
+    document.body.dataset.role = role;
     $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
     $("model-name").title = message.model.description || "";
+    $("weights-warning").hidden = !/random weights/i.test(message.model.description || "");
     renderPresets(message.model.styles || []);
     setStatus("live", role === "host" ? "live" : `live (${role})`);
+    notice("");
     if (message.model.description) log(message.model.description);
+    startRecording();
     canvas.focus();
   }
+
+  function leaveWorld() {
+    state.sessionId = null;
+    state.resumeToken = null;
+    state.role = null;
+    delete document.body.dataset.role;
+    showShare(null);
+  }
+
+  // -- share links ------------------------------------------------------------------------
+
+  function tokenValue() {
+    return $("token").value.trim();
+  }
+
+  function shareLink(token, role) {
+    if (!token) return "";
+    const url = new URL(location.href);
+    url.search = new URLSearchParams({ join: state.sessionId, token, role }).toString();
+    // The server's own token rides in the fragment (never sent to a server), only if the host says so.
+    url.hash = $("share-token").checked && tokenValue() ? new URLSearchParams({ auth: tokenValue() }).toString() : "";
+    return url.toString();
+  }
+
+  function showShare(share) {
+    state.share = share || null;
+    $("share-viewer").value = shareLink(share && share.viewer, "viewer");
+    $("share-controller").value = shareLink(share && share.controller, "controller");
+    $("share").hidden = !(share && (share.viewer || share.controller));
+    $("share-token-row").hidden = !tokenValue();
+  }
+
+  function copyLink(role) {
+    const field = $(`share-${role}`);
+    const link = field.value;
+    if (!link) return;
+    field.select();
+    const said = $("copied");
+    const done = (text) => {
+      said.textContent = text;
+      clearTimeout(copyLink.timer);
+      copyLink.timer = setTimeout(() => { said.textContent = ""; }, 2500);
+    };
+    const label = role === "viewer" ? "viewer" : "controller";
+    if (navigator.clipboard && navigator.clipboard.writeText) {
+      navigator.clipboard.writeText(link).then(
+        () => done(`${label} link copied ✓`),
+        () => done(`${label} link selected: press Ctrl+C (or ⌘C) to copy`),
+      );
+    } else {
+      done(`${label} link selected: press Ctrl+C (or ⌘C) to copy`);
+    }
+  }
+
+  // -- the socket -------------------------------------------------------------------------
 
   function send(message) {
     if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return null;
@@ -109,88 +191,266 @@
     return id;
   }
 
-  function sendEvent(fields) {
+  // at: when the input behind it happened (an event's timeStamp), for the key->screen figure.
+  function sendEvent(fields, at) {
     if (state.status !== "live" || state.role === "viewer") return;
     const eventId = state.nextEventId++;
-    state.sentAt.set(eventId, performance.now());
+    state.sentAt.set(eventId, at === undefined ? performance.now() : at);
     send({ type: "input.event", event_id: eventId, ...fields });
   }
 
-  function sendKeys() {
-    const held = ["W", "A", "S", "D"].filter((key) => state.held.has(key));
-    sendEvent({ controls: [{ track: "keys", schema: "worldserve.keys.v1", data: { held } }] });
+  function heldKeys() {
+    const all = new Set([...state.held.keys, ...state.held.touch, ...state.held.pad]);
+    return MOVE_KEYS.filter((key) => all.has(key));
   }
 
-  function sendCamera(dx, dy) {
+  function sendKeys(at) {
+    sendEvent({ controls: [{ track: "keys", schema: "worldserve.keys.v1", data: { held: heldKeys() } }] }, at);
+  }
+
+  function sendCamera(dx, dy, at) {
     const last = state.camera.last;
     if (Math.abs(dx - last.dx) < 0.05 && Math.abs(dy - last.dy) < 0.05) return;
     state.camera.last = { dx, dy };
-    sendEvent({ controls: [{ track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } }] });
+    sendEvent({ controls: [{ track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } }] }, at);
   }
 
-  function connect(resume) {
-    if (state.ws) state.ws.close();
+  function closeSocket() {
+    const ws = state.ws;
+    state.ws = null;
+    if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000, "new session");
+  }
+
+  // mode: "start" a new world, "join" the share link's, or "resume" ours after a drop.
+  function connect(mode) {
+    closeSocket();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const protocols = ["worldserve.v1"];
-    const token = $("token").value.trim();
+    const token = tokenValue();
     if (token) protocols.push(`bearer.${token}`);
-    const ws = new WebSocket(`${scheme}${location.host}/v1/world`, protocols);
+    let ws;
+    try {
+      ws = new WebSocket(`${scheme}${location.host}/v1/world`, protocols);
+    } catch (error) { // e.g. a token with characters a subprotocol cannot carry
+      setStatus("error", "cannot connect");
+      notice(`cannot open the connection: ${error.message}`);
+      return;
+    }
     ws.binaryType = "arraybuffer";
     state.ws = ws;
-    setStatus("connecting", "connecting…");
+    state.header = null; // a chunk cut off by a drop is re-sent whole
+    state.frames = [];
+    let opened = false;
+    if (!state.reconnect) setStatus("connecting", "connecting…");
     ws.onopen = () => {
-      if (resume) {
+      opened = true;
+      if (mode === "resume") {
         send({ type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq });
-        return;
-      }
-      if (state.join) {
+      } else if (mode === "join") {
         send({ type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role });
-        return;
+      } else {
+        send(startMessage());
       }
-      const prompt = $("prompt").value.trim();
-      const message = {
-        type: "session.start",
-        seed: Number($("seed").value) || 0,
-        options: { media: "raw" },
-        share: { viewers: true, controllers: true },
-      };
-      if (prompt) message.prompt = prompt;
-      state.lastSeq = -1;
-      send(message);
     };
     ws.onmessage = (event) => {
+      if (state.ws !== ws) return;
       if (typeof event.data === "string") onMessage(JSON.parse(event.data));
       else onFrame(event.data);
     };
     ws.onclose = (event) => {
       if (state.ws !== ws) return;
       state.ws = null;
-      // A lost connection (not a clean close, not a refusal): take the session back once.
-      if (state.sessionId && state.resumeToken && !resume && ![1000, 1001, 1008, 4000].includes(event.code)) {
-        log("connection lost; resuming…", "error");
-        connect(true);
-        return;
-      }
-      setStatus(event.code === 1008 ? "error" : "idle", event.code === 1008 ? "refused (token or origin)" : "disconnected");
+      onSocketClosed(event, opened);
     };
   }
+
+  function startMessage() {
+    const started = state.started || { prompt: $("prompt").value.trim(), seed: Number($("seed").value) || 0 };
+    state.started = started;
+    const message = {
+      type: "session.start",
+      seed: started.seed,
+      options: { media: "raw" },
+      share: { viewers: true, controllers: true },
+      queue: true, // a full server puts this start in line (session.queued) instead of refusing it
+    };
+    if (started.prompt) message.prompt = started.prompt;
+    state.lastSeq = -1;
+    return message;
+  }
+
+  // -- losing the socket: resume, restart, or say why ----------------------------------------
+
+  function onSocketClosed(event, opened) {
+    const reconnecting = state.reconnect;
+    if (reconnecting && reconnecting.mode === "restart") {
+      nextAttempt(); // the server is not back yet
+      return;
+    }
+    if (!opened) { // the handshake failed: a refusal (browsers say only 1006) or no server
+      diagnose().then((cause) => {
+        if (cause === "down" && reconnecting) nextAttempt();
+        else refused(cause);
+      });
+      return;
+    }
+    if (event.code === 4000) {
+      stopReconnecting();
+      leaveWorld();
+      setStatus("idle", "taken over");
+      notice("This world was resumed in another tab or window; this one let it go.", "info");
+      return;
+    }
+    if (state.sessionId && state.resumeToken && event.code !== 1000) {
+      // A lost connection (or the server going away without a notice): take the world back.
+      beginReconnect("resume", [1001, 1012].includes(event.code));
+      return;
+    }
+    stopReconnecting();
+    if (["live", "failed", "resetting", "connecting", "queued"].includes(state.status)) setStatus("idle", "disconnected");
+  }
+
+  // Tell a refused handshake from a server that is down: /healthz needs no token, /v1/models does.
+  async function diagnose() {
+    try {
+      const health = await fetch("/healthz", { cache: "no-store" });
+      if (!health.ok) return "down";
+      const token = tokenValue();
+      const models = await fetch("/v1/models", {
+        cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
+      });
+      if (models.status === 401) return token ? "wrong-token" : "needs-token";
+      return "origin";
+    } catch (error) {
+      return "down";
+    }
+  }
+
+  function refused(cause) {
+    stopReconnecting();
+    const joining = state.join ? "Join" : "Start";
+    const said = {
+      "needs-token": [`this server needs a token`, `This server needs a token: type it in the Token field and press ${joining}.`],
+      "wrong-token": [`wrong token`, `The server refused this token: check it in the Token field and press ${joining} again.`],
+      origin: [`refused (origin)`, "The server refused this page's origin (the server's --allow-origin lists the pages it takes)."],
+      down: [`cannot reach the server`, "The server does not answer: is it running?"],
+    }[cause];
+    setStatus("error", said[0]);
+    notice(said[1]);
+    log(said[1], "error");
+    if (cause.endsWith("token")) $("token").focus();
+  }
+
+  // mode "resume": after a drop, until the server's grace ends; "restart": after a shutdown notice.
+  function beginReconnect(mode, serverWentAway) {
+    if (state.reconnect && state.reconnect.mode === mode) return;
+    stopReconnecting();
+    const graceMs = (state.resumeGraceS || 30) * 1000;
+    state.reconnect = {
+      mode,
+      attempt: 0,
+      timer: null,
+      serverWentAway: Boolean(serverWentAway),
+      deadline: performance.now() + (mode === "resume" ? graceMs : RESTART_GIVE_UP_MS),
+    };
+    if (mode === "resume") {
+      setStatus("reconnecting", "reconnecting…");
+      log("connection lost; resuming…", "error");
+    } else {
+      setStatus("restarting", "server restarting…");
+    }
+    nextAttempt();
+  }
+
+  function nextAttempt() {
+    const reconnect = state.reconnect;
+    if (!reconnect || reconnect.timer) return; // none, or one already due
+    const delay = BACKOFF_MS[Math.min(reconnect.attempt, BACKOFF_MS.length - 1)];
+    reconnect.attempt += 1;
+    if (performance.now() + delay > reconnect.deadline) {
+      if (reconnect.mode === "resume") worldLost("the server did not come back within its resume grace");
+      else { stopReconnecting(); setStatus("error", "server gone"); notice("The server did not come back."); }
+      return;
+    }
+    reconnect.timer = setTimeout(attempt, delay);
+  }
+
+  async function attempt() {
+    const reconnect = state.reconnect;
+    if (!reconnect) return;
+    reconnect.timer = null;
+    if (reconnect.mode === "restart") {
+      try { // wait for the new server to answer before opening a socket
+        const health = await fetch("/healthz", { cache: "no-store" });
+        if (!health.ok) throw new Error(String(health.status));
+      } catch (error) {
+        nextAttempt();
+        return;
+      }
+      if (state.reconnect !== reconnect) return;
+      connect("start");
+    } else {
+      connect("resume");
+    }
+  }
+
+  function stopReconnecting() {
+    if (state.reconnect && state.reconnect.timer) clearTimeout(state.reconnect.timer);
+    state.reconnect = null;
+  }
+
+  // The server ended our world (it stopped): when it is back, start the same world again, no click.
+  function serverStopped() {
+    const wasHost = state.role === "host";
+    leaveWorld(); // its share links lead nowhere now
+    state.queue = [];
+    if (!wasHost) {
+      setStatus("idle", "server stopped");
+      notice("The server stopped, and the shared world with it. Press Start for a world of your own.", "info");
+      return;
+    }
+    state.restarts += 1;
+    notice("The server is restarting; a new world starts as soon as it is back.", "info");
+    beginReconnect("restart");
+  }
+
+  // Our place is gone (the grace ran out, or the server forgot us): offer a new world.
+  function worldLost(why) {
+    stopReconnecting();
+    leaveWorld();
+    setStatus("lost", "world lost");
+    notice(`Your world is gone (${why}). Press Start for a new one.`);
+    log(`world lost: ${why}`, "error");
+  }
+
+  // -- messages ---------------------------------------------------------------------------
 
   function onMessage(message) {
     switch (message.type) {
       case "session.started":
+        stopReconnecting();
         state.lastSeq = -1;
         enterWorld(message, "host");
         showShare(message.share);
         log(`session ${message.session_id.slice(0, 8)}… started`);
         break;
+      case "session.queued":
+        showQueued(message);
+        break;
       case "session.joined":
+        stopReconnecting();
+        state.join = null; // joined: a later Start makes a world of its own
+        state.started = null;
         state.lastSeq = message.seq;
         enterWorld(message, message.role);
         log(`joined session ${message.session_id.slice(0, 8)}… as ${message.role}`);
         break;
       case "session.resumed":
+        stopReconnecting();
         state.role = message.role;
+        state.resumes += 1;
         setStatus("live", message.role === "host" ? "live" : `live (${message.role})`);
+        notice("");
         log(`resumed (${message.replayed} chunks re-sent)`);
         break;
       case "chunk.skipped":
@@ -200,6 +460,7 @@
       case "chunk":
         state.header = message;
         state.frames = [];
+        if (message.epoch > state.epoch) newEpoch(message.epoch); // another controller reset the world
         if (message.frames.count === 0) finishChunk();
         break;
       case "input.accepted":
@@ -215,28 +476,64 @@
         log(`session failed (${message.code}): ${message.message} — press Reset`, "error");
         break;
       case "session.reset":
-        state.epoch = message.epoch;
-        state.queue = state.queue.filter((item) => item.epoch >= state.epoch);
-        setStatus("live", "live");
+        newEpoch(message.epoch);
         log(`reset (epoch ${message.epoch})`);
         break;
       case "session.closed":
-        state.sessionId = null;
-        state.resumeToken = null;
-        showShare(null);
-        setStatus("idle", "closed");
         log(`session closed (${message.reason})`);
+        if (message.reason === "shutdown") {
+          serverStopped();
+        } else {
+          leaveWorld();
+          setStatus("idle", "closed");
+        }
         break;
       case "error":
-        if (message.code === "resume_refused" || message.code === "join_refused") {
-          state.sessionId = null;
-          setStatus("error", message.code === "join_refused" ? "cannot join" : "cannot resume");
-        }
-        log(`error ${message.code}: ${message.message}`, "error");
+        onError(message);
         break;
       default:
         break;
     }
+  }
+
+  function onError(message) {
+    log(`error ${message.code}: ${message.message}`, "error");
+    if (message.code === "resume_refused") {
+      const restarted = state.reconnect && state.reconnect.serverWentAway;
+      if (restarted && state.role === "host") { // the server restarted without a notice: start again
+        leaveWorld();
+        state.restarts += 1;
+        stopReconnecting();
+        beginReconnect("restart");
+      } else {
+        worldLost("the server no longer holds it");
+      }
+    } else if (message.code === "join_refused") {
+      state.join = null;
+      leaveWorld();
+      setStatus("error", "cannot join");
+      notice("Cannot join: that world has ended, or the link is not valid. Press Start for a world of your own.");
+    }
+  }
+
+  // A reset (ours, or another controller's, seen as a chunk of a new epoch): the world starts over.
+  function newEpoch(epoch) {
+    if (epoch <= state.epoch && state.status !== "resetting") return;
+    state.epoch = Math.max(state.epoch, epoch);
+    state.queue = state.queue.filter((item) => item.epoch >= state.epoch);
+    $("prompt").value = ""; // the world is back at its start prompt, shown as the placeholder
+    $("prompt").placeholder = (state.started && state.started.prompt) || "islands";
+    if (state.status !== "resetting") setStatus("resetting", "resetting…");
+  }
+
+  // -- frames -----------------------------------------------------------------------------
+
+  // The waiting line of a full server: "you are #3 in line, about 40 s" until session.started.
+  function showQueued(message) {
+    const eta = message.eta_s == null ? "" : `, about ${Math.max(1, Math.round(message.eta_s))} s`;
+    const text = `you are #${message.position} in line${eta}`;
+    setStatus("queued", text);
+    log(`server full: ${text}`);
   }
 
   function onFrame(buffer) {
@@ -262,21 +559,32 @@
     const pending = state.frames;
     state.header = null;
     state.frames = [];
-    const now = performance.now();
-    for (const id of header.applied_event_ids) {
-      const sentAt = state.sentAt.get(id);
-      if (sentAt !== undefined) {
-        state.lastAppliedMs = now - sentAt;
-        state.sentAt.delete(id);
-      }
-    }
+    const photonFrom = inputsApplied(header);
     state.lastChunkMs = header.timings.tick_ms;
     Promise.all(pending).then((images) => {
       images.forEach((image, index) => {
-        state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index });
+        const item = { image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index };
+        if (index === 0 && photonFrom !== null) item.photonFrom = photonFrom;
+        state.queue.push(item);
       });
       if (images.length === 0) ack(header.seq);
     });
+  }
+
+  // The chunk applied our events: the server's figure now, and when our earliest input behind them
+  // happened (its first frame on screen gives the key->screen figure).
+  function inputsApplied(header) {
+    let from = null;
+    header.applied_event_ids.forEach((id, index) => {
+      const at = state.sentAt.get(id);
+      if (at !== undefined) {
+        from = from === null ? at : Math.min(from, at);
+        state.sentAt.delete(id);
+      }
+      const latency = (header.applied_latency_ms || [])[index];
+      if (latency !== undefined) state.serverAppliedMs = latency;
+    });
+    return from;
   }
 
   function ack(seq) {
@@ -285,6 +593,7 @@
 
   function play(now) {
     const period = state.spec ? 1000 / state.spec.fps : 1000 / 16;
+    pollGamepad(now);
     if (state.queue.length === 0) {
       state.nextFrameAt = Math.max(state.nextFrameAt, now);
     } else if (now >= state.nextFrameAt) {
@@ -296,19 +605,26 @@
       if (item) {
         if (item.image instanceof ImageData) ctx.putImageData(item.image, 0, 0);
         else ctx.drawImage(item.image, 0, 0);
+        if (item.photonFrom !== undefined) state.photonMs = performance.now() - item.photonFrom;
+        recordFrame();
         if (item.first) ack(item.seq);
         state.chunkIndex = item.chunk;
         state.displayed += 1;
         state.fpsTimes.push(now);
+        if (state.status === "resetting" && item.epoch >= state.epoch) {
+          setStatus("live", state.role === "host" ? "live" : `live (${state.role})`);
+        }
         // Catch up if we fell far behind instead of playing in slow motion.
         state.nextFrameAt = Math.max(state.nextFrameAt + period, now - period);
       }
     }
     while (state.fpsTimes.length && state.fpsTimes[0] < now - 1000) state.fpsTimes.shift();
+    const figure = (value, digits) => (value === null ? "–" : value.toFixed(digits));
     $("stat-fps").textContent = String(state.fpsTimes.length);
     $("stat-chunk").textContent = state.chunkIndex >= 0 ? String(state.chunkIndex) : "–";
-    $("stat-chunk-ms").textContent = state.lastChunkMs === null ? "–" : state.lastChunkMs.toFixed(1);
-    $("stat-applied-ms").textContent = state.lastAppliedMs === null ? "–" : state.lastAppliedMs.toFixed(0);
+    $("stat-chunk-ms").textContent = figure(state.lastChunkMs, 1);
+    $("stat-photon-ms").textContent = figure(state.photonMs, 0);
+    $("stat-applied-ms").textContent = figure(state.serverAppliedMs, 0);
     $("stat-buffered").textContent = String(state.queue.length);
     requestAnimationFrame(play);
   }
@@ -320,42 +636,53 @@
       const button = document.createElement("button");
       button.type = "button";
       button.textContent = style;
-      button.addEventListener("click", () => {
+      button.addEventListener("click", (event) => {
         $("prompt").value = style;
-        sendEvent({ prompt: style });
+        sendEvent({ prompt: style }, event.timeStamp);
         canvas.focus();
       });
       box.append(button);
     }
   }
 
-  // Keyboard: held-key state, sent whenever the set changes.
+  // -- keyboard ---------------------------------------------------------------------------
+
   function typing(event) {
     return event.target instanceof HTMLInputElement;
   }
   document.addEventListener("keydown", (event) => {
+    if (typing(event)) return;
     const key = KEY_MAP[event.code];
-    if (!key || typing(event)) return;
-    event.preventDefault();
-    if (!state.held.has(key)) {
-      state.held.add(key);
-      sendKeys();
+    if (key) {
+      event.preventDefault();
+      if (!state.held.keys.has(key)) {
+        state.held.keys.add(key);
+        sendKeys(event.timeStamp);
+      }
+      return;
     }
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    if (event.code === "KeyF") toggleFullscreen();
+    else if (event.code === "KeyO") toggleOverlay();
+    else if (event.code === "KeyH" || event.key === "?") toggleHelp();
+    else if (event.code === "Escape") toggleHelp(false);
   });
   document.addEventListener("keyup", (event) => {
     const key = KEY_MAP[event.code];
     if (!key || typing(event)) return;
     event.preventDefault();
-    if (state.held.delete(key)) sendKeys();
+    if (state.held.keys.delete(key)) sendKeys(event.timeStamp);
   });
   window.addEventListener("blur", () => {
-    if (state.held.size) {
-      state.held.clear();
+    if (state.held.keys.size || state.held.touch.size) {
+      state.held.keys.clear();
+      state.held.touch.clear();
       sendKeys();
     }
   });
 
-  // Mouse drag pans the camera ("grab" the world: it follows the pointer).
+  // -- mouse (and touch) drag pans the camera ("grab" the world: it follows the pointer) -----
+
   canvas.addEventListener("pointerdown", (event) => {
     canvas.setPointerCapture(event.pointerId);
     canvas.classList.add("dragging");
@@ -387,43 +714,213 @@
     state.camera.dy = 0;
   }, PAN_INTERVAL_MS);
 
+  // -- touch pad: hold a button to hold its key ---------------------------------------------
+
+  for (const button of document.querySelectorAll("#touchpad button")) {
+    const key = button.dataset.key;
+    const release = (event) => {
+      button.classList.remove("held");
+      if (state.held.touch.delete(key)) sendKeys(event.timeStamp);
+    };
+    button.addEventListener("pointerdown", (event) => {
+      event.preventDefault();
+      if (button.setPointerCapture && event.pointerId !== undefined) {
+        try { button.setPointerCapture(event.pointerId); } catch (error) { /* a synthetic pointer */ }
+      }
+      button.classList.add("held");
+      if (!state.held.touch.has(key)) {
+        state.held.touch.add(key);
+        sendKeys(event.timeStamp);
+      }
+    });
+    for (const name of ["pointerup", "pointercancel", "lostpointercapture"]) button.addEventListener(name, release);
+    button.addEventListener("contextmenu", (event) => event.preventDefault());
+  }
+
+  // -- gamepad (standard mapping): left stick or d-pad moves, right stick pans ---------------
+
+  const STICK_DEAD = 0.5; // a stick this far over holds the key
+  const PAN_DEAD = 0.15;
+  const gamepad = { camera: { dx: 0, dy: 0 } };
+
+  function pollGamepad() {
+    const pads = navigator.getGamepads ? Array.from(navigator.getGamepads()) : [];
+    const pad = pads.find((p) => p && p.connected && p.mapping === "standard");
+    const held = new Set();
+    let dx = 0;
+    let dy = 0;
+    if (pad) {
+      const [lx = 0, ly = 0, rx = 0, ry = 0] = pad.axes;
+      const pressed = (index) => Boolean(pad.buttons[index] && pad.buttons[index].pressed);
+      if (ly < -STICK_DEAD || pressed(12)) held.add("W");
+      if (ly > STICK_DEAD || pressed(13)) held.add("S");
+      if (lx < -STICK_DEAD || pressed(14)) held.add("A");
+      if (lx > STICK_DEAD || pressed(15)) held.add("D");
+      const pan = (value) => (Math.abs(value) < PAN_DEAD ? 0 : Math.round(value * MAX_PAN * 100) / 100);
+      dx = pan(rx);
+      dy = pan(ry);
+    }
+    const before = [...state.held.pad].sort().join();
+    if ([...held].sort().join() !== before) {
+      state.held.pad = held;
+      sendKeys();
+    }
+    if (dx !== gamepad.camera.dx || dy !== gamepad.camera.dy) {
+      gamepad.camera = { dx, dy };
+      if (!state.camera.dragging) sendCamera(dx, dy);
+    }
+  }
+
+  // -- view tools: fullscreen, figures, help ------------------------------------------------
+
+  function toggleFullscreen() {
+    const box = $("screen-box");
+    if (document.fullscreenElement) {
+      document.exitFullscreen().catch(() => {});
+    } else if (box.requestFullscreen) {
+      box.requestFullscreen().then(() => canvas.focus()).catch((error) => log(`fullscreen refused: ${error.message}`, "error"));
+    }
+  }
+
+  function toggleOverlay(show) {
+    const overlay = $("overlay");
+    overlay.hidden = show === undefined ? !overlay.hidden : !show;
+    $("toggle-overlay").setAttribute("aria-pressed", String(!overlay.hidden));
+  }
+
+  function toggleHelp(show) {
+    const help = $("help");
+    help.hidden = show === undefined ? !help.hidden : !show;
+    $("toggle-help").setAttribute("aria-pressed", String(!help.hidden));
+  }
+
+  $("fullscreen").addEventListener("click", toggleFullscreen);
+  $("toggle-overlay").addEventListener("click", () => toggleOverlay());
+  $("toggle-help").addEventListener("click", () => toggleHelp());
+  $("help").addEventListener("click", () => toggleHelp(false));
+
+  // -- download what you played: the canvas, scaled up, recorded as WebM -----------------------
+
+  const recording = { recorder: null, parts: [], bytes: 0, canvas: null, ctx: null, type: "", session: null };
+
+  function startRecording() {
+    if (recording.session === state.sessionId) return; // a resume goes on with the same recording
+    stopRecording();
+    const MediaRecorderClass = window.MediaRecorder;
+    const big = document.createElement("canvas");
+    if (!MediaRecorderClass || !big.captureStream) {
+      $("download").title = "this browser cannot record the view";
+      return;
+    }
+    const scale = Math.max(1, Math.floor(512 / Math.max(canvas.width, canvas.height)));
+    big.width = canvas.width * scale;
+    big.height = canvas.height * scale;
+    const bigCtx = big.getContext("2d");
+    bigCtx.imageSmoothingEnabled = false;
+    const type = ["video/webm;codecs=vp9", "video/webm;codecs=vp8", "video/webm"].find(
+      (candidate) => MediaRecorderClass.isTypeSupported(candidate),
+    );
+    if (!type) return;
+    const recorder = new MediaRecorderClass(big.captureStream(state.spec ? state.spec.fps : 16), { mimeType: type });
+    Object.assign(recording, { recorder, parts: [], bytes: 0, canvas: big, ctx: bigCtx, type, session: state.sessionId });
+    recorder.ondataavailable = (event) => {
+      if (event.data && event.data.size) {
+        recording.parts.push(event.data);
+        recording.bytes += event.data.size;
+      }
+    };
+    recorder.start(1000);
+    $("download").disabled = false;
+  }
+
+  function stopRecording() {
+    if (recording.recorder && recording.recorder.state !== "inactive") recording.recorder.stop();
+    Object.assign(recording, { recorder: null, parts: [], bytes: 0, session: null });
+  }
+
+  function recordFrame() {
+    if (recording.ctx) recording.ctx.drawImage(canvas, 0, 0, recording.canvas.width, recording.canvas.height);
+  }
+
+  async function download() {
+    const recorder = recording.recorder;
+    if (!recorder) return;
+    if (recorder.state === "recording") { // what has been recorded up to now
+      await new Promise((resolve) => {
+        recorder.addEventListener("dataavailable", resolve, { once: true });
+        recorder.requestData();
+      });
+    }
+    const blob = new Blob(recording.parts, { type: recording.type.split(";")[0] });
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = `worldserve-${(state.sessionId || recording.session || "world").slice(0, 8)}.webm`;
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+    log(`saved what you played (${Math.round(blob.size / 1024)} KiB WebM)`);
+  }
+  $("download").addEventListener("click", download);
+
+  // -- the form -------------------------------------------------------------------------------
+
   $("start-form").addEventListener("submit", (event) => {
     event.preventDefault();
+    stopReconnecting();
+    notice("");
+    if (state.join) {
+      connect("join");
+    } else {
+      state.started = null; // this press's prompt and seed
+      connect("start");
+    }
+  });
+  $("forget-join").addEventListener("click", (event) => {
+    event.preventDefault();
     state.join = null;
-    connect(false);
+    history.replaceState(null, "", location.pathname);
+    setStatus(state.status, $("status").textContent);
   });
   for (const role of ["viewer", "controller"]) {
-    $(`copy-${role}`).addEventListener("click", () => {
-      const link = $(`share-${role}`).value;
-      if (navigator.clipboard && link) navigator.clipboard.writeText(link).catch(() => {});
-      $(`share-${role}`).select();
-    });
+    $(`copy-${role}`).addEventListener("click", () => copyLink(role));
   }
-  $("apply-prompt").addEventListener("click", () => {
+  $("share-token").addEventListener("change", () => showShare(state.share));
+  $("token").addEventListener("input", () => showShare(state.share));
+  $("apply-prompt").addEventListener("click", (event) => {
     const prompt = $("prompt").value.trim();
-    if (prompt) sendEvent({ prompt });
+    if (prompt) sendEvent({ prompt }, event.timeStamp);
     canvas.focus();
   });
   $("prompt").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && state.status === "live") {
+    if (event.key === "Enter" && state.status === "live" && state.role !== "viewer") {
       event.preventDefault();
       $("apply-prompt").click();
     }
   });
   $("reset").addEventListener("click", () => {
-    send({ type: "session.reset" });
+    if (send({ type: "session.reset" })) setStatus("resetting", "resetting…");
     canvas.focus();
   });
-  $("close").addEventListener("click", () => send({ type: "session.close" }));
+  $("close").addEventListener("click", () => {
+    stopReconnecting();
+    send({ type: "session.close" });
+  });
 
   setStatus("idle", "not connected");
   requestAnimationFrame(play);
 
-  // A share link opens that world at once: ?join=SESSION&token=TOKEN&role=viewer|controller.
+  // A share link opens that world at once: ?join=SESSION&token=TOKEN&role=viewer|controller, and the
+  // server's token (if the host put it in) in the fragment: #auth=TOKEN.
   const params = new URLSearchParams(location.search);
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  if (fragment.get("auth")) {
+    $("token").value = fragment.get("auth");
+    history.replaceState(null, "", location.pathname + location.search); // not left in the address bar
+  }
   if (params.get("join") && params.get("token")) {
     const role = params.get("role") === "controller" ? "controller" : "viewer";
     state.join = { session: params.get("join"), token: params.get("token"), role };
-    connect(false);
+    connect("join");
   }
 })();

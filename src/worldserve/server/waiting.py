@@ -1,0 +1,289 @@
+"""The waiting room: newcomers who asked to queue wait in line while the server is full.
+
+Owns: one line of waiting starts for this front-end (first come, first served across all
+of its workers), admitting its head whenever room may have appeared (a world ended, or
+the runtime says a worker would take a session now: a slot freed by a failure, an
+in-use mark that lapsed, a worker back from a restart -- looked at every ``poll_s``),
+each waiter's position notices (at once, then whenever the position changed, at most
+once per ``notice_interval_s``), the bound (``max_waiting``: beyond it a start is
+refused) and the wait cap (``timeout_s``: then refused), the lengths of the worlds that
+ended here (the wait estimate's only input), and the queue's metrics.
+
+A start that does not ask to queue never overtakes the line: while anyone waits, it is
+refused at once.
+
+Must not know: sockets, message parsing, how admission decides (the runtime's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from worldserve.errors import AdmissionRefusedError
+from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.metrics import Capacity
+from worldserve.server.config import ServerConfig
+from worldserve.server.host import WorldBackend, WorldHosts
+from worldserve.server.metrics import ServerMetrics
+from worldserve.session import Session
+
+__all__ = ["Position", "WaitingRoom", "waiting_room"]
+
+T = TypeVar("T")
+
+#: How many ended worlds' lengths the wait estimate averages.
+_LENGTHS_KEPT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a waiter stands: ``position`` 1 is next; ``eta_s`` None until a world has ended here."""
+
+    position: int
+    ahead: int
+    eta_s: float | None
+
+
+class _Waiter(Generic[T]):
+    __slots__ = ("create", "enqueued", "future", "last_notice", "notify", "told")
+
+    def __init__(
+        self,
+        create: Callable[[], Awaitable[T]],
+        notify: Callable[[Position], None],
+        now: float,
+        future: asyncio.Future[T],
+    ) -> None:
+        self.create = create
+        self.notify = notify
+        self.enqueued = now
+        self.future = future
+        self.told: int | None = None  # the position last sent
+        self.last_notice = float("-inf")
+
+
+class WaitingRoom(Generic[T]):
+    """A first-come-first-served line of starts waiting for room (``T``: what a start makes)."""
+
+    def __init__(
+        self,
+        *,
+        capacity: Callable[[], Capacity],
+        release: Callable[[T], Awaitable[None]],
+        max_waiting: int | None,
+        timeout_s: float,
+        poll_s: float = 0.25,
+        notice_interval_s: float = 1.0,
+        on_wait: Callable[[str, float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if (max_waiting is not None and max_waiting < 0) or not timeout_s > 0 or not poll_s > 0:
+            raise ValueError("max_waiting must be >= 0 or None, timeout_s and poll_s positive.")
+        self._capacity = capacity
+        self._release = release
+        self._max_waiting = max_waiting
+        self.timeout_s = timeout_s
+        self._poll_s = poll_s
+        self._notice_interval_s = notice_interval_s
+        self._on_wait = on_wait
+        self._clock = clock
+        self._line: deque[_Waiter[T]] = deque()
+        self._lengths: deque[float] = deque(maxlen=_LENGTHS_KEPT)
+        self._wake = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Future[None]] = set()
+
+    # -- what the server asks ----------------------------------------------------------
+
+    @property
+    def max_waiting(self) -> int:
+        """The longest the line may grow: as configured, else four times the session slots
+        (at least 8; 64 when the runtime has no slot count)."""
+        if self._max_waiting is not None:
+            return self._max_waiting
+        slots = self._capacity().slots
+        return 64 if slots is None else max(8, 4 * slots)
+
+    @property
+    def waiting(self) -> int:
+        """How many starts wait in line now."""
+        return len(self._line)
+
+    def refuse_if_waiting(self) -> None:
+        """A start that did not ask to queue: refused at once while others wait (they came first)."""
+        if self._line:
+            raise AdmissionRefusedError(
+                f"the server is full and {len(self._line)} waiting in line came first; "
+                'send session.start with "queue": true to wait in line.',
+                retry_after_s=self._poll_s * 4,
+            )
+
+    async def admit(self, create: Callable[[], Awaitable[T]], notify: Callable[[Position], None]) -> T:
+        """``create()`` now if nobody waits and it is admitted, else wait in line for it.
+
+        ``notify`` gets this start's position at once when it joins the line and again
+        whenever it changes. Raises :class:`AdmissionRefusedError` when the line is full or
+        the wait ran past ``timeout_s``; other errors of ``create`` as they are. Cancelled
+        (the client left), it leaves the line; a start admitted meanwhile is released.
+        """
+        if not self._line:
+            with contextlib.suppress(AdmissionRefusedError):
+                return await create()
+        limit = self.max_waiting
+        if len(self._line) >= limit:
+            self._count("full", 0.0)
+            raise AdmissionRefusedError(
+                f"the server is full and its waiting line is too ({limit} waiting); try again later.",
+                retry_after_s=self._retry_hint(),
+            )
+        waiter = _Waiter(create, notify, self._clock(), asyncio.get_running_loop().create_future())
+        self._line.append(waiter)
+        self._tell(waiter, force=True)
+        self._start_pump()
+        try:
+            result: T = await asyncio.wait_for(asyncio.shield(waiter.future), self.timeout_s)
+        except TimeoutError:
+            self._leave(waiter)
+            self._count("timeout", self._clock() - waiter.enqueued)
+            raise AdmissionRefusedError(
+                f"waited {self.timeout_s:g} s in line and the server is still full; try again later.",
+                retry_after_s=self._retry_hint(),
+            ) from None
+        except asyncio.CancelledError:
+            self._leave(waiter)
+            self._count("left", self._clock() - waiter.enqueued)
+            raise
+        self._count("admitted", self._clock() - waiter.enqueued)
+        return result
+
+    def nudge(self) -> None:
+        """Room may have appeared (a world ended): look at once."""
+        self._wake.set()
+
+    def world_ended(self, length_s: float) -> None:
+        """A world that ran ``length_s`` seconds ended here: its length feeds the estimate."""
+        if length_s >= 0:
+            self._lengths.append(length_s)
+        self.nudge()
+
+    def eta_s(self, position: int) -> float | None:
+        """About how long the start at ``position`` waits: ``position`` worlds must end first, and
+        with every slot held they end at ``slots / mean length`` per second (the mean of the last
+        worlds that ended here). None before any ended, or without a slot count."""
+        slots = self._capacity().slots
+        if not self._lengths or not slots:
+            return None
+        mean = sum(self._lengths) / len(self._lengths)
+        return position * mean / slots
+
+    async def aclose(self) -> None:
+        """The server stops: nobody waits any more (each waiter gets a refusal)."""
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump
+        while self._line:
+            waiter = self._line.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(AdmissionRefusedError("the server is shutting down."))
+
+    # -- the line ----------------------------------------------------------------------
+
+    def _leave(self, waiter: _Waiter[T]) -> None:
+        if waiter in self._line:
+            self._line.remove(waiter)
+            self._tell_all()
+        if not waiter.future.done():
+            waiter.future.cancel()  # an admission in progress for it sees this and releases its start
+        elif not waiter.future.cancelled() and waiter.future.exception() is None:
+            started = waiter.future.result()  # admitted while it was leaving: nobody takes it
+            task = asyncio.ensure_future(self._release(started))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    def _start_pump(self) -> None:
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.create_task(self._run(), name="waiting-room")
+
+    async def _run(self) -> None:
+        """Admit the head of the line whenever the runtime has room; tell positions as they change."""
+        while self._line:
+            waiter = self._line[0]
+            if self._capacity().room:
+                try:
+                    result = await waiter.create()
+                except AdmissionRefusedError:
+                    pass  # the look said room, the workers said no: look again later
+                except Exception as error:  # this start's own error (e.g. options the model cannot take)
+                    self._pop(waiter)
+                    if not waiter.future.done():
+                        waiter.future.set_exception(error)
+                    continue
+                else:
+                    self._pop(waiter)
+                    if waiter.future.done():  # it left (or timed out) while being admitted
+                        await self._release(result)
+                    else:
+                        waiter.future.set_result(result)
+                    continue
+            self._tell_all()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+
+    def _pop(self, waiter: _Waiter[T]) -> None:
+        if self._line and self._line[0] is waiter:
+            self._line.popleft()
+        elif waiter in self._line:
+            self._line.remove(waiter)
+        self._tell_all()
+
+    def _tell_all(self) -> None:
+        for waiter in self._line:
+            self._tell(waiter)
+
+    def _tell(self, waiter: _Waiter[T], *, force: bool = False) -> None:
+        """Send ``waiter`` its position if it changed (at most once per notice interval, unless forced)."""
+        position = self._line.index(waiter) + 1
+        now = self._clock()
+        if position == waiter.told or (not force and now - waiter.last_notice < self._notice_interval_s):
+            return
+        waiter.told = position
+        waiter.last_notice = now
+        waiter.notify(Position(position=position, ahead=position - 1, eta_s=self.eta_s(position)))
+
+    def _retry_hint(self) -> float:
+        eta = self.eta_s(len(self._line) + 1)
+        return max(1.0, eta) if eta is not None else 5.0
+
+    def _count(self, outcome: str, waited_s: float) -> None:
+        if self._on_wait is not None:
+            self._on_wait(outcome, waited_s)
+
+
+def waiting_room(
+    backend: WorldBackend, config: ServerConfig, hosts: WorldHosts, metrics: ServerMetrics | None = None
+) -> WaitingRoom[Session[Chunk]]:
+    """The server's room: starts are sessions of ``backend``; the worlds in ``hosts`` that end
+    give their lengths; ``metrics`` count the outcomes and waits."""
+
+    async def release(session: Session[Chunk]) -> None:
+        await backend.close_session(session.session_id)
+
+    room: WaitingRoom[Session[Chunk]] = WaitingRoom(
+        capacity=backend.capacity,
+        release=release,
+        max_waiting=config.queue_max,
+        timeout_s=config.queue_timeout_s,
+        on_wait=None if metrics is None else metrics.queue_wait,
+    )
+    hosts.on_end = room.world_ended
+    if metrics is not None:
+        metrics.queue_waiting = lambda: room.waiting
+    return room

@@ -1,0 +1,393 @@
+"""The player as a new user meets it, in a real headless Chromium (Debian's), against real servers.
+
+Connections are cut for real: the page talks to the server through a TCP proxy
+(:mod:`tcp_proxy`) that aborts every connection on demand, so the browser sees what a
+network failure gives it (1006, no close frame). A restart is a real SIGTERM and a new
+server process. Every wait is for something the page or the server did (a status, a frame
+drawn, a message), never a sample on a clock, so the tests hold on a machine of any speed.
+Screenshots go to ``artifacts/`` (the fullscreen view and the phone layout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from server_harness import RunningServer, start_server
+from tcp_proxy import TcpProxy
+from test_browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    RECORDER,
+    Recording,
+    assert_in_chunk_order,
+    keys_event,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+FRAME_MS = 1000 / 16  # procedural's frame period
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}; `make test` installs Debian's chromium package.")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )  # fmt: skip
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    running = start_server("--model", "procedural")
+    yield running
+    running.stop()
+
+
+@contextlib.contextmanager
+def player(browser: Browser, url: str, **context: object) -> Iterator[Page]:
+    """A fresh browser context (no shared storage) with the recorder, at ``url``."""
+    opened = browser.new_context(**context)  # type: ignore[arg-type]
+    try:
+        page = opened.new_page()
+        page.add_init_script(RECORDER)
+        page.goto(url)
+        yield page
+    finally:
+        opened.close()
+
+
+def start(page: Page, seed: int = 11, prompt: str = "islands") -> str:
+    page.fill("#prompt", prompt)
+    page.fill("#seed", str(seed))
+    page.click("#start")
+    wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+    session_id: str = page.evaluate("() => window.worldserve.sessionId")
+    return session_id
+
+
+def more_frames(page: Page, count: int = 8) -> None:
+    """Wait until the player has drawn ``count`` more frames than now."""
+    shown = page.evaluate("() => window.worldserve.displayed")
+    wait_for(page, f"window.worldserve.displayed >= {shown + count}")
+
+
+# -- connections lost and found ------------------------------------------------------------------
+
+
+def test_two_drops_in_a_row_both_resume(browser: Browser, server: RunningServer) -> None:
+    with TcpProxy(server.port) as proxy, player(browser, proxy.http + "/") as page:
+        recording = Recording(page)
+        session_id = start(page)
+        for drop in (1, 2):
+            proxy.drop()  # the network fails: no close frame either way
+            wait_for(page, f"window.worldserve.resumes === {drop} && window.worldserve.status === 'live'")
+            more_frames(page)
+        assert page.evaluate("() => window.worldserve.sessionId") == session_id
+        log = page.evaluate("() => window.worldserve.statusLog")
+        assert log.count("reconnecting") == 2, log
+        # The same world, every frame once and in order across both drops.
+        assert_in_chunk_order(recording.drawn())
+
+
+def test_after_the_grace_the_player_offers_a_new_world(browser: Browser) -> None:
+    running = start_server("--model", "procedural", "--resume-grace-s", "2")
+    try:
+        with TcpProxy(running.port) as proxy, player(browser, proxy.http + "/") as page:
+            old = start(page)
+            proxy.refuse(True)  # the network stays down ...
+            proxy.drop()
+            wait_for(page, "window.worldserve.status === 'lost'")  # ... past the server's 2 s grace
+            log = page.evaluate("() => window.worldserve.statusLog")
+            assert log[log.index("reconnecting") :] == ["reconnecting", "lost"], log
+            assert "Press Start for a new one" in page.inner_text("#notice")
+            assert page.evaluate("() => window.worldserve.shareLinks") == {"viewer": "", "controller": ""}
+            proxy.refuse(False)
+            page.click("#start")  # the offer: a new world
+            wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+            assert page.evaluate("() => window.worldserve.sessionId") != old
+    finally:
+        running.stop()
+
+
+def test_a_server_restart_mid_session_ends_in_a_playing_world_without_a_click(browser: Browser) -> None:
+    first = start_server("--model", "procedural")
+    second: RunningServer | None = None
+    try:
+        with TcpProxy(first.port) as proxy, player(browser, proxy.http + "/") as page:
+            old = start(page, seed=5, prompt="desert")
+            old_links = page.evaluate("() => window.worldserve.shareLinks")
+            assert old in old_links["viewer"]
+            first.process.send_signal(signal.SIGTERM)  # the server tells every member "shutdown", then stops
+            wait_for(page, "window.worldserve.status === 'restarting'")
+            # The dead world's share links are gone at once.
+            assert page.evaluate("() => window.worldserve.shareLinks") == {"viewer": "", "controller": ""}
+            assert page.is_hidden("#share")
+            first.process.wait(timeout=60)
+            second = start_server("--model", "procedural")
+            proxy.target = second.port  # the same address, a new server behind it
+            wait_for(page, f"window.worldserve.status === 'live' && window.worldserve.sessionId !== '{old}'")
+            more_frames(page)
+            links = page.evaluate("() => window.worldserve.shareLinks")
+            new = page.evaluate("() => window.worldserve.sessionId")
+            assert new in links["viewer"]
+            assert old not in links["viewer"] + links["controller"]
+            assert page.evaluate("() => window.worldserve.restarts") == 1
+            # The same start prompt and seed: the new world is the old one started over.
+            assert page.evaluate("() => window.worldserve.role") == "host"
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+# -- a server with a token --------------------------------------------------------------------
+
+
+def test_a_token_server_refuses_readably_and_a_token_share_link_joins(browser: Browser) -> None:
+    running = start_server("--model", "procedural", token="s3cret")
+    try:
+        with player(browser, running.http + "/") as page:
+            page.click("#start")  # no token: the browser only says 1006; the page finds out why
+            wait_for(page, "window.worldserve.status === 'error'")
+            assert "needs a token" in page.inner_text("#notice")
+            assert "needs a token" in page.inner_text("#status")
+            page.fill("#token", "wrong")
+            page.click("#start")
+            wait_for(page, "window.worldserve.statusLog.filter((s) => s === 'error').length === 2")
+            assert "refused this token" in page.inner_text("#notice")
+            page.fill("#token", "s3cret")
+            session_id = start(page)
+
+            plain = page.evaluate("() => window.worldserve.shareLinks")["viewer"]
+            assert "s3cret" not in plain  # the server's token is in a link only when the host says so
+            page.check("#share-token")
+            with_token = page.evaluate("() => window.worldserve.shareLinks")["viewer"]
+            assert with_token.endswith("#auth=s3cret"), with_token
+
+            with player(browser, with_token) as viewer:  # a link with the token joins at once
+                wait_for(viewer, "window.worldserve.status === 'live' && window.worldserve.displayed > 2")
+                assert viewer.evaluate("() => [window.worldserve.role, window.worldserve.sessionId]") == [
+                    "viewer",
+                    session_id,
+                ]
+                assert "s3cret" not in viewer.url  # taken out of the address bar
+
+            with player(browser, plain) as viewer:  # a link without it: asked for, then joins (not a new world)
+                wait_for(viewer, "window.worldserve.status === 'error'")
+                assert "needs a token" in viewer.inner_text("#notice")
+                assert viewer.inner_text("#start") == "Join"
+                viewer.fill("#token", "s3cret")
+                viewer.click("#start")
+                wait_for(viewer, "window.worldserve.status === 'live'")
+                assert viewer.evaluate("() => [window.worldserve.role, window.worldserve.sessionId]") == [
+                    "viewer",
+                    session_id,
+                ]
+    finally:
+        running.stop()
+
+
+# -- the delay you feel ----------------------------------------------------------------------
+
+
+def test_key_to_photon_is_what_the_page_measures(browser: Browser, server: RunningServer) -> None:
+    """The figure the overlay shows (key event to the first frame on screen that applied it) is within
+    one frame period of the test's own measure from the page's records."""
+    with player(browser, server.http + "/") as page:
+        recording = Recording(page)
+        start(page)
+        page.click("#screen")
+        page.keyboard.down("KeyD")
+        event = recording.sent_event(keys_event("D"))
+        epoch, chunk = recording.applied_in(event["event_id"])
+        recording.wait_drawn(epoch, chunk)
+        shown = page.evaluate("() => window.worldserve.keyToPhotonMs")  # read before any later key is applied
+        page.keyboard.up("KeyD")
+        pressed = [key["at"] for key in page.evaluate("() => window.__worldserveTest.keys") if key["code"] == "KeyD"]
+        first_frame = next(d for d in recording.drawn() if (d.epoch, d.chunk) == (epoch, chunk))
+        measured = first_frame.at - pressed[0]
+        assert measured > 0
+        assert shown is not None
+        assert abs(shown - measured) <= FRAME_MS, (shown, measured)
+        server_figure = page.evaluate("() => window.worldserve.serverAppliedMs")
+        assert server_figure is not None
+        assert server_figure >= 0
+        overlay = page.inner_text("#overlay")
+        assert "key→screen ms" in overlay
+        assert "server applied ms" in overlay
+
+
+# -- what a user sees and can do ----------------------------------------------------------------
+
+
+def _contrast(foreground: tuple[float, ...], background: tuple[float, ...]) -> float:
+    def luminance(rgb: tuple[float, ...]) -> float:
+        def channel(value: float) -> float:
+            value /= 255
+            return value / 12.92 if value <= 0.03928 else ((value + 0.055) / 1.055) ** 2.4
+
+        r, g, b = (channel(v) for v in rgb[:3])
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    light, dark = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def _rgba(css: str) -> tuple[float, ...]:
+    values = [float(v) for v in re.findall(r"[\d.]+", css)]
+    return tuple(values) if len(values) == 4 else (*values, 1.0)
+
+
+def test_overlay_reads_on_any_background_and_hides_help_and_viewer_controls(
+    browser: Browser, server: RunningServer
+) -> None:
+    with player(browser, server.http + "/") as page:
+        start(page)
+        plate = _rgba(page.eval_on_selector("#overlay", "e => getComputedStyle(e).backgroundColor"))
+        for selector in ("#overlay dt", "#overlay dd"):
+            text = _rgba(page.eval_on_selector(selector, "e => getComputedStyle(e).color"))
+            for under in ((255, 255, 255), (0, 0, 0), (230, 200, 140)):  # snow, night, sand
+                alpha = plate[3]
+                seen = tuple(alpha * p + (1 - alpha) * u for p, u in zip(plate[:3], under, strict=True))
+                assert _contrast(text, seen) >= 4.5, (selector, under, text, plate)  # WCAG AA
+        page.click("#screen")
+        page.keyboard.press("KeyO")
+        assert page.is_hidden("#overlay")
+        page.click("#toggle-overlay")
+        assert page.is_visible("#overlay")
+        page.keyboard.press("KeyH")
+        assert page.is_visible("#help")
+        assert "right stick" in page.inner_text("#help")
+        page.keyboard.press("Escape")
+        assert page.is_hidden("#help")
+        assert page.is_hidden("#weights-warning")  # the procedural world is no random network
+
+        # Reset: a "resetting…" state until the new epoch's first frame, and the old prompt cleared.
+        page.fill("#prompt", "a snowy tundra")
+        page.click("#apply-prompt")
+        page.click("#reset")
+        wait_for(page, "window.worldserve.epoch === 1 && window.worldserve.status === 'live'")
+        log = page.evaluate("() => window.worldserve.statusLog")
+        assert log[-2:] == ["resetting", "live"], log
+        assert page.input_value("#prompt") == ""
+        assert page.get_attribute("#prompt", "placeholder") == "islands"
+
+        # A viewer sees no control that would do nothing.
+        link = page.evaluate("() => window.worldserve.shareLinks")["viewer"]
+        with player(browser, link) as viewer:
+            wait_for(viewer, "window.worldserve.status === 'live'")
+            for selector in ("#apply-prompt", "#presets", "#prompt", "#reset", "#touchpad"):
+                assert viewer.is_hidden(selector), selector
+            assert viewer.is_visible("#close")
+        # The copy buttons say what they did.
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page.click("#copy-viewer")
+        wait_for(page, "document.getElementById('copied').textContent.includes('viewer link')")
+
+
+def test_random_weights_are_shown_on_screen(browser: Browser) -> None:
+    running = start_server("--model", "runtime_models:RandomWeightsModel", test_models=True)
+    try:
+        with player(browser, running.http + "/") as page:
+            start(page)
+            assert page.is_visible("#weights-warning")
+            assert page.inner_text("#weights-warning") == "RANDOM WEIGHTS"
+    finally:
+        running.stop()
+
+
+def test_fullscreen_phone_layout_and_touch(browser: Browser, server: RunningServer) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with player(browser, server.http + "/") as page:
+        start(page)
+        page.click("#fullscreen")
+        wait_for(page, "document.fullscreenElement && document.fullscreenElement.id === 'screen-box'")
+        page.screenshot(path=str(ARTIFACTS / "player-fullscreen.png"))
+        page.keyboard.press("KeyF")
+        wait_for(page, "document.fullscreenElement === null")
+
+    phone = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True, "device_scale_factor": 2}
+    with player(browser, server.http + "/", **phone) as page:
+        recording = Recording(page)
+        start(page)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 390, width  # nothing wider than the phone
+        box = page.locator("#screen").bounding_box()
+        assert box is not None
+        assert box["x"] >= 0, box
+        assert box["x"] + box["width"] <= 390, box
+        assert box["width"] >= 300, box  # the view uses the width it has
+        assert page.is_visible("#touchpad")
+        page.screenshot(path=str(ARTIFACTS / "player-phone.png"), full_page=True)
+        pad = page.locator("#touchpad button[data-key='D']")
+        pad.dispatch_event("pointerdown", {"pointerId": 7, "isPrimary": True, "pointerType": "touch"})
+        held = recording.sent_event(keys_event("D"))
+        pad.dispatch_event("pointerup", {"pointerId": 7, "isPrimary": True, "pointerType": "touch"})
+        released = recording.sent_event(keys_event(""))
+        assert released["event_id"] > held["event_id"]
+    assert (ARTIFACTS / "player-fullscreen.png").stat().st_size > 0
+    assert (ARTIFACTS / "player-phone.png").stat().st_size > 0
+
+
+#: A standard-mapping gamepad the test moves: ``window.__pad.axes`` / ``.buttons`` (before the player loads).
+GAMEPAD = """
+(() => {
+  const pad = { id: "test pad", index: 0, connected: true, mapping: "standard", timestamp: 0,
+                axes: [0, 0, 0, 0], buttons: Array.from({ length: 17 }, () => ({ pressed: false, value: 0 })) };
+  window.__pad = pad;
+  navigator.getGamepads = () => [pad];
+})();
+"""
+
+
+def test_gamepad_left_stick_moves_right_stick_pans(browser: Browser, server: RunningServer) -> None:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.add_init_script(RECORDER)
+        page.add_init_script(GAMEPAD)
+        page.goto(server.http + "/")
+        recording = Recording(page)
+        start(page)
+        page.evaluate("() => { window.__pad.axes = [0.9, 0, 0, 0]; }")  # left stick right
+        recording.sent_event(keys_event("D"))
+        page.evaluate("() => { window.__pad.axes = [0, 0, 0.5, -1]; }")  # left stick back, right stick right/up
+        recording.sent_event(keys_event(""))
+        pan = recording.sent_event("(e) => e.controls && e.controls[0].track === 'camera' && e.controls[0].data.dx > 0")
+        assert pan["controls"][0]["data"] == {"dx": 2, "dy": -4}
+        page.evaluate(
+            "() => { window.__pad.buttons[12] = { pressed: true, value: 1 }; window.__pad.axes = [0,0,0,0]; }"
+        )
+        recording.sent_event(keys_event("W"))  # the d-pad's up
+    finally:
+        context.close()
+
+
+def test_download_what_you_played(browser: Browser, server: RunningServer, tmp_path: Path) -> None:
+    with player(browser, server.http + "/", accept_downloads=True) as page:
+        start(page)
+        wait_for(page, "window.worldserve.recordedBytes > 0")  # the recorder hands over its first piece
+        with page.expect_download() as event:
+            page.click("#download")
+        saved = tmp_path / event.value.suggested_filename
+        event.value.save_as(saved)
+        data = saved.read_bytes()
+        assert data[:4] == bytes.fromhex("1a45dfa3")  # a Matroska/WebM file
+        assert len(data) > 1000
+        session = page.evaluate("() => window.worldserve.sessionId")
+        assert saved.name == f"worldserve-{session[:8]}.webm"

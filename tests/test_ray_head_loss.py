@@ -1,0 +1,73 @@
+"""A front-end whose Ray head (GCS) dies: every session is told ``worker_died``, then the server stops cleanly.
+
+A cluster of its own (a head with no work, one worker node), since the test kills its head.
+Without the head the front-end's Ray driver can neither place nor replace a worker, and Ray
+would end the whole process about a minute later with every socket dropped: instead the
+front-end notices within ``--ray-head-timeout-s``, each world gets ``session.failed
+{code: "worker_died"}`` and ``session.closed {reason: "shutdown"}``, and the process exits 1
+with one line saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from server_harness import start_server, until_failed  # noqa: E402
+from worldserve.client import WorldClient, WorldClientError  # noqa: E402
+from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Any]:
+    root = Path(__file__).resolve().parent
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
+    made = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
+    )
+    try:
+        made.add_node(num_cpus=1, resources={"worldserve": 1.0})
+        yield made
+    finally:
+        with contextlib.suppress(Exception):
+            made.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+async def test_a_lost_head_fails_every_session_worker_died_then_the_server_stops(cluster: Any) -> None:
+    server = start_server(
+        "--model", "procedural", "--workers", "1", "--executor", "ray", "--ray-address", cluster.address,
+        "--ray-num-cpus", "0", "--ray-resource", "worldserve=1", "--ray-head-timeout-s", "3", timeout=120.0,
+    )  # fmt: skip
+    try:
+        async with WorldClient(server.ws) as client:
+            await client.start(seed=4)
+            for _ in range(3):
+                await client.next_chunk(timeout=30)
+            cluster.remove_node(cluster.head_node, allow_graceful=False)  # the head (GCS) is gone
+            failed = await until_failed(client)  # chunks made before the loss was noticed, then the failure
+            assert failed.code == "worker_died"
+            assert "Ray head (GCS) did not answer within 3 s" in failed.message
+            with pytest.raises(WorldClientError, match="shutdown"):
+                await client.next_chunk(timeout=60)  # session.closed {reason: shutdown}, then the socket closes
+        server.process.wait(timeout=60)  # it stops by itself, well before Ray's own minute
+        assert server.process.returncode == 1
+        log = server.log()
+        assert "worldserve: stopped: the Ray head (GCS) did not answer within 3 s" in log
+        assert "Traceback" not in log
+    finally:
+        server.stop()

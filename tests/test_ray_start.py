@@ -1,0 +1,102 @@
+"""``worldserve serve --executor ray`` without ``--ray-address``: where ``ray start`` ran, and where not.
+
+docs/deploy.md's rule: serve joins the cluster ``RAY_ADDRESS`` names (tests/test_ray_executor.py),
+else the one a ``ray start`` runs on this machine, else it starts a private local Ray. Here a
+real ``ray start --head --block`` runs one node; the server must join it (not fail on Ray's
+``_system_config`` refusal, not start a second Ray); once it is stopped, the server starts its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from server_harness import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _serve(*args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "worldserve", "serve", "--model", "procedural", "--port", str(free_port())]
+    command += ["--executor", "ray", "--ray-num-cpus", "0.5", *args]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _serve_until_running() -> str:
+    """Start ``serve --executor ray`` (no address), wait until it serves, stop it with SIGTERM; its output."""
+    process = _serve()
+    assert process.stdout is not None
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if "Uvicorn running on" in line:
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    text = "".join(lines) + rest
+    assert "Uvicorn running on" in text, text
+    assert process.returncode in (0, -signal.SIGTERM), text
+    assert "Traceback" not in text
+    return text
+
+
+def _stop_ray_node(port: int) -> None:
+    """Kill the processes of the Ray node whose GCS listens on ``port`` (not `ray stop`: that stops
+    every Ray on the machine)."""
+    import psutil  # Ray's own copy (importing ray puts its third-party packages on the path)
+
+    marks = (f":{port}", f"port={port}", f"port {port}")
+    doomed = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        if "ray" in command and any(mark in command for mark in marks):
+            doomed.append(process)
+    for process in doomed:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(doomed, timeout=30)
+
+
+def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own() -> None:
+    from ray._common.utils import get_ray_address_file
+
+    address_file = Path(get_ray_address_file(None))
+    port = free_port()
+    started = subprocess.run(
+        [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "0",
+         "--include-dashboard", "false", "--disable-usage-stats"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        text = _serve_until_running()
+        assert f"joined the Ray cluster at {address_file.read_text().strip()}" in text
+        assert "the cluster of this machine's last `ray start`" in text
+        assert str(port) in address_file.read_text()
+        assert "Started a local Ray instance" not in text
+        assert "_system_config must not be provided" not in text
+    finally:
+        _stop_ray_node(port)  # as the machine going down would: its address file stays
+    # The address file of a `ray start` that is gone: joining fails, loudly, naming the file.
+    process = _serve("--ray-connect-timeout-s", "2")
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert f"no Ray cluster answered at {address_file.read_text().strip()} (the cluster of this machine's" in out
+    assert str(address_file) in out
+    address_file.unlink()  # what `ray stop` does
+    text = _serve_until_running()  # no cluster any more: a private one
+    assert "Started a local Ray instance" in text
+    assert "joined the Ray cluster" not in text
