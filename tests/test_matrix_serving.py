@@ -150,3 +150,35 @@ async def test_a_real_server_plays_from_a_start_image_shares_resumes_and_replays
         assert np.array_equal(replayed.frames[: len(live)], live)  # frame for frame
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(150)
+def test_the_benchmark_smoke_runs_the_tiny_config() -> None:
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/matrix_game.py",
+            "--threads",
+            "1",
+            "--batches",
+            "1",
+            "2",
+            "--blocks",
+            "1",
+            "--variants",
+            "gta-drive",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=140,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\| gta-drive \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \| (yes|no) \|", done.stdout)
+    assert "real time is a block (12 frames) in <= 480 ms" in done.stdout
