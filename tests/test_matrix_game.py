@@ -108,3 +108,50 @@ def test_a_batch_of_sessions_at_different_positions_equals_each_alone() -> None:
     for row in range(3):
         assert (together[row] - alone[row][0]).abs().max().item() <= TOL
     assert (together[0] - together[1]).abs().max().item() > 0.01
+
+
+@torch.no_grad()
+def test_the_flop_arithmetic_at_the_1_3b_widths_is_torchs_count() -> None:
+    """``forward_flops`` (what the docs' FLOPs per block come from) against torch's FLOP counter on a forward
+    at the released widths (2 blocks, the first with an action module, a 64x64 video), cache full."""
+    from dataclasses import replace
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from worldserve.models.matrixgame.action import action_windows
+    from worldserve.models.wancausal.rope import FrameRope
+
+    released = matrix_config("1.3b", "universal")
+    config = replace(
+        released,
+        wan=replace(released.wan, num_layers=2, height=64, width=64),
+        action=replace(released.action, layers=(0,)),
+    )
+    forward = network(config)
+    wan = config.wan
+    caches = MatrixCaches(config, CPU, torch.float32)
+    rope = FrameRope(wan, CPU)
+    image = torch.randn(1, config.clip.tokens, config.clip.dim)
+    x = torch.randn(1, wan.latent_channels, BLOCK, wan.latent_height, wan.latent_width)
+    t = torch.full((1, BLOCK), 500.0)
+
+    def conditions_at(first: int) -> MatrixConditions:
+        keys, mouse = torch.rand(1, 12, 4), torch.rand(1, 12, 2)
+        return MatrixConditions(
+            image_latents=torch.randn(1, 20, BLOCK, wan.latent_height, wan.latent_width),
+            keyboard=action_windows(keys, keys, config.action),
+            mouse=action_windows(mouse, mouse, config.action),
+            offsets=(first,),
+        )
+
+    for block in range(2):  # fill the window
+        kv = MatrixBatchKV([caches])
+        kv.record()
+        forward(x, t, image, conditions_at(BLOCK * block), kv, rope([BLOCK * block], BLOCK), head=False)
+        kv.commit()
+    kv = MatrixBatchKV([caches])
+    assert caches.attention.cached_frames + BLOCK == wan.cache_frames
+    with FlopCounterMode(display=False) as counter:
+        forward(x, t, image, conditions_at(2 * BLOCK), kv, rope([2 * BLOCK], BLOCK))
+    counted = counter.get_total_flops()
+    assert abs(config.forward_flops(BLOCK, wan.cache_frames) - counted) <= 0.02 * counted
