@@ -269,3 +269,43 @@ def fastvideo_download(root: Path, variant: str, weights: dict[str, Tensor], vae
     (folder / "image_encoder" / "config.json").write_text(json.dumps({"model_type": "clip_vision_model"}))
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "MatrixGameCausalDMDPipeline"}))
     return folder
+
+
+#: The Diffusers names -> FastVideo's own module names (its ``param_names_mapping``'s targets), written here.
+FASTVIDEO_INTERNAL = (
+    ("patch_embedding.", "patch_embedding.proj."),
+    ("condition_embedder.time_embedder.linear_1.", "condition_embedder.time_embedder.mlp.fc_in."),
+    ("condition_embedder.time_embedder.linear_2.", "condition_embedder.time_embedder.mlp.fc_out."),
+    ("condition_embedder.time_proj.", "condition_embedder.time_modulation.linear."),
+    ("condition_embedder.image_embedder.ff.net.0.proj.", "condition_embedder.image_embedder.ff.fc_in."),
+    ("condition_embedder.image_embedder.ff.net.2.", "condition_embedder.image_embedder.ff.fc_out."),
+)
+BLOCK_INTERNAL = (
+    ("attn1.to_out.0.", "to_out."),
+    ("attn1.to_", "to_"),
+    ("attn1.norm_", "norm_"),
+    ("attn2.to_out.0.", "attn2.to_out."),
+    ("ffn.net.0.proj.", "ffn.fc_in."),
+    ("ffn.net.2.", "ffn.fc_out."),
+    ("norm2.", "self_attn_residual_norm.norm."),
+)
+
+
+def fastvideo_internal_names(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The weights under FastVideo's own module names (what its local converter writes)."""
+    out = {}
+    for name, tensor in diffusers_names(weights).items():
+        if name.startswith("blocks.") and ".action_model." not in name:
+            head, index, rest = name.split(".", 2)
+            for old, new in BLOCK_INTERNAL:
+                if rest.startswith(old):
+                    rest = new + rest[len(old) :]
+                    break
+            name = f"{head}.{index}.{rest}"
+        else:
+            for old, new in FASTVIDEO_INTERNAL:
+                if name.startswith(old):
+                    name = new + name[len(old) :]
+                    break
+        out[name] = tensor
+    return out

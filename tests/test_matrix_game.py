@@ -155,3 +155,27 @@ def test_the_flop_arithmetic_at_the_1_3b_widths_is_torchs_count() -> None:
         forward(x, t, image, conditions_at(2 * BLOCK), kv, rope([2 * BLOCK], BLOCK))
     counted = counter.get_total_flops()
     assert abs(config.forward_flops(BLOCK, wan.cache_frames) - counted) <= 0.02 * counted
+
+
+@torch.no_grad()
+def test_the_image_latents_are_the_one_shot_encode_of_the_image_then_blank_frames_at_any_length() -> None:
+    """The reference encodes ``[image, 0, 0, ...]`` for a fixed length in one causal pass; the streamed
+    encode stops where the encoder's state repeats and gives the same latents for any length past it."""
+    from wan_files import tiny_vae
+    from worldserve.models.matrixgame.image import encode_image_latents
+    from worldserve.models.wancausal.vae import VaeStream
+
+    config = matrix_config("tiny", "universal")
+    vae = VaeStream(tiny_vae(config.wan))
+    image = torch.rand(1, 3, 48, 80, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    latents = encode_image_latents(vae, image, config)
+    kept = latents.latents.shape[2]
+    assert kept < 40  # the fixed point: every later latent frame is the last one kept
+    frames = 45
+    video = torch.cat([image[:, :, None], torch.zeros(1, 3, 4 * (frames - 1), 48, 80)], dim=2)
+    one_shot = vae.encode(video)
+    streamed = latents.frames(0, frames)
+    assert (streamed[:, 4:] - one_shot).abs().max().item() <= 1e-6
+    assert torch.equal(streamed[:, :4, 0], torch.ones_like(streamed[:, :4, 0]))  # the first frame's mask
+    assert torch.equal(streamed[:, :4, 1:], torch.zeros_like(streamed[:, :4, 1:]))
+    assert torch.equal(latents.frames(60, 3)[:, 4:], one_shot[:, :, -1:].expand(-1, -1, 3, -1, -1))

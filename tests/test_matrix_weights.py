@@ -78,6 +78,16 @@ def test_a_fastvideo_diffusers_folder_holds_the_same_network(
         theirs = getattr(original.loaded, part).state_dict()
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     rollout_against_reference(model.forward, reference(model.forward, weights), blocks=2)
+    # FastVideo's own module names (its local converter's output) load to the same tensors.
+    from safetensors.torch import save_file
+
+    internal = tmp_path / "internal.safetensors"
+    save_file(matrix_files.fastvideo_internal_names(weights), str(internal))
+    assert any(".ffn.fc_in." in k for k in read_tensors(internal))
+    again = MatrixGameModel(checkpoint=str(internal), vae="random", image_encoder="random")
+    held = held_tensors(again)
+    for name, tensor in weights.items():
+        assert torch.equal(held[name], tensor), name
 
 
 @torch.no_grad()

@@ -224,10 +224,11 @@ def _is_matrix_game(path: Path) -> bool:
 
 def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> Inspection:
     """A Matrix-Game 2.0 file or folder: its parts, the variant its shapes say, the command, the memory."""
-    from worldserve.models.matrixgame.checkpoint import shape_facts, variant_of
+    from worldserve.models.matrixgame.checkpoint import is_diffusers_layout, model_key, shape_facts, variant_of
     from worldserve.models.matrixgame.clipweights import clip_layout_of
     from worldserve.models.matrixgame.config import SIZES, matrix_config
     from worldserve.models.matrixgame.files import MatrixParts, find_matrix_parts, matrix_part_kind
+    from worldserve.models.wancausal.checkpoint import diffusers_name
     from worldserve.models.wancausal.statedict import WeightsError, read_shapes
     from worldserve.models.wancausal.vae import decoder_cache_bytes
     from worldserve.models.wancausal.vaeweights import vae_layout_of
@@ -257,13 +258,11 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
         shapes, _ = read_shapes(where)
         info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
         if part == "transformer":
-            named = {_strip(k).replace("patch_embedding.proj.", "patch_embedding."): v[0] for k, v in shapes.items()}
-            diffusers = any(k.startswith(("condition_embedder.", "proj_out.")) or ".attn1." in k for k in named)
+            stripped = {_strip(k): v[0] for k, v in shapes.items()}
+            diffusers = is_diffusers_layout(stripped)
             info.layout = "Diffusers (FastVideo)" if diffusers else "original Matrix-Game names"
-            if not diffusers:
-                from worldserve.models.wancausal.checkpoint import diffusers_name
-
-                named = {diffusers_name(k): v for k, v in named.items()}
+            convert = model_key if diffusers else diffusers_name
+            named = {convert(k): v for k, v in stripped.items()}
             facts = shape_facts(named)
         elif part == "vae":
             info.layout = "Diffusers" if vae_layout_of(shapes) == "diffusers" else "original (Wan2.1_VAE.pth)"

@@ -7,14 +7,14 @@ original name: ``patch_embedding``, ``time_embedding.0/2``, ``time_projection.1`
 ``head.modulation``; Skywork saves it with a ``model.`` prefix), :class:`MatrixTransformerState`
 and :func:`read_matrix_transformer` (a checkpoint in the original layout, converted key by key by
 diffusers' own ``convert_wan_transformer_to_diffusers``, which maps ``img_emb`` to the image
-embedder and leaves ``action_model`` as it is; or FastVideo's Diffusers layout, whose patch
-embedding may be named ``patch_embedding.proj``), :func:`shape_facts` and :func:`detect` (the
-variant from the keyboard's width and whether there is a mouse branch: 4 + mouse universal, 2 +
-mouse GTA, 7 without Temple Run; the size from the width; the blocks that carry action modules;
-the context from the ``local_attn_size`` of a ``config.json`` beside the weights), and
-:func:`load_published` (``weights=DIR`` / ``checkpoint=`` ... -> a :class:`LoadedMatrix`, every
-part loaded strictly; errors name the user's key, file and both shapes). Must not know:
-sessions, the sampler, caches.
+embedder and leaves ``action_model`` as it is; or in the Diffusers layout of FastVideo's folders,
+:func:`model_key` also taking ``patch_embedding.proj`` and FastVideo's own module names, ``to_q``,
+``ffn.fc_in``, ``time_modulation``, ...), :func:`shape_facts` and :func:`detect` (the variant
+from the keyboard's width and whether there is a mouse branch: 4 + mouse universal, 2 + mouse GTA,
+7 without Temple Run; the size from the width; the blocks that carry action modules; the context
+from the ``local_attn_size`` of a ``config.json`` beside the weights), and :func:`load_published`
+(``weights=DIR`` / ``checkpoint=`` ... -> a :class:`LoadedMatrix`, every part loaded strictly;
+errors name the user's key, file and both shapes). Must not know: sessions, the sampler, caches.
 """
 
 from __future__ import annotations
@@ -47,13 +47,35 @@ __all__ = [
     "MatrixTransformerState",
     "ShapeFacts",
     "detect",
+    "is_diffusers_layout",
     "load_published",
+    "model_key",
     "original_layout",
     "read_matrix_transformer",
     "shape_facts",
 ]
 
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
+#: FastVideo's own module names (what its ``param_names_mapping`` turns the Diffusers names into, and what
+#: its local converter writes) -> the Diffusers layout's.
+_FASTVIDEO_NAMES = (
+    (re.compile(r"^patch_embedding\.proj\."), "patch_embedding."),
+    (re.compile(r"^condition_embedder\.time_embedder\.mlp\.fc_in\."), "condition_embedder.time_embedder.linear_1."),
+    (re.compile(r"^condition_embedder\.time_embedder\.mlp\.fc_out\."), "condition_embedder.time_embedder.linear_2."),
+    (re.compile(r"^condition_embedder\.time_modulation\.linear\."), "condition_embedder.time_proj."),
+    (
+        re.compile(r"^condition_embedder\.image_embedder\.ff\.fc_in\."),
+        "condition_embedder.image_embedder.ff.net.0.proj.",
+    ),
+    (re.compile(r"^condition_embedder\.image_embedder\.ff\.fc_out\."), "condition_embedder.image_embedder.ff.net.2."),
+    (re.compile(r"^(blocks\.\d+)\.to_(q|k|v)\."), r"\1.attn1.to_\2."),
+    (re.compile(r"^(blocks\.\d+)\.to_out\."), r"\1.attn1.to_out.0."),
+    (re.compile(r"^(blocks\.\d+)\.norm_(q|k)\."), r"\1.attn1.norm_\2."),
+    (re.compile(r"^(blocks\.\d+)\.attn2\.to_out\.(?!0\.)"), r"\1.attn2.to_out.0."),
+    (re.compile(r"^(blocks\.\d+)\.ffn\.fc_in\."), r"\1.ffn.net.0.proj."),
+    (re.compile(r"^(blocks\.\d+)\.ffn\.fc_out\."), r"\1.ffn.net.2."),
+    (re.compile(r"^(blocks\.\d+)\.self_attn_residual_norm\.norm\."), r"\1.norm2."),
+)
 _KEYBOARD = re.compile(r"blocks\.(\d+)\.action_model\.keyboard_embed\.0\.weight")
 _DIFFUSERS_MARKERS = ("condition_embedder.", "proj_out.", "scale_shift_table")
 
@@ -144,8 +166,8 @@ class MatrixTransformerState:
         return self.user_names.get(key, key)
 
 
-def _is_diffusers(keys: Mapping[str, object]) -> bool:
-    return any(k.startswith(_DIFFUSERS_MARKERS) or ".attn1." in k for k in keys)
+def is_diffusers_layout(keys: Mapping[str, object]) -> bool:
+    return any(k.startswith(_DIFFUSERS_MARKERS) or ".attn1." in k or ".to_q." in k for k in keys)
 
 
 def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
@@ -154,12 +176,9 @@ def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
     raw = read_tensors(path)
     tensors: dict[str, Tensor] = {}
     names: dict[str, str] = {}
-    layout = "diffusers" if _is_diffusers(raw) else "original"
+    layout = "diffusers" if is_diffusers_layout(raw) else "original"
     for key, value in raw.items():
-        if layout == "diffusers":
-            target = key.replace("patch_embedding.proj.", "patch_embedding.", 1)
-        else:
-            target = diffusers_name(key)
+        target = model_key(key) if layout == "diffusers" else diffusers_name(key)
         if target in tensors:
             raise WeightsError(f"{path}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
         tensors[target] = value
@@ -167,6 +186,15 @@ def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
     config_file = (path / "config.json") if path.is_dir() else path.parent / "config.json"
     file_config = read_json(config_file) if config_file.exists() else None
     return MatrixTransformerState(tensors, names, str(path), layout, file_config)
+
+
+def model_key(key: str) -> str:
+    """A Diffusers-layout key as the model names it: FastVideo's own names (``to_q``, ``ffn.fc_in``,
+    ``patch_embedding.proj``, ...) mapped back; the Diffusers names as they are."""
+    for pattern, replacement in _FASTVIDEO_NAMES:
+        if pattern.search(key):
+            return pattern.sub(replacement, key, count=1)
+    return key
 
 
 @dataclass(frozen=True, slots=True)
