@@ -15,6 +15,8 @@
 #                  admitted: --step-budget 1000), and its cold start (process start to first chunk)
 #                  (bench/serve_sweep.py)
 #   4 tinyworld    tinyworld served on the GPU the same way
+#   5 matrix       matrix-game-2 (Matrix-Game 2.0 universal, 1.3b widths) alone: block latency at batch 1/2/4/8,
+#                  batched vs one step per session, peak memory, TFLOP/s (bench/matrix_game.py)
 # Needs: a Python with worldserve[server,wan,tinyworld] and a CUDA torch ($PYTHON, default python).
 set -u
 cd "$(dirname "$0")/.."
@@ -78,4 +80,17 @@ part server "$BUDGET_SERVER" "$PYTHON" bench/serve_sweep.py --model wan-causal $
 # shellcheck disable=SC2086
 part tinyworld "$BUDGET_TINY" "$PYTHON" bench/serve_sweep.py --model tinyworld $TINY_OPTIONS --server-arg "$ADMIT_ALL" \
     --clients $CLIENTS --duration "$DURATION" --settle "$SETTLE" --log "$OUT/tinyworld.log"
+
+# -- matrix-game-2 (issue 22), self-contained: Matrix-Game 2.0's universal variant at the released 1.3b widths
+# (load=dummy, bfloat16, 640x352), block latency at batch 1/2/4/8, one batched step vs one step per session, peak
+# memory, TFLOP/s of the block and of the VAE decode (bench/matrix_game.py). Dry run: config=tiny on the CPU.
+if [ "$DRY" = 1 ]; then
+    MATRIX_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1"
+    BUDGET_MATRIX=90
+else
+    MATRIX_ARGS="--config 1.3b --device cuda --dtype bfloat16 --batches 1 2 4 8 --blocks 2"
+    BUDGET_MATRIX=75
+fi
+# shellcheck disable=SC2086
+part matrix "$BUDGET_MATRIX" "$PYTHON" bench/matrix_game.py $MATRIX_ARGS
 echo "total: ${SECONDS} s; tables in $OUT/"

@@ -179,7 +179,7 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             _C,
             "start",
             "the start image is not base64 PNG/JPEG/raw RGB of the frame size (its header is checked before "
-            "any decoding)",
+            "any decoding), or the model starts from an image (`requires_image`) and none was sent",
             "send an image of the model's frame size",
         ),
         ErrorCode.RESUME_REFUSED: _info(

@@ -34,11 +34,12 @@ BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
         "procedural": "worldserve.models.procedural:ProceduralModel",
         "tinyworld": "worldserve.models.tinyworld.adapter:TinyWorldModel",
         "wan-causal": "worldserve.models.wancausal.adapter:WanCausalModel",
+        "matrix-game-2": "worldserve.models.matrixgame.adapter:MatrixGameModel",
     }
 )
 
 #: The extra each built-in model needs beyond ``models``.
-_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld", "wan-causal": "wan"})
+_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld", "wan-causal": "wan", "matrix-game-2": "wan"})
 
 
 def load_model(name: str, **options: Any) -> WorldModel:

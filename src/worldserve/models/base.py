@@ -85,6 +85,9 @@ class ModelSpec:
     #: True when the model implements :class:`RollbackModel`, so the runtime can put a
     #: session back at its last commit and cancel the chunk it is making.
     can_rollback: bool = False
+    #: True when a world starts only from a start image (an image-to-world model): a session
+    #: without one (``SessionOptions.image``) is refused when it is created.
+    requires_image: bool = False
 
     def __post_init__(self) -> None:
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
@@ -93,7 +96,7 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
         if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
             raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
-        for flag in ("atomic_step", "can_rollback"):
+        for flag in ("atomic_step", "can_rollback", "requires_image"):
             if type(getattr(self, flag)) is not bool:
                 raise ValueError(f"ModelSpec.{flag} must be a bool; got {getattr(self, flag)!r}.")
         if not self.fps > 0:
@@ -136,6 +139,7 @@ class ModelSpec:
             "precision": self.precision,
             "continuous_tracks": list(self.continuous_tracks),
             "can_rollback": self.can_rollback,
+            "requires_image": self.requires_image,
         }
 
 
@@ -167,7 +171,12 @@ class SessionOptions:
             raise ValueError("SessionOptions.encoding must be a FrameEncoding or None.")
 
     def check_image(self, spec: ModelSpec) -> None:
-        """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size."""
+        """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size, and there is one
+        when ``spec.requires_image``."""
+        if self.image is None and spec.requires_image:
+            raise ValueError(
+                f"model {spec.name!r} starts a world from a start image: send one ({spec.width}x{spec.height} RGB)."
+            )
         expected = spec.height * spec.width * 3
         if self.image is not None and len(self.image) != expected:
             raise ValueError(

@@ -291,7 +291,9 @@ class RuntimeConfig:
             help=(
                 "tinyworld (trained), procedural (the exact world), wan-causal (block-causal "
                 "Wan2.1 on diffusers: --model-option weights=DIR (the published files), config=tiny|1.3b|14b, "
-                "load=dummy; see docs/wan-causal.md) "
+                "load=dummy; see docs/wan-causal.md), matrix-game-2 (Matrix-Game 2.0, keyboard and mouse, from a "
+                "start image: --model-option weights=DIR, variant=universal|gta-drive|templerun; see "
+                "docs/matrix-game.md) "
                 "or package.module:factory"
             ),
         )

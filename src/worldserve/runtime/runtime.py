@@ -147,6 +147,7 @@ class Runtime:
             raise ValueError(f"encoding must be a FrameEncoding or None; got {encoding!r}.")
         worker_encoding = encoding if self.config.encodes_in_worker else None
         options = SessionOptions(prompt=prompt, seed=seed, image=image, encoding=worker_encoding)
+        options.check_image(self.spec)  # an image-to-world model without its image is refused here, at once
         resolved = session_id or uuid.uuid4().hex
         if resolved in {session.session_id for session in manager}:
             raise SessionExistsError(f"session {resolved!r} already exists.")

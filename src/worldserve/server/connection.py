@@ -342,6 +342,13 @@ class Connection:
             )
             return
         image = None
+        if message.image is None and spec.requires_image:
+            await self._error(
+                ErrorCode.INVALID_IMAGE,
+                f"model {spec.name!r} starts a world from a start image: send `image` ({spec.width}x{spec.height}).",
+                message_id=message.id,
+            )
+            return
         if message.image is not None:
             try:
                 image = await asyncio.to_thread(decode_start_image, message.image, spec.height, spec.width)

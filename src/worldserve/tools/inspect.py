@@ -2,7 +2,10 @@
 
 Owns: :func:`inspect_path` (one file or folder -> an :class:`Inspection`: each part found by its
 published name and what its keys and shapes say: layout, dtype, parameter count; the parts
-missing; the family, guessed from the published names, the training wrappers and the size;
+missing; which model serves it (``wan-causal``, or ``matrix-game-2`` for Matrix-Game 2.0's files:
+their published names, action modules in the transformer's keys, or a Matrix-Game Diffusers
+folder; then the variant its shapes say: keyboard width and mouse); the family, guessed from the
+published names, the training wrappers and the size;
 the configuration the shapes name; the ``worldserve serve`` command line that serves it; the
 memory per session at each window and how many sessions fit on a GPU of a given size) and
 :func:`format_inspection`. Reads shapes only (safetensors headers, memory-mapped torch files):
@@ -40,6 +43,8 @@ class PartInfo:
 @dataclass(slots=True)
 class Inspection:
     path: Path
+    #: The model that serves these files: ``wan-causal`` or ``matrix-game-2``.
+    model: str = "wan-causal"
     parts: dict[str, PartInfo] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     family: str = ""
@@ -79,6 +84,8 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     from worldserve.models.wancausal.vaeweights import vae_layout_of
 
     path = Path(path).expanduser().resolve()
+    if _is_matrix_game(path):
+        return _inspect_matrix(path, gpu_gib=gpu_gib, windows=windows)
     result = Inspection(path=path, gpu_gib=gpu_gib)
     if path.is_dir():
         try:
@@ -192,6 +199,128 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     return result
 
 
+def _is_matrix_game(path: Path) -> bool:
+    """Matrix-Game 2.0's files: a published name, a Matrix-Game Diffusers folder, or action modules in the keys."""
+    from worldserve.models.matrixgame.files import DIFFUSERS_FOLDERS, matrix_part_kind
+    from worldserve.models.wancausal.statedict import read_shapes
+
+    if path.is_dir():
+        index = path / "model_index.json"
+        if path.name in DIFFUSERS_FOLDERS or (index.exists() and "MatrixGame" in index.read_text()):
+            return True
+        names = {p.name for p in path.rglob("*")}
+        kinds = [matrix_part_kind(p) for p in path.rglob("*.safetensors")]
+        if any(kind is not None and kind[1] is not None for kind in kinds):
+            return True
+        return "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth" in names
+    kind = matrix_part_kind(path)
+    if kind is not None and kind[1] is not None:
+        return True
+    if path.suffix != ".safetensors":
+        return False
+    shapes, _ = read_shapes(path)
+    return any(".action_model." in key for key in shapes)
+
+
+def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> Inspection:
+    """A Matrix-Game 2.0 file or folder: its parts, the variant its shapes say, the command, the memory."""
+    from worldserve.models.matrixgame.checkpoint import is_diffusers_layout, model_key, shape_facts, variant_of
+    from worldserve.models.matrixgame.clipweights import clip_layout_of
+    from worldserve.models.matrixgame.config import SIZES, matrix_config
+    from worldserve.models.matrixgame.files import MatrixParts, find_matrix_parts, matrix_part_kind
+    from worldserve.models.wancausal.checkpoint import diffusers_name
+    from worldserve.models.wancausal.statedict import WeightsError, read_shapes
+    from worldserve.models.wancausal.vae import decoder_cache_bytes
+    from worldserve.models.wancausal.vaeweights import vae_layout_of
+
+    result = Inspection(path=path, gpu_gib=gpu_gib, model="matrix-game-2")
+    if path.is_dir():
+        try:
+            parts = find_matrix_parts(path)
+        except ValueError as error:
+            result.notes.append(str(error))
+            parts = MatrixParts()
+    else:
+        parts = MatrixParts()
+        kind = matrix_part_kind(path)
+        setattr(parts, kind[0] if kind is not None else "transformer", path)
+    others = [p for p in parts.candidates.get("transformer", []) if p != parts.transformer]
+    if others:
+        listed = ", ".join(str(p.relative_to(path)) for p in others)
+        result.notes.append(f"other variants here: {listed} (variant= picks one)")
+    facts = None
+    for part in ("transformer", "vae", "image_encoder"):
+        where = getattr(parts, part)
+        if where is None:
+            continue
+        info = PartInfo(part=part, path=where)
+        result.parts[part] = info
+        shapes, _ = read_shapes(where)
+        info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
+        if part == "transformer":
+            stripped = {_strip(k): v[0] for k, v in shapes.items()}
+            diffusers = is_diffusers_layout(stripped)
+            info.layout = "Diffusers (FastVideo)" if diffusers else "original Matrix-Game names"
+            convert = model_key if diffusers else diffusers_name
+            named = {convert(k): v for k, v in stripped.items()}
+            facts = shape_facts(named)
+        elif part == "vae":
+            info.layout = "Diffusers" if vae_layout_of(shapes) == "diffusers" else "original (Wan2.1_VAE.pth)"
+        else:
+            wan = clip_layout_of(shapes) == "wan"
+            info.layout = "Wan's OpenCLIP (vision tower read)" if wan else "transformers CLIPVisionModel"
+    result.missing = [p for p in ("transformer", "vae", "image_encoder") if p not in result.parts]
+    config = None
+    if facts is not None:
+        try:
+            variant = variant_of(facts, str(parts.transformer))
+        except WeightsError as error:
+            result.notes.append(str(error))
+            variant = None
+        size = next((name for name, (wan, _, _) in SIZES.items() if wan.dim == facts.dim), None)
+        result.sizes = {"dim": facts.dim, "layers": facts.layers, "action blocks": len(facts.action_layers)}
+        if variant is not None:
+            result.family = variant.name
+            result.family_reason = (
+                f"the shapes: keyboard width {facts.keyboard_dim}, {'a' if facts.mouse else 'no'} mouse branch"
+            )
+            if size is not None:
+                config = matrix_config(size, variant)
+        if len(facts.action_layers) > 15:
+            result.notes.append(
+                f"action modules in {len(facts.action_layers)} blocks: the foundation (not distilled) model; "
+                "Matrix-Game releases few-step settings only for the distilled ones"
+            )
+    result.config = config.name if config is not None else "?"
+    options = [f"weights={path}"] if path.is_dir() else [f"checkpoint={path}"]
+    if "vae" not in result.parts:
+        options.append("vae=random")
+        result.notes.append("no VAE (Wan2.1_VAE.pth or vae/): the command decodes with random weights; add vae=PATH")
+    if "image_encoder" not in result.parts:
+        options.append("image_encoder=random")
+        result.notes.append(
+            "no image encoder (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or image_encoder/): the "
+            "command runs on random image features; add image_encoder=PATH"
+        )
+    if "transformer" not in result.parts:
+        result.notes.append("no transformer checkpoint: nothing to serve here but random weights (load=dummy)")
+    command = ["worldserve", "serve", "--model", "matrix-game-2"]
+    for option in [*options, "device=cuda"]:
+        command += ["--model-option", option]
+    result.command = shlex.join(command)
+    if config is not None:
+        decoder = decoder_cache_bytes(config.wan, 2)
+        weights = 2 * sum(info.parameters for info in result.parts.values())
+        result.weights_bytes = weights
+        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
+        for window in sorted({*windows, config.wan.window_frames}):
+            sized = matrix_config(config.name, config.variant, window=window)
+            kv = sized.kv_bytes(2)
+            state = kv + decoder
+            result.memory.append((window, kv, state, max(0, int(usable // state))))
+    return result
+
+
 def _size(count: int) -> str:
     return f"{count / _GIB:.2f} GiB" if count >= _GIB // 10 else f"{count / 2**20:.1f} MiB"
 
@@ -199,7 +328,7 @@ def _size(count: int) -> str:
 def format_inspection(result: Inspection) -> str:
     """The inspection as the text ``worldserve inspect`` prints."""
     lines = [f"{result.path}"]
-    for part in ("transformer", "lora", "vae", "text_encoder", "tokenizer"):
+    for part in ("transformer", "lora", "vae", "text_encoder", "tokenizer", "image_encoder"):
         info = result.parts.get(part)
         if info is None:
             continue
@@ -212,7 +341,12 @@ def format_inspection(result: Inspection) -> str:
     lines.append(f"  missing: {', '.join(p.replace('_', ' ') for p in result.missing) or 'nothing'}")
     sizes = ", ".join(f"{k} {v}" for k, v in result.sizes.items())
     lines.append(f"  config: {result.config}" + (f" ({sizes})" if sizes else ""))
-    lines.append(f"  family: {result.family} (from {result.family_reason}); its settings: docs/models.md")
+    if result.model == "matrix-game-2":
+        lines.append(
+            f"  model: matrix-game-2, variant {result.family or '?'} (from {result.family_reason or 'nothing'})"
+        )
+    else:
+        lines.append(f"  family: {result.family} (from {result.family_reason}); its settings: docs/models.md")
     for note in result.notes:
         lines.append(f"  note: {note}")
     lines.append(f"  serve: {result.command}")

@@ -32,6 +32,14 @@ from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.options import (
+    FLOAT32_PARTS,
+    cast_module,
+    option_bool,
+    option_int,
+    option_path,
+    resolve_dtype,
+)
 from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
@@ -43,7 +51,7 @@ from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["WanCausalModel", "WanCausalState"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MODEL = "wan-causal"
 
 
 class WanCausalState:
@@ -68,30 +76,6 @@ class WanCausalState:
         self.draws = 0
         self.prompt = prompt
         self.log = log
-
-
-def _path(value: str | Path | None) -> str | None:
-    return None if value is None else str(value)
-
-
-def _option_bool(value: int | str | bool | None, name: str) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    text = str(value).lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"wan-causal option {name} must be 1 or 0; got {value!r}.")
-
-
-def _option_int(value: int | str | None, name: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"wan-causal option {name} must be an integer; got {value!r}.") from None
 
 
 class WanCausalModel:
@@ -144,47 +128,43 @@ class WanCausalModel:
         seed: int | str = 0,
         threads: int | str | None = None,
     ) -> None:
-        threads_count = _option_int(threads, "threads")
+        threads_count = option_int(threads, _MODEL, "threads")
         if threads_count is not None:
             torch.set_num_threads(threads_count)
         self.device = torch.device(device)
-        if dtype == "auto":
-            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
-        if dtype not in _DTYPES:
-            raise ValueError(f"wan-causal option dtype must be auto or one of {sorted(_DTYPES)}; got {dtype!r}.")
-        self.dtype = _DTYPES[dtype]
-        weight_seed = _option_int(seed, "seed") or 0
+        dtype, self.dtype = resolve_dtype(dtype, self.device, _MODEL)
+        weight_seed = option_int(seed, _MODEL, "seed") or 0
         options = WeightOptions(
             config=config,
-            weights=_path(weights),
-            checkpoint=_path(checkpoint),
-            vae=_path(vae),
-            text_encoder=_path(text_encoder),
-            tokenizer=_path(tokenizer),
-            lora=_path(lora),
+            weights=option_path(weights),
+            checkpoint=option_path(checkpoint),
+            vae=option_path(vae),
+            text_encoder=option_path(text_encoder),
+            tokenizer=option_path(tokenizer),
+            lora=option_path(lora),
             lora_alpha=float(lora_alpha) if lora_alpha is not None else None,
             load=load,
             text=text,
-            ema=_option_bool(ema, "ema"),
+            ema=option_bool(ema, _MODEL, "ema"),
             family=family,
         )
         loaded = load_weights(options, self.device, weight_seed, self.dtype)
         self.family = loaded.family
-        cfg = family_config(loaded.config, loaded.family, _option_int(steps, "steps"))
-        window_frames = _option_int(window, "window")
+        cfg = family_config(loaded.config, loaded.family, option_int(steps, _MODEL, "steps"))
+        window_frames = option_int(window, _MODEL, "window")
         if window_frames is not None:
             cfg = cfg.with_window(window_frames)
-        sink_frames = _option_int(sink, "sink")
+        sink_frames = option_int(sink, _MODEL, "sink")
         if sink_frames is not None:
             cfg = replace(cfg, sink_frames=sink_frames)
         self.prompt_switch = prompt_switch if prompt_switch is not None else self.family.prompt_switch
         if self.prompt_switch not in ("keep", "recache"):
             raise ValueError(f"wan-causal option prompt_switch must be keep or recache; got {prompt_switch!r}.")
-        transition = _option_int(prompt_transition, "prompt_transition")
+        transition = option_int(prompt_transition, _MODEL, "prompt_transition")
         self.prompt_transition = transition if transition is not None else self.family.prompt_transition
         if not 0 <= self.prompt_transition <= MAX_TRANSITION:
             raise ValueError(f"wan-causal option prompt_transition must be in [0, {MAX_TRANSITION}].")
-        keep_sink = _option_bool(recache_sink, "recache_sink")
+        keep_sink = option_bool(recache_sink, _MODEL, "recache_sink")
         self.recache_sink = keep_sink if keep_sink is not None else self.family.recache_sink
         if self.prompt_switch == "recache" and not self.recache_sink and cfg.sink_frames % cfg.block_frames:
             raise ValueError("recache_sink=0 keeps the sink's blocks as they are: the sink must be whole blocks.")
@@ -196,13 +176,13 @@ class WanCausalModel:
         self.action_from_checkpoint = loaded.action_from_checkpoint
         self.vae_from_file = loaded.vae_from_file
         transformer, actions, autoencoder = loaded.transformer, loaded.actions, loaded.vae
-        _cast(transformer, self.dtype, _FLOAT32_PARTS)
-        _cast(actions, self.dtype, ())
-        _cast(autoencoder, self.dtype, ())
+        cast_module(transformer, self.dtype, FLOAT32_PARTS)
+        cast_module(actions, self.dtype)
+        cast_module(autoencoder, self.dtype)
         for module in (transformer, actions, autoencoder):
             module.eval().requires_grad_(False)
         self.forward = CachedForward(
-            transformer, actions, cfg, attention=attention, compile=bool(_option_bool(compile, "compile"))
+            transformer, actions, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
         )
         self.vae = VaeStream(autoencoder)
         self.rope = FrameRope(cfg, self.device)
@@ -214,7 +194,7 @@ class WanCausalModel:
         latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
         log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
         state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
-        batch_limit = _option_int(max_batch_size, "max_batch_size")
+        batch_limit = option_int(max_batch_size, _MODEL, "max_batch_size")
         assert batch_limit is not None
         self._spec = ModelSpec(
             name="wan-causal",
@@ -362,14 +342,3 @@ class WanCausalModel:
         if isinstance(state, WanCausalState):
             state.cache.clear()
             state.decoder.clear()
-
-
-#: Parameters kept in float32 at lower precision (what diffusers keeps in float32 for this transformer).
-_FLOAT32_PARTS = ("time_embedder", "scale_shift_table", "norm1", "norm2", "norm3")
-
-
-def _cast(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str, ...]) -> None:
-    """Cast parameters to ``dtype``, keeping those under any of ``float32_parts`` in float32."""
-    for name, parameter in module.named_parameters():
-        keep = dtype != torch.float32 and any(part in name.split(".") for part in float32_parts)
-        parameter.data = parameter.data.to(torch.float32 if keep else dtype)

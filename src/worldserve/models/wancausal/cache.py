@@ -14,37 +14,82 @@ batch of one, the buffer itself, no copy), writes the block's new K/V into its s
 (one copy), and masks each row past its own valid length (no mask when all are equal, the
 steady state once windows are full). The commit pass's K/V are kept for the whole batch in one
 ``[layers, B, heads, block tokens, head_dim]`` tensor each, from which each session's commit
-copies its row (all layers at once). Also :class:`BlockLog` (the clean latents a re-cache
+copies its row (all layers at once). A cache's geometry defaults to the self-attention's; another
+attention over the same frames (Matrix-Game's action modules) sizes its own. :class:`StepCaches` is
+what the sampler asks of a step's caches (:class:`BatchKV`, or a model's bundle of several). A
+block can also be *staged* (kept in the scratch slots, moved into the sink or window by the next
+step's :class:`BatchKV`), so a step can be undone without a copy of what it overwrites. Also
+:class:`BlockLog` (the clean latents a re-cache
 recomputes the context from). Must not know: the transformer's weights, the sampler, sessions.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["BatchKV", "BlockLog", "KVCache"]
+__all__ = ["BatchKV", "BlockLog", "KVCache", "StepCaches"]
+
+
+class StepCaches(Protocol):
+    """What a sampler needs of a step's caches: keep the next pass's K/V, and commit them."""
+
+    def record(self) -> None: ...
+
+    def commit(self) -> None: ...
 
 
 class KVCache:
     """K/V of one session for every layer; a fixed size, set at creation."""
 
-    __slots__ = ("block", "keys", "next_frame", "ring_written", "sink", "sink_filled", "tpf", "values", "window")
+    __slots__ = (
+        "block",
+        "keys",
+        "next_frame",
+        "ring_written",
+        "sink",
+        "sink_filled",
+        "staged",
+        "tpf",
+        "values",
+        "window",
+    )
 
-    def __init__(self, config: WanCausalConfig, device: torch.device, dtype: torch.dtype) -> None:
-        self.tpf = config.tokens_per_frame
+    def __init__(
+        self,
+        config: WanCausalConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        layers: int | None = None,
+        heads: int | None = None,
+        head_dim: int | None = None,
+        tokens_per_frame: int | None = None,
+    ) -> None:
+        """The self-attention's cache of ``config``; ``layers``/``heads``/``head_dim``/``tokens_per_frame``
+        size another attention's cache on the same frames (block, sink and window are ``config``'s)."""
+        self.tpf = tokens_per_frame if tokens_per_frame is not None else config.tokens_per_frame
         self.block = config.block_frames
         self.sink = config.sink_frames
         self.window = config.window_frames
-        shape = (config.num_layers, config.num_heads, config.cache_frames * self.tpf, config.head_dim)
+        shape = (
+            layers if layers is not None else config.num_layers,
+            heads if heads is not None else config.num_heads,
+            config.cache_frames * self.tpf,
+            head_dim if head_dim is not None else config.head_dim,
+        )
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.sink_filled = 0
         self.ring_written = 0
         #: The absolute latent-frame index (the RoPE position) of the next block's first frame.
         self.next_frame = 0
+        #: A block staged in the scratch slots (:meth:`stage`), kept at the next :meth:`flush`.
+        self.staged = False
 
     @property
     def cached_frames(self) -> int:
@@ -66,8 +111,9 @@ class KVCache:
         end = (self.block + self.cached_frames) * self.tpf
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
-    def _slots(self) -> list[tuple[int, int, int]]:
-        """(first frame of the block, first slot, frames) runs the block's frames go to; advances the counters."""
+    def _slots(self, *, advance: bool = True) -> list[tuple[int, int, int]]:
+        """(first frame of the block, first slot, frames) runs the block's frames go to; advances the counters
+        (and ``next_frame`` unless the block was staged, which advanced it then)."""
         runs: list[tuple[int, int, int]] = []
         for frame in range(self.block):
             if self.sink_filled < self.sink:
@@ -80,17 +126,45 @@ class KVCache:
                 runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
             else:
                 runs.append((frame, slot, 1))
-        self.next_frame += self.block
+        if advance:
+            self.next_frame += self.block
         return runs
 
     def commit(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
         """Keep the block's K/V in the sink or the window: ``keys``/``values`` ``[layers, heads, block tokens,
         head_dim]`` (a :class:`BatchKV`'s row), else the scratch slots (the per-session path)."""
+        self._write(keys, values, advance=True)
+
+    def stage(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
+        """Keep the block's K/V (a :class:`BatchKV` row, else what the scratch holds) in the scratch slots,
+        to be moved into the sink or window by the next :meth:`flush`; the block counts as done
+        (``next_frame`` advances). Until then :meth:`unstage` drops it at no cost: a step can be rolled
+        back without the cache holding a copy of what the block overwrites."""
+        if keys is not None and values is not None:
+            span = self.block * self.tpf
+            self.keys[:, :, :span] = keys
+            self.values[:, :, :span] = values
+        self.staged = True
+        self.next_frame += self.block
+
+    def flush(self) -> None:
+        """Move a staged block from the scratch slots into the sink or window (before the next block's passes)."""
+        if self.staged:
+            self._write(None, None, advance=False)
+            self.staged = False
+
+    def unstage(self) -> None:
+        """Drop a staged block: the cache is as before it."""
+        if self.staged:
+            self.staged = False
+            self.next_frame -= self.block
+
+    def _write(self, keys: Tensor | None, values: Tensor | None, *, advance: bool) -> None:
         tpf = self.tpf
         span = self.block * tpf
         new_keys = keys if keys is not None else self.keys[:, :, :span]
         new_values = values if values is not None else self.values[:, :, :span]
-        for frame, slot, count in self._slots():  # at most a few contiguous runs, all layers at once
+        for frame, slot, count in self._slots(advance=advance):  # a few contiguous runs, all layers at once
             source = slice(frame * tpf, (frame + count) * tpf)
             target = slice(slot * tpf, (slot + count) * tpf)
             self.keys[:, :, target] = new_keys[:, :, source]
@@ -127,6 +201,8 @@ class BatchKV:
 
     def __init__(self, caches: list[KVCache] | tuple[KVCache, ...]) -> None:
         self.caches = list(caches)
+        for cache in self.caches:  # a block staged by the last step is kept before this one's passes
+            cache.flush()
         self.batch = len(self.caches)
         first = self.caches[0]
         self.span = first.block * first.tpf
@@ -170,6 +246,13 @@ class BatchKV:
         keys, values = self.pending
         for row, cache in enumerate(self.caches):
             cache.commit(keys[:, row], values[:, row])
+
+    def stage(self) -> None:
+        """Every cache stages its row of the recorded commit pass (:meth:`KVCache.stage`)."""
+        assert self.pending is not None, "record() the commit pass first"
+        keys, values = self.pending
+        for row, cache in enumerate(self.caches):
+            cache.stage(keys[:, row], values[:, row])
 
 
 class BlockLog:

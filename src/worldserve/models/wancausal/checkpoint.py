@@ -29,6 +29,7 @@ from worldserve.models.wancausal.statedict import WeightsError, check_shapes, re
 
 __all__ = [
     "ACTION_PREFIX",
+    "diffusers_name",
     "TransformerState",
     "infer_config",
     "load_transformer",
@@ -84,7 +85,7 @@ def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _convert(name: str) -> str:
+def diffusers_name(name: str) -> str:
     """One original key's diffusers name, by the library's own conversion."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
@@ -122,7 +123,7 @@ def transformer_state(raw: Mapping[str, Tensor], source: str) -> TransformerStat
     tensors: dict[str, Tensor] = {}
     names: dict[str, str] = {}
     for key, value in rest.items():
-        target = _convert(key)
+        target = diffusers_name(key)
         if target in tensors:
             raise WeightsError(f"{source}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
         tensors[target] = value
@@ -159,7 +160,7 @@ def merge_lora(state: TransformerState, path: str | Path, alpha: float | None = 
         if set(pair) != {"A", "B"}:
             raise WeightsError(f"{path}: LoRA layer {layer!r} has only lora_{''.join(pair)}.")
         original = f"{layer}.weight"
-        target = original if state.layout == "diffusers" else _convert(original)
+        target = original if state.layout == "diffusers" else diffusers_name(original)
         if target not in state.tensors:
             raise WeightsError(f"{path}: LoRA layer {layer!r} adapts {original!r}, which the checkpoint lacks.")
         down, up = pair["A"].float(), pair["B"].float()
@@ -235,7 +236,7 @@ def load_transformer(
     names = dict(state.user_names)
     if state.layout == "original":  # a key the file lacks is named as the authors' layout names it
         for original in original_layout(config):
-            names.setdefault(_convert(original), original)
+            names.setdefault(diffusers_name(original), original)
     check_shapes(
         state.tensors,
         expected,

@@ -3,8 +3,10 @@
 Owns: :class:`CachedForward`, the transformer's forward for one AR block of every session
 in a batch, written on the public submodules of diffusers' ``SkyReelsV2Transformer3DModel``
 (patch embedding, condition embedder, each block's norms, attention projections, cross
-attention and FFN, the output head). What it adds to the library's dense forward: each
-row's self-attention reads that session's cache, RoPE at each row's own frame offset,
+attention and FFN, the output head), and :class:`BlockRunner`, its blocks and head on their own:
+what another model built of the same Wan blocks (Matrix-Game 2.0) runs after its own embedding,
+with its own modules injected between each block's cross-attention and FFN. What it adds to
+the library's dense forward: each row's self-attention reads that session's cache, RoPE at each row's own frame offset,
 per-frame timesteps and an action embedding added to the timestep projection. Every part runs
 once for the whole batch: the projections, FFN and cross-attention, and the self-attention
 too, ONE call per layer per pass over a :class:`~worldserve.models.wancausal.cache.BatchKV`
@@ -18,7 +20,7 @@ schedule, the VAE, sessions' control plane.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,10 +32,93 @@ from worldserve.models.wancausal.cache import BatchKV, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.rope import apply_rope
 
-__all__ = ["CachedForward"]
+__all__ = ["BlockRunner", "CachedForward", "Inject"]
 
 #: (batch, frames, tokens per frame, model width)
 Shape = tuple[int, int, int, int]
+#: A module run between a block's cross-attention and its FFN: (layer, hidden [B, tokens, dim]) -> hidden.
+Inject = Callable[[int, Tensor], Tensor]
+
+
+class BlockRunner:
+    """The Wan blocks and output head over a batch of blocks, each row against its own caches.
+
+    ``transformer`` is anything with the diffusers Wan layout's ``blocks`` (``norm1``, ``attn1``,
+    ``norm2``, ``attn2``, ``norm3``, ``ffn``, ``scale_shift_table``), ``scale_shift_table``,
+    ``norm_out`` and ``proj_out``.
+    """
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        config: WanCausalConfig,
+        *,
+        attention: str = "batched",
+        compile: bool = False,
+        compile_backend: str = "inductor",
+    ) -> None:
+        if attention not in ("batched", "loop"):
+            raise ValueError(f"attention must be 'batched' or 'loop'; got {attention!r}.")
+        self.transformer = transformer
+        self.config = config
+        self.attention = attention
+        self.compiled = compile
+        self._pre: Any = _pre_attention
+        self._cross: Any = _cross_attention
+        self._ffn: Any = _feed_forward
+        if compile:  # whole graphs (no breaks), shapes dynamic: one graph serves every batch size and window
+            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True, backend=compile_backend)
+            self._cross = torch.compile(_cross_attention, dynamic=True, fullgraph=True, backend=compile_backend)
+            self._ffn = torch.compile(_feed_forward, dynamic=True, fullgraph=True, backend=compile_backend)
+
+    def __call__(
+        self,
+        hidden: Tensor,
+        temb: Tensor,
+        timestep_proj: Tensor,
+        context: Tensor,
+        kv: BatchKV,
+        rope: tuple[Tensor, Tensor],
+        grid: tuple[int, int, int],
+        *,
+        head: bool = True,
+        inject: Inject | None = None,
+    ) -> Tensor | None:
+        """``hidden`` ``[B, frames * h * w, dim]`` (patch tokens), ``temb`` ``[B, frames, dim]`` and
+        ``timestep_proj`` ``[B, frames, 6 * dim]`` (per frame), ``context`` ``[B, tokens, dim]`` (what the
+        cross-attention reads), ``grid`` (frames, h, w) in patches. Returns the flow prediction
+        ``[B, C, frames, H, W]``, or None with ``head=False`` (the commit pass)."""
+        tr: Any = self.transformer
+        batch = hidden.shape[0]
+        frames, pph, ppw = grid
+        hw = pph * ppw
+        dim = self.config.dim
+        heads = self.config.num_heads
+        # Per-frame modulation [B, 6, F, 1, dim]; it broadcasts over a frame's tokens.
+        modulation = timestep_proj.view(batch, frames, 6, dim).transpose(1, 2).unsqueeze(3).float()
+        shape = (batch, frames, hw, dim)
+        for layer, block in enumerate(tr.blocks):
+            query, key, value = self._pre(block, hidden, modulation, rope[0], rope[1], shape, heads)
+            if self.attention == "loop":
+                attended = _loop_attention(layer, query, key, value, kv)
+            else:
+                keys, values, mask = kv.attend(layer, key, value)
+                attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+            hidden = self._cross(block, hidden, attended, context, modulation, shape)
+            if inject is not None:
+                hidden = inject(layer, hidden)
+            hidden = self._ffn(block, hidden, modulation, shape)
+        if not head:
+            return None
+        p_t, p_h, p_w = self.config.patch
+        table = tr.scale_shift_table.view(1, 2, 1, 1, dim)
+        shift, scale = (table + temb.view(batch, 1, frames, 1, dim)).unbind(1)
+        hidden4 = hidden.view(batch, frames, hw, dim)
+        out = (tr.norm_out(hidden4.float()) * (1 + scale) + shift).type_as(hidden)
+        out = tr.proj_out(out)
+        out = out.reshape(batch, frames, pph, ppw, p_t, p_h, p_w, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        result: Tensor = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return result
 
 
 class CachedForward:
@@ -49,18 +134,14 @@ class CachedForward:
         compile: bool = False,
         compile_backend: str = "inductor",
     ) -> None:
-        if attention not in ("batched", "loop"):
-            raise ValueError(f"attention must be 'batched' or 'loop'; got {attention!r}.")
+        self.blocks = BlockRunner(
+            transformer, config, attention=attention, compile=compile, compile_backend=compile_backend
+        )
         self.transformer = transformer
         self.actions = actions
         self.config = config
         self.attention = attention
         self.compiled = compile
-        self._pre: Any = _pre_attention
-        self._post: Any = _post_attention
-        if compile:  # whole graphs (no breaks), shapes dynamic: one graph serves every batch size and window
-            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True, backend=compile_backend)
-            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True, backend=compile_backend)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -87,36 +168,13 @@ class CachedForward:
         """
         kv = caches if isinstance(caches, BatchKV) else BatchKV(list(caches))
         tr: Any = self.transformer
-        batch, _, frames, height, width = latents.shape
-        p_t, p_h, p_w = self.config.patch
-        pph, ppw = height // p_h, width // p_w
-        hw = pph * ppw
-        dim = self.config.dim
-        heads = self.config.num_heads
+        _, _, frames, height, width = latents.shape
+        _, p_h, p_w = self.config.patch
         hidden = tr.patch_embedding(latents.to(self.dtype)).flatten(2).transpose(1, 2)
         temb, timestep_proj, context, _ = tr.condition_embedder(timesteps, text.to(self.dtype))
         timestep_proj = timestep_proj + self.actions(actions.to(timestep_proj.dtype))
-        # Per-frame modulation [B, 6, F, 1, dim]; it broadcasts over a frame's tokens.
-        modulation = timestep_proj.unflatten(-1, (6, -1)).transpose(1, 2).unsqueeze(3).float()
-        shape = (batch, frames, hw, dim)
-        for layer, block in enumerate(tr.blocks):
-            query, key, value = self._pre(block, hidden, modulation, rope[0], rope[1], shape, heads)
-            if self.attention == "loop":
-                attended = _loop_attention(layer, query, key, value, kv)
-            else:
-                keys, values, mask = kv.attend(layer, key, value)
-                attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
-            hidden = self._post(block, hidden, attended, context, modulation, shape)
-        if not head:
-            return None
-        table = tr.scale_shift_table.view(1, 2, 1, 1, dim)
-        shift, scale = (table + temb.view(batch, 1, frames, 1, dim)).unbind(1)
-        hidden4 = hidden.view(batch, frames, hw, dim)
-        out = (tr.norm_out(hidden4.float()) * (1 + scale) + shift).type_as(hidden)
-        out = tr.proj_out(out)
-        out = out.reshape(batch, frames, pph, ppw, p_t, p_h, p_w, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        result: Tensor = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
-        return result
+        grid = (frames, height // p_h, width // p_w)
+        return self.blocks(hidden, temb, timestep_proj, context, kv, rope, grid, head=head)
 
 
 def _pre_attention(
@@ -134,18 +192,27 @@ def _pre_attention(
     return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
 
-def _post_attention(
+def _cross_attention(
     block: Any, hidden: Tensor, attended: Tensor, context: Tensor, modulation: Tensor, shape: Shape
 ) -> Tensor:
-    """The attention's output projection and gate, the cross-attention, the FFN."""
+    """The self-attention's output projection and gate, then the cross-attention."""
     batch, frames, hw, dim = shape
-    gate, c_shift, c_scale, c_gate = (block.scale_shift_table.view(1, 6, 1, 1, dim) + modulation).unbind(1)[2:]
+    gate = (block.scale_shift_table.view(1, 6, 1, 1, dim) + modulation).unbind(1)[2]
     attn = block.attn1.to_out[0](attended.transpose(1, 2).flatten(2))
     h4 = hidden.view(batch, frames, hw, dim)
     h4 = (h4.float() + attn.view(batch, frames, hw, dim) * gate).type_as(hidden)
     normed = block.norm2(h4.float()).type_as(hidden)
     cross = block.attn2(normed.view(batch, frames * hw, dim), context, None, None)
     h4 = h4 + cross.view(batch, frames, hw, dim)
+    result: Tensor = h4.view(batch, frames * hw, dim)
+    return result
+
+
+def _feed_forward(block: Any, hidden: Tensor, modulation: Tensor, shape: Shape) -> Tensor:
+    """The modulated FFN and its gate."""
+    batch, frames, hw, dim = shape
+    c_shift, c_scale, c_gate = (block.scale_shift_table.view(1, 6, 1, 1, dim) + modulation).unbind(1)[3:]
+    h4 = hidden.view(batch, frames, hw, dim)
     normed = (block.norm3(h4.float()) * (1 + c_scale) + c_shift).type_as(hidden)
     ff = block.ffn(normed)
     h4 = (h4.float() + ff.float() * c_gate).type_as(hidden)

@@ -14,47 +14,58 @@ know: attention, the VAE, sessions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
+from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache, StepCaches
 from worldserve.models.wancausal.config import WanCausalConfig
 
 __all__ = ["BlockForward", "StepRecord", "commit_block", "recache_context", "sample_block"]
 
+#: What a forward is conditioned on besides the latents and timesteps: wan-causal's per-frame action
+#: features, or another model's own conditions (Matrix-Game's start image and keyboard/mouse windows).
+Conditions = TypeVar("Conditions", contravariant=True)
 
-class BlockForward(Protocol):
-    """A block-causal forward over a batch against its caches (``CachedForward``, or another family's)."""
+
+class BlockForward(Protocol[Conditions]):
+    """A block-causal forward over a batch against its caches (``CachedForward``, or another model's)."""
 
     def __call__(
         self,
         latents: Tensor,
         timesteps: Tensor,
         text: Tensor,
-        actions: Tensor,
-        caches: Sequence[KVCache] | BatchKV,
+        actions: Conditions,
+        caches: Any,
         rope: tuple[Tensor, Tensor],
         *,
         head: bool = True,
     ) -> Tensor | None: ...
 
 
+C = TypeVar("C")
+
+
 #: (noisy input, timesteps, predicted flow) of one denoising step, for tests and tools.
 StepRecord = tuple[Tensor, Tensor, Tensor]
 
 
-def _batch(caches: Sequence[KVCache] | BatchKV) -> BatchKV:
-    return caches if isinstance(caches, BatchKV) else BatchKV(list(caches))
+def _batch(caches: Sequence[KVCache] | StepCaches) -> StepCaches:
+    """A sequence of caches as one :class:`BatchKV`; a step's caches (a ``BatchKV`` or a model's bundle,
+    which its forward takes: ``caches`` in :class:`BlockForward`) as they are."""
+    if isinstance(caches, Sequence):
+        return BatchKV(list(caches))
+    return caches
 
 
 def sample_block(
-    forward: BlockForward,
-    caches: Sequence[KVCache] | BatchKV,
+    forward: BlockForward[C],
+    caches: Sequence[KVCache] | StepCaches,
     noise: Callable[[], Tensor],
     text: Tensor,
-    actions: Tensor,
+    actions: C,
     rope: tuple[Tensor, Tensor],
     config: WanCausalConfig,
     record: list[StepRecord] | None = None,
@@ -83,11 +94,11 @@ def sample_block(
 
 
 def commit_block(
-    forward: BlockForward,
-    caches: Sequence[KVCache] | BatchKV,
+    forward: BlockForward[C],
+    caches: Sequence[KVCache] | StepCaches,
     clean: Tensor,
     text: Tensor,
-    actions: Tensor,
+    actions: C,
     rope: tuple[Tensor, Tensor],
     config: WanCausalConfig,
     *,
@@ -107,7 +118,7 @@ def commit_block(
 
 
 def recache_context(
-    forward: BlockForward,
+    forward: BlockForward[Tensor],
     cache: KVCache,
     log: BlockLog,
     text: Tensor,

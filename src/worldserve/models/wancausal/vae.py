@@ -36,6 +36,7 @@ class VaeStream:
         config: Any = self.vae.config
         weight: Tensor = self.vae.post_quant_conv.weight
         self.convs = sum(isinstance(m, WanCausalConv3d) for m in self.vae.decoder.modules())
+        self.encoder_convs = sum(isinstance(m, WanCausalConv3d) for m in self.vae.encoder.modules())
         shape = (1, config.z_dim, 1, 1, 1)
         self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=weight.device).view(shape)
         self.std = torch.tensor(config.latents_std, dtype=torch.float32, device=weight.device).view(shape)
@@ -56,6 +57,37 @@ class VaeStream:
         posterior = self.vae.encode(video.to(self.dtype)).latent_dist
         mode: Tensor = posterior.mode()
         return (mode.float() - self.mean) / self.std
+
+    def new_encoder_cache(self) -> DecoderCache:
+        """An empty feature cache for :meth:`encode_chunk` (one entry per causal convolution of the encoder)."""
+        return [None] * self.encoder_convs
+
+    def encode_chunk(self, video: Tensor, cache: DecoderCache) -> Tensor:
+        """Normalised latents (the posterior's mode) of the next chunk of a video encoded as a stream.
+
+        ``video`` ``[B, 3, T, H, W]`` in [-1, 1] is the stream's next chunk: its first frame alone,
+        then 4 frames at a time, which is how the library's one-shot ``encode`` walks a video, so
+        the chunks' latents are the one-shot encode's, one latent frame per chunk.
+        """
+        out = self.vae.encoder(video.to(self.dtype), feat_cache=cache, feat_idx=[0])
+        mode: Tensor = self.vae.quant_conv(out)[:, : self.mean.shape[1]]
+        return (mode.float() - self.mean) / self.std
+
+    def decode_rows(self, latents: Tensor, caches: Sequence[DecoderCache], firsts: Sequence[bool]) -> list[Tensor]:
+        """:meth:`decode` of a batch whose rows may be at their stream's first chunk or past it.
+
+        The rows at their first chunk (``firsts``) decode together, the others together (their
+        caches differ in structure); returns each row's video ``[3, T, H, W]`` in the batch's order.
+        """
+        out: list[Tensor | None] = [None] * len(caches)
+        for first in (True, False):
+            rows = [row for row, flag in enumerate(firsts) if flag == first]
+            if not rows:
+                continue
+            video = self.decode(latents[rows], [caches[row] for row in rows], first=first)
+            for index, row in enumerate(rows):
+                out[row] = video[index]
+        return [video for video in out if video is not None]
 
     def decode(self, latents: Tensor, caches: Sequence[DecoderCache], *, first: bool = False) -> Tensor:
         """Decode ``latents`` ``[B, C, F, h, w]`` (normalised) of B sessions, continuing each cache.

@@ -17,6 +17,7 @@
   const KEY_MAP = {
     KeyW: "W", KeyA: "A", KeyS: "S", KeyD: "D",
     ArrowUp: "W", ArrowLeft: "A", ArrowDown: "S", ArrowRight: "D",
+    KeyZ: "Z", KeyC: "C", // more of a model's own keys (its keys track says which it takes)
   };
   const MOVE_KEYS = ["W", "A", "S", "D"];
   const MAX_PAN = 4; // px per frame, the camera schema's bound
@@ -54,6 +55,9 @@
     forceMedia: null, // "jpeg" after H.264 failed to play here
     frameInChunk: -1, // the frame of its chunk shown last
     camera: { dragging: false, x: 0, y: 0, dx: 0, dy: 0, last: { dx: 0, dy: 0 } },
+    served: null, // the served model's spec (GET /v1/models), known before a world starts
+    startImage: null, // base64 PNG of the chosen start image, at the model's frame size
+    mouse: { dx: 0, dy: 0, last: { yaw: 0, pitch: 0 } }, // pointer-locked movement since the last send
     reconnect: null, // {mode: "resume"|"restart", attempt, deadline, timer} while reconnecting
     resumes: 0,
     restarts: 0,
@@ -77,6 +81,9 @@
     get media() { return state.media; },
     get frameInChunk() { return state.frameInChunk; },
     get kbps() { return meter.kbps; },
+    get allowedKeys() { return modelKeys().keys; },
+    get pointerLocked() { return document.pointerLockElement === canvas; },
+    get startImageReady() { return state.startImage !== null; },
   };
 
   function log(text, kind) {
@@ -133,6 +140,7 @@
     $("model-name").title = message.model.description || "";
     $("weights-warning").hidden = !/random weights/i.test(message.model.description || "");
     renderPresets(message.model.styles || []);
+    renderControls(message.model);
     setStatus("live", role === "host" ? "live" : `live (${role})`);
     notice("");
     if (message.model.description) log(message.model.description);
@@ -211,15 +219,19 @@
   }
 
   function heldKeys() {
-    const all = new Set([...state.held.keys, ...state.held.touch, ...state.held.pad]);
-    return MOVE_KEYS.filter((key) => all.has(key));
+    const { keys, oneAtATime } = modelKeys();
+    const all = [...state.held.keys, ...state.held.touch, ...state.held.pad].filter((key) => keys.includes(key));
+    if (oneAtATime) return all.length ? [all[all.length - 1]] : []; // the latest pressed
+    return keys.filter((key) => all.includes(key));
   }
 
   function sendKeys(at) {
+    if (!modelTrack("keys")) return;
     sendEvent({ controls: [{ track: "keys", schema: "worldserve.keys.v1", data: { held: heldKeys() } }] }, at);
   }
 
   function sendCamera(dx, dy, at) {
+    if (!modelTrack("camera")) return; // a model without a camera pan (one with a mouse track instead)
     const last = state.camera.last;
     if (Math.abs(dx - last.dx) < 0.05 && Math.abs(dy - last.dy) < 0.05) return;
     state.camera.last = { dx, dy };
@@ -286,6 +298,7 @@
       queue: true, // a full server puts this start in line (session.queued) instead of refusing it
     };
     if (started.prompt) message.prompt = started.prompt;
+    if (state.startImage) message.image = state.startImage;
     state.lastSeq = -1;
     return message;
   }
@@ -873,7 +886,7 @@
   document.addEventListener("keydown", (event) => {
     if (typing(event)) return;
     const key = KEY_MAP[event.code];
-    if (key) {
+    if (key && modelKeys().keys.includes(key)) {
       event.preventDefault();
       if (!state.held.keys.has(key)) {
         state.held.keys.add(key);
@@ -904,6 +917,10 @@
   // -- mouse (and touch) drag pans the camera ("grab" the world: it follows the pointer) -----
 
   canvas.addEventListener("pointerdown", (event) => {
+    if (modelTrack("mouse")) { // a mouse model: capture the pointer instead of dragging
+      captureMouse();
+      return;
+    }
     canvas.setPointerCapture(event.pointerId);
     canvas.classList.add("dragging");
     Object.assign(state.camera, { dragging: true, x: event.clientX, y: event.clientY, dx: 0, dy: 0 });
@@ -987,8 +1004,158 @@
     }
     if (dx !== gamepad.camera.dx || dy !== gamepad.camera.dy) {
       gamepad.camera = { dx, dy };
-      if (!state.camera.dragging) sendCamera(dx, dy);
+      if (modelTrack("mouse")) sendMouse(dx / MAX_PAN * MOUSE_TURN_LIMIT, -dy / MAX_PAN * MOUSE_TURN_LIMIT);
+      else if (!state.camera.dragging) sendCamera(dx, dy);
     }
+  }
+
+  // -- the model's own controls: its keys, a captured mouse, a start image ---------------------
+  // A model declares its action space in its spec (docs/protocol.md): the keys its keys track takes
+  // (Matrix-Game's Temple Run: W S Z C A D, one at a time) and a mouse track for a camera turned by the
+  // pointer, captured with pointer lock. An image-to-world model (spec.requires_image) starts from an
+  // image, which the page fits to the model's frame size (centre crop, as Matrix-Game's demo does).
+
+  const MOUSE_INTERVAL_MS = 100;
+  const MOUSE_SENSITIVITY = 0.004; // turn per video frame per pixel per frame (25 px a frame: 0.1, the reference's key turn)
+  const MOUSE_TURN_LIMIT = 1.0; // the mouse schema's bound
+
+  function currentSpec() {
+    return state.spec || state.served;
+  }
+
+  function modelTrack(track) {
+    const spec = currentSpec();
+    if (!spec) return track === "keys" || track === "camera"; // before anything is known: the default model's
+    return (spec.controls || []).find((control) => control.track === track) || null;
+  }
+
+  function modelKeys() {
+    const track = modelTrack("keys");
+    const held = track && track.json_schema && track.json_schema.properties && track.json_schema.properties.held;
+    const keys = held && held.items && held.items.enum ? held.items.enum : MOVE_KEYS;
+    return { keys, oneAtATime: Boolean(held && held.maxItems === 1) };
+  }
+
+  function renderControls(spec) {
+    const mouse = Boolean(modelTrack("mouse"));
+    const { keys, oneAtATime } = modelKeys();
+    const standard = !mouse && keys.join() === MOVE_KEYS.join() && modelTrack("camera");
+    const legend = $("controls-legend");
+    legend.hidden = Boolean(standard);
+    $("default-hint").hidden = !standard;
+    if (standard) return;
+    const keysTrack = modelTrack("keys");
+    legend.replaceChildren();
+    const line = document.createElement("span");
+    line.append("Click the view, then hold ");
+    for (const key of keys) {
+      const kbd = document.createElement("kbd");
+      kbd.textContent = key;
+      kbd.dataset.key = key;
+      line.append(kbd);
+    }
+    line.append(oneAtATime ? " (one at a time)" : "");
+    line.append(mouse ? "; the mouse turns the camera (the click captures it, Esc frees it)." : ".");
+    legend.append(line);
+    if (keysTrack && keysTrack.description) {
+      const meaning = document.createElement("span");
+      meaning.className = "muted";
+      meaning.textContent = ` ${keysTrack.description}`;
+      legend.append(meaning);
+    }
+    canvas.classList.toggle("mouse-look", mouse);
+  }
+
+  function captureMouse() {
+    if (document.pointerLockElement === canvas || !canvas.requestPointerLock) return;
+    const asked = canvas.requestPointerLock();
+    if (asked && asked.catch) asked.catch((error) => log(`mouse capture refused: ${error.message}`, "error"));
+  }
+
+  function sendMouse(yaw, pitch, at) {
+    if (!modelTrack("mouse")) return;
+    const clamp = (v) => Math.max(-MOUSE_TURN_LIMIT, Math.min(MOUSE_TURN_LIMIT, Math.round(v * 1000) / 1000));
+    const turn = { yaw: clamp(yaw), pitch: clamp(pitch) };
+    const last = state.mouse.last;
+    if (turn.yaw === last.yaw && turn.pitch === last.pitch) return;
+    state.mouse.last = turn;
+    sendEvent({ controls: [{ track: "mouse", schema: "worldserve.mouse.v1", data: turn }] }, at);
+  }
+
+  document.addEventListener("mousemove", (event) => {
+    if (document.pointerLockElement !== canvas) return;
+    state.mouse.dx += event.movementX;
+    state.mouse.dy += event.movementY;
+  });
+  document.addEventListener("pointerlockchange", () => {
+    const locked = document.pointerLockElement === canvas;
+    canvas.classList.toggle("captured", locked);
+    if (!locked) sendMouse(0, 0); // freed: stop turning
+  });
+  setInterval(() => {
+    if (document.pointerLockElement !== canvas || !currentSpec()) return;
+    const framesPerInterval = (currentSpec().fps * MOUSE_INTERVAL_MS) / 1000;
+    // Pixels per frame -> the model's turn per frame; right turns right, up looks up.
+    sendMouse(
+      (state.mouse.dx / framesPerInterval) * MOUSE_SENSITIVITY,
+      (-state.mouse.dy / framesPerInterval) * MOUSE_SENSITIVITY,
+    );
+    state.mouse.dx = 0;
+    state.mouse.dy = 0;
+  }, MOUSE_INTERVAL_MS);
+
+  async function learnServedModel() {
+    try {
+      const token = tokenValue();
+      const reply = await fetch("/v1/models", {
+        cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
+      });
+      if (!reply.ok) return;
+      const models = (await reply.json()).data || [];
+      state.served = models[0] || null;
+    } catch (error) {
+      return;
+    }
+    const needed = Boolean(state.served && state.served.requires_image);
+    $("start-image-row").dataset.required = String(needed);
+    $("start-image-label").textContent = needed ? "Start image (this model starts from one)" : "Start image (optional)";
+  }
+
+  // The chosen file, fitted to the model's frame size (centre crop, then scaled), as base64 PNG.
+  function chooseStartImage(file) {
+    state.startImage = null;
+    if (!file) return;
+    const spec = currentSpec();
+    const url = URL.createObjectURL(file);
+    const image = new Image();
+    image.onload = () => {
+      const width = spec ? spec.width : image.naturalWidth;
+      const height = spec ? spec.height : image.naturalHeight;
+      const scale = Math.max(width / image.naturalWidth, height / image.naturalHeight);
+      const cropW = width / scale;
+      const cropH = height / scale;
+      const fit = document.createElement("canvas");
+      fit.width = width;
+      fit.height = height;
+      const g = fit.getContext("2d");
+      g.drawImage(image, (image.naturalWidth - cropW) / 2, (image.naturalHeight - cropH) / 2, cropW, cropH, 0, 0, width, height);
+      state.startImage = fit.toDataURL("image/png").split(",")[1];
+      URL.revokeObjectURL(url);
+      log(`start image ${file.name} fitted to ${width}×${height}`);
+    };
+    image.onerror = () => {
+      URL.revokeObjectURL(url);
+      notice(`${file.name} is not an image this browser can read.`);
+    };
+    image.src = url;
+  }
+
+  // An image-to-world model without a chosen start image: say so here instead of asking the server.
+  function needsStartImage() {
+    if (!(state.served && state.served.requires_image) || state.startImage) return false;
+    notice(`${state.served.name} starts a world from an image: choose a start image first.`, "info");
+    $("start-image").focus();
+    return true;
   }
 
   // -- view tools: fullscreen, figures, help ------------------------------------------------
@@ -1091,7 +1258,7 @@
     notice("");
     if (state.join) {
       connect("join");
-    } else {
+    } else if (!needsStartImage()) {
       state.started = null; // this press's prompt and seed
       connect("start");
     }
@@ -1107,6 +1274,7 @@
   }
   $("share-token").addEventListener("change", () => showShare(state.share));
   $("token").addEventListener("input", () => showShare(state.share));
+  $("start-image").addEventListener("change", (event) => chooseStartImage(event.target.files[0]));
   $("apply-prompt").addEventListener("click", (event) => {
     const prompt = $("prompt").value.trim();
     if (prompt) sendEvent({ prompt }, event.timeStamp);
@@ -1129,6 +1297,7 @@
 
   setStatus("idle", "not connected");
   requestAnimationFrame(play);
+  learnServedModel();
 
   // A share link opens that world at once: ?join=SESSION&token=TOKEN&role=viewer|controller, and the
   // server's token (if the host put it in) in the fragment: #auth=TOKEN.

@@ -1,0 +1,339 @@
+"""The ``matrix-game-2`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
+
+Owns: :class:`MatrixGameModel` and :class:`MatrixGameState`. A session starts from its start
+image (the model is image-to-world: ``spec.requires_image``): the image's CLIP features and its
+per-frame image latents (:mod:`~worldserve.models.matrixgame.image`) are computed once, the caches
+start empty and the first block is generated from noise, as the reference does. A session's state
+is its caches (:class:`~worldserve.models.matrixgame.forward.MatrixCaches`: no sink, the last
+frames' window), its VAE decoder cache, the last 12 video frames' keyboard and mouse actions (the
+next block's windows reach back into them), its noise counter and its image conditioning.
+:meth:`MatrixGameModel.step` runs ONE batched few-step denoise over every session of the batch
+(each at its own frame offset, with its own keys and mouse held for the block), one batched commit
+pass and one batched streaming decode (sessions at their first block decode apart: their first
+latent frame is one video frame, so that chunk's first frame is shown 4 times to keep 12 frames a
+chunk); frames leave the device once per batch. A step that raises leaves every state as it was
+(``atomic_step``), and a step that succeeded can be undone (``can_rollback``: the block's K/V are
+staged, not yet written over the oldest frames, until the next step). Must not know: sessions'
+control plane, engines, transports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.matrixgame.action import action_windows
+from worldserve.models.matrixgame.controls import (
+    KEYS_TRACK,
+    MOUSE_TRACK,
+    keyboard_action,
+    mouse_action,
+    variant_controls,
+)
+from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions, MatrixGameForward
+from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
+from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
+from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.options import (
+    FLOAT32_PARTS,
+    cast_module,
+    option_bool,
+    option_int,
+    option_path,
+    resolve_dtype,
+)
+from worldserve.models.wancausal.rope import FrameRope
+from worldserve.models.wancausal.sampler import commit_block, sample_block
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes
+from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
+
+__all__ = ["MatrixGameModel", "MatrixGameState"]
+
+_MODEL = "matrix-game-2"
+
+
+class MatrixGameState:
+    """One session: caches, decoder cache, image conditioning, the last video frames' actions, noise counter."""
+
+    __slots__ = ("caches", "decoder", "draws", "features", "image", "keyboard", "mouse", "options", "session_id")
+
+    def __init__(
+        self,
+        session_id: str,
+        options: SessionOptions,
+        caches: MatrixCaches,
+        decoder: DecoderCache,
+        image: ImageLatents,
+        features: Tensor,
+    ) -> None:
+        self.session_id = session_id
+        self.options = options
+        self.caches = caches
+        self.decoder = decoder
+        self.image = image
+        self.features = features
+        #: The last 12 video frames' keyboard ``[1, 12, keyboard_dim]`` and mouse ``[1, 12, 2]`` actions
+        #: (None before the first block).
+        self.keyboard: Tensor | None = None
+        self.mouse: Tensor | None = None
+        #: Noise draws so far: the counter of the session's noise (seeded by ``options.seed``).
+        self.draws = 0
+
+    @property
+    def started(self) -> bool:
+        return self.keyboard is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixGameUndo:
+    """What one step changes in a :class:`MatrixGameState`, as it was before (the caches only stage)."""
+
+    decoder: DecoderCache
+    keyboard: Tensor | None
+    mouse: Tensor | None
+    draws: int
+
+
+class MatrixGameModel:
+    """Matrix-Game 2.0 as a world model (see the module docstring).
+
+    Options (all strings from ``--model-option`` work): ``weights`` (a folder of downloads:
+    Skywork/Matrix-Game-2.0 or a FastVideo ``Matrix-Game-2.0-*-Diffusers`` folder), ``checkpoint``,
+    ``vae``, ``image_encoder`` (each part's file or folder, overriding ``weights``), ``variant``
+    (``universal``, ``gta-drive``, ``templerun``; by default the one the checkpoint's shapes say),
+    ``config`` (``tiny``, ``1.3b``; by default the checkpoint's), ``load=dummy`` (random weights;
+    the default only for ``tiny``), ``vae=random`` / ``image_encoder=random`` (run a trained
+    checkpoint without its VAE / image encoder), ``device``, ``dtype`` (``auto``: bfloat16 on CUDA,
+    else float32), ``window`` (committed latent frames the attention sees; the variant's by default),
+    ``max_batch_size``, ``seed`` (of dummy weights), ``threads``, ``compile`` (1: ``torch.compile``
+    the transformer blocks' dense parts), ``attention`` (``batched``, or ``loop``: the per-session
+    reference), ``rollback`` (0: no cancel of a chunk in flight).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: str | None = None,
+        variant: str | None = None,
+        weights: str | Path | None = None,
+        checkpoint: str | Path | None = None,
+        vae: str | Path | None = None,
+        image_encoder: str | Path | None = None,
+        load: str | None = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        window: int | str | None = None,
+        max_batch_size: int | str = 8,
+        seed: int | str = 0,
+        threads: int | str | None = None,
+        compile: int | str | bool | None = None,
+        attention: str = "batched",
+        rollback: int | str | bool | None = None,
+    ) -> None:
+        threads_count = option_int(threads, _MODEL, "threads")
+        if threads_count is not None:
+            torch.set_num_threads(threads_count)
+        self.device = torch.device(device)
+        precision, self.dtype = resolve_dtype(dtype, self.device, _MODEL)
+        options = MatrixWeightOptions(
+            config=config,
+            variant=variant,
+            weights=option_path(weights),
+            checkpoint=option_path(checkpoint),
+            vae=option_path(vae),
+            image_encoder=option_path(image_encoder),
+            load=load,
+            window=option_int(window, _MODEL, "window"),
+        )
+        loaded = load_matrix(options, self.device, option_int(seed, _MODEL, "seed") or 0)
+        self.loaded = loaded
+        self.config = cfg = loaded.config
+        self.variant = loaded.variant
+        cast_module(loaded.transformer, self.dtype, FLOAT32_PARTS)
+        cast_module(loaded.vae, self.dtype)
+        cast_module(loaded.image_encoder, self.dtype)
+        for module in (loaded.transformer, loaded.vae, loaded.image_encoder):
+            module.to(self.device).eval().requires_grad_(False)
+        self.forward = MatrixGameForward(
+            loaded.transformer, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
+        )
+        self.vae = VaeStream(loaded.vae)
+        self.encoder = ImageEncoder(loaded.image_encoder, cfg.clip)
+        self.rope = FrameRope(cfg.wan, self.device)
+        wan = cfg.wan
+        dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
+        self.decoder_cache_bytes = decoder_cache_bytes(wan, dtype_bytes)
+        image_bytes = 4 * MAX_IMAGE_FRAMES * wan.latent_channels * wan.latent_height * wan.latent_width
+        features_bytes = cfg.clip.tokens * cfg.clip.dim * dtype_bytes
+        history_bytes = 4 * cfg.action.window_frames * (cfg.action.keyboard_dim + cfg.action.mouse_dim)
+        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + image_bytes + features_bytes
+        state_bytes += history_bytes + 4096
+        batch_limit = option_int(max_batch_size, _MODEL, "max_batch_size")
+        assert batch_limit is not None
+        rollback_on = option_bool(rollback, _MODEL, "rollback")
+        controls = variant_controls(self.variant)
+        self._spec = ModelSpec(
+            name=_MODEL,
+            frames_per_chunk=wan.video_frames_per_block,
+            fps=wan.fps,
+            height=wan.height,
+            width=wan.width,
+            controls=controls,
+            max_batch_size=batch_limit,
+            state_bytes=state_bytes,
+            description=self._describe(),
+            atomic_step=True,
+            version=loaded.version,
+            precision=precision,
+            continuous_tracks=tuple(c.track for c in controls if c.track in (KEYS_TRACK, MOUSE_TRACK)),
+            can_rollback=rollback_on is not False,
+            requires_image=True,
+        )
+
+    def _describe(self) -> str:
+        cfg, loaded = self.config, self.loaded
+        source = loaded.sources.get("transformer")
+        weights = (
+            "RANDOM WEIGHTS (load=dummy): frames are noise-like, for throughput work"
+            if source is None
+            else f"checkpoint weights ({source.name})"
+        )
+        parts = [
+            f"{weights}. {self.variant.title} (config {cfg.name}: {cfg.wan.num_layers} Wan blocks, "
+            f"action modules in {len(cfg.action.layers)}), image-to-world from a start image, KV cache of "
+            f"{cfg.wan.window_frames} latent frames + the block's {cfg.wan.block_frames} (no sink), "
+            f"{len(cfg.wan.denoising_steps)}-step sampler; no text encoder (prompts are ignored)",
+        ]
+        if "vae" not in loaded.sources:
+            parts.append("VAE: random weights" + ("" if loaded.dummy else " (vae=random)"))
+        if "image_encoder" not in loaded.sources:
+            parts.append("image encoder: random weights" + ("" if loaded.dummy else " (image_encoder=random)"))
+        return "; ".join(parts) + "."
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    @torch.no_grad()
+    def new_state(self, session_id: str, options: SessionOptions) -> MatrixGameState:
+        options.check_image(self._spec)
+        assert options.image is not None
+        cfg = self.config
+        frame = np.frombuffer(options.image, dtype=np.uint8).reshape(cfg.wan.height, cfg.wan.width, 3)
+        pixels = torch.from_numpy(frame.copy()).to(self.device).permute(2, 0, 1)[None].float() / 127.5 - 1.0
+        image = encode_image_latents(self.vae, pixels, cfg)
+        features = self.encoder(pixels)
+        caches = MatrixCaches(cfg, self.device, self.dtype)
+        return MatrixGameState(session_id, options, caches, self.vae.new_cache(), image, features)
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+        if not batch:
+            return []
+        if len(batch) > self._spec.max_batch_size:
+            raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
+        wan, action = self.config.wan, self.config.action
+        states: list[MatrixGameState] = []
+        for state, _ in batch:
+            if not isinstance(state, MatrixGameState):
+                raise TypeError(f"matrix-game-2 got a foreign state: {type(state).__name__}")
+            states.append(state)
+        block = wan.block_frames
+        span = action.window_frames
+        video = action.frames_per_latent * block
+        # Each session's keys and mouse, held for every video frame of the block; the windows reach back
+        # into the last block's (a first block's into copies of its own first action, the reference's padding).
+        keys = torch.tensor([keyboard_action(tick.controls, self.variant) for _, tick in batch])
+        mice = torch.tensor([mouse_action(tick.controls) for _, tick in batch])
+        keys_block = keys[:, None].expand(-1, video, -1)
+        mice_block = mice[:, None].expand(-1, video, -1)
+        keys_history = torch.cat(
+            [
+                s.keyboard if s.keyboard is not None else keys_block[r : r + 1, :1].expand(1, span, -1)
+                for r, s in enumerate(states)
+            ]
+        )
+        mice_history = torch.cat(
+            [
+                s.mouse if s.mouse is not None else mice_block[r : r + 1, :1].expand(1, span, -1)
+                for r, s in enumerate(states)
+            ]
+        )
+        keyboard_windows = action_windows(keys_history, keys_block, action).to(self.device, non_blocking=True)
+        mouse_windows = (
+            action_windows(mice_history, mice_block, action).to(self.device, non_blocking=True)
+            if action.mouse
+            else None
+        )
+        kv = MatrixBatchKV([state.caches for state in states])  # keeps the blocks the last steps staged
+        offsets = tuple(state.caches.next_frame for state in states)
+        conditions = MatrixConditions(
+            image_latents=torch.cat(
+                [state.image.frames(offset, block) for state, offset in zip(states, offsets, strict=True)]
+            ),
+            keyboard=keyboard_windows,
+            mouse=mouse_windows,
+            offsets=offsets,
+        )
+        features = torch.cat([state.features for state in states])
+        rope = self.rope(list(offsets), block)
+        shape = (wan.latent_channels, block, wan.latent_height, wan.latent_width)
+        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
+            self.device, non_blocking=True
+        )
+        drawn = 0
+
+        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
+            nonlocal drawn
+            drawn += 1
+            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
+
+        # Atomic: until every pass and the decode have succeeded nothing a state keeps changes (the commit
+        # pass's K/V wait in the batch view; the decode advances copies of the decoder caches).
+        clean = sample_block(self.forward, kv, noise, features, conditions, rope, wan)
+        commit_block(self.forward, kv, clean, features, conditions, rope, wan, keep=False)
+        decoders = [list(state.decoder) for state in states]
+        firsts = [not state.started for state in states]
+        videos = self.vae.decode_rows(clean, decoders, firsts)
+        # A first block's first latent frame is one video frame: show it 4 times (12 frames a chunk).
+        full = [torch.cat([v[:, :1].expand(-1, video - v.shape[1], -1, -1), v], dim=1) for v in videos]
+        frames = ((torch.stack(full).float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        kv.commit()  # staged: kept by the next step's batch view, dropped by a rollback
+        for row, state in enumerate(states):
+            state.decoder = decoders[row]
+            state.draws += drawn
+            state.keyboard = torch.cat([keys_history[row : row + 1], keys_block[row : row + 1]], 1)[:, -span:]
+            state.mouse = torch.cat([mice_history[row : row + 1], mice_block[row : row + 1]], 1)[:, -span:]
+        return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]
+
+    def snapshot(self, state: Any) -> MatrixGameUndo:
+        """What the next step of ``state`` will change, as it is now: a few references, no tensor copies (the
+        caches keep any block staged by the last step now, and the next one only stages)."""
+        if not isinstance(state, MatrixGameState):
+            raise TypeError(f"matrix-game-2 got a foreign state: {type(state).__name__}")
+        state.caches.flush()
+        return MatrixGameUndo(state.decoder, state.keyboard, state.mouse, state.draws)
+
+    def restore(self, state: Any, snapshot: Any) -> MatrixGameState:
+        """Undo the step taken since ``snapshot``: the state is as it was before it."""
+        if not isinstance(state, MatrixGameState) or not isinstance(snapshot, MatrixGameUndo):
+            raise TypeError("matrix-game-2 got a foreign state or snapshot.")
+        state.caches.unstage()
+        state.decoder = snapshot.decoder
+        state.keyboard = snapshot.keyboard
+        state.mouse = snapshot.mouse
+        state.draws = snapshot.draws
+        return state
+
+    def release(self, state: Any) -> None:
+        if isinstance(state, MatrixGameState):
+            state.caches.clear()
+            state.decoder.clear()

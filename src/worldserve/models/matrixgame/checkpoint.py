@@ -1,0 +1,363 @@
+"""Matrix-Game 2.0's transformer as published -> the model; the variant and size read from its shapes.
+
+Owns: :func:`original_layout` (every parameter of the reference's ``CausalWanModel`` by its
+original name: ``patch_embedding``, ``time_embedding.0/2``, ``time_projection.1``,
+``img_emb.proj.0/1/3/4``, ``blocks.N.self_attn.*``, ``blocks.N.cross_attn.*``, ``blocks.N.norm3``,
+``blocks.N.ffn.0/2``, ``blocks.N.modulation``, ``blocks.N.action_model.*``, ``head.head``,
+``head.modulation``; Skywork saves it with a ``model.`` prefix), :class:`MatrixTransformerState`
+and :func:`read_matrix_transformer` (a checkpoint in the original layout, converted key by key by
+diffusers' own ``convert_wan_transformer_to_diffusers``, which maps ``img_emb`` to the image
+embedder and leaves ``action_model`` as it is; or in the Diffusers layout of FastVideo's folders,
+:func:`model_key` also taking ``patch_embedding.proj`` and FastVideo's own module names, ``to_q``,
+``ffn.fc_in``, ``time_modulation``, ...), :func:`shape_facts` and :func:`detect` (the variant
+from the keyboard's width and whether there is a mouse branch: 4 + mouse universal, 2 + mouse GTA,
+7 without Temple Run; the size from the width; the blocks that carry action modules; the context
+from the ``local_attn_size`` of a ``config.json`` beside the weights), and :func:`load_published`
+(``weights=DIR`` / ``checkpoint=`` ... -> a :class:`LoadedMatrix`, every part loaded strictly;
+errors name the user's key, file and both shapes). Must not know: sessions, the sampler, caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from worldserve.models.matrixgame.clipweights import load_image_encoder_weights
+from worldserve.models.matrixgame.config import (
+    SIZES,
+    VARIANTS,
+    MatrixGameConfig,
+    Variant,
+    get_variant,
+    matrix_config,
+)
+from worldserve.models.matrixgame.files import PUBLISHED, MatrixParts, find_matrix_parts
+from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
+from worldserve.models.wancausal.checkpoint import diffusers_name
+from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_json, read_tensors
+from worldserve.models.wancausal.vaeweights import load_vae_weights
+
+__all__ = [
+    "MatrixTransformerState",
+    "ShapeFacts",
+    "detect",
+    "is_diffusers_layout",
+    "load_published",
+    "model_key",
+    "original_layout",
+    "read_matrix_transformer",
+    "shape_facts",
+]
+
+_BLOCK = re.compile(r"blocks\.(\d+)\.")
+#: FastVideo's own module names (what its ``param_names_mapping`` turns the Diffusers names into, and what
+#: its local converter writes) -> the Diffusers layout's.
+_FASTVIDEO_NAMES = (
+    (re.compile(r"^patch_embedding\.proj\."), "patch_embedding."),
+    (re.compile(r"^condition_embedder\.time_embedder\.mlp\.fc_in\."), "condition_embedder.time_embedder.linear_1."),
+    (re.compile(r"^condition_embedder\.time_embedder\.mlp\.fc_out\."), "condition_embedder.time_embedder.linear_2."),
+    (re.compile(r"^condition_embedder\.time_modulation\.linear\."), "condition_embedder.time_proj."),
+    (
+        re.compile(r"^condition_embedder\.image_embedder\.ff\.fc_in\."),
+        "condition_embedder.image_embedder.ff.net.0.proj.",
+    ),
+    (re.compile(r"^condition_embedder\.image_embedder\.ff\.fc_out\."), "condition_embedder.image_embedder.ff.net.2."),
+    (re.compile(r"^(blocks\.\d+)\.to_(q|k|v)\."), r"\1.attn1.to_\2."),
+    (re.compile(r"^(blocks\.\d+)\.to_out\."), r"\1.attn1.to_out.0."),
+    (re.compile(r"^(blocks\.\d+)\.norm_(q|k)\."), r"\1.attn1.norm_\2."),
+    (re.compile(r"^(blocks\.\d+)\.attn2\.to_out\.(?!0\.)"), r"\1.attn2.to_out.0."),
+    (re.compile(r"^(blocks\.\d+)\.ffn\.fc_in\."), r"\1.ffn.net.0.proj."),
+    (re.compile(r"^(blocks\.\d+)\.ffn\.fc_out\."), r"\1.ffn.net.2."),
+    (re.compile(r"^(blocks\.\d+)\.self_attn_residual_norm\.norm\."), r"\1.norm2."),
+)
+_KEYBOARD = re.compile(r"blocks\.(\d+)\.action_model\.keyboard_embed\.0\.weight")
+_DIFFUSERS_MARKERS = ("condition_embedder.", "proj_out.", "scale_shift_table")
+
+
+def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the reference's ``CausalWanModel`` of ``config`` by its original name."""
+    wan, a = config.wan, config.action
+    d, f, c = wan.dim, wan.ffn_dim, wan.latent_channels
+    p_t, p_h, p_w = wan.patch
+    image = config.clip.dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, config.in_channels, p_t, p_h, p_w),
+        "patch_embedding.bias": (d,),
+        "time_embedding.0.weight": (d, wan.freq_dim),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+        "img_emb.proj.0.weight": (image,),
+        "img_emb.proj.0.bias": (image,),
+        "img_emb.proj.1.weight": (image, image),
+        "img_emb.proj.1.bias": (image,),
+        "img_emb.proj.3.weight": (d, image),
+        "img_emb.proj.3.bias": (d,),
+        "img_emb.proj.4.weight": (d,),
+        "img_emb.proj.4.bias": (d,),
+        "head.modulation": (1, 2, d),
+        "head.head.weight": (p_t * p_h * p_w * c, d),
+        "head.head.bias": (p_t * p_h * p_w * c,),
+    }
+    span = a.window_frames
+    for i in range(wan.num_layers):
+        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in "qkvo":
+                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
+                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
+            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
+        shapes[f"blocks.{i}.norm3.weight"] = (d,)
+        shapes[f"blocks.{i}.norm3.bias"] = (d,)
+        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
+        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
+        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
+        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+        if i not in a.layers:
+            continue
+        p = f"blocks.{i}.action_model."
+        e, k, head = a.keyboard_embed_dim, a.keyboard_hidden, a.head_dim
+        shapes[p + "keyboard_embed.0.weight"] = (e, a.keyboard_dim)
+        shapes[p + "keyboard_embed.0.bias"] = (e,)
+        shapes[p + "keyboard_embed.2.weight"] = (e, e)
+        shapes[p + "keyboard_embed.2.bias"] = (e,)
+        if a.mouse:
+            m = a.mouse_hidden
+            shapes[p + "mouse_mlp.0.weight"] = (m, a.mouse_dim * span + d)
+            shapes[p + "mouse_mlp.0.bias"] = (m,)
+            shapes[p + "mouse_mlp.2.weight"] = (m, m)
+            shapes[p + "mouse_mlp.2.bias"] = (m,)
+            shapes[p + "mouse_mlp.3.weight"] = (m,)
+            shapes[p + "mouse_mlp.3.bias"] = (m,)
+            shapes[p + "t_qkv.weight"] = (3 * m, m)
+            shapes[p + "img_attn_q_norm.weight"] = (head,)
+            shapes[p + "img_attn_k_norm.weight"] = (head,)
+            shapes[p + "proj_mouse.weight"] = (d, m)
+        shapes[p + "key_attn_q_norm.weight"] = (head,)
+        shapes[p + "key_attn_k_norm.weight"] = (head,)
+        shapes[p + "mouse_attn_q.weight"] = (k, d)
+        shapes[p + "keyboard_attn_kv.weight"] = (2 * k, e * span)
+        shapes[p + "proj_keyboard.weight"] = (d, k)
+    return shapes
+
+
+@dataclass(slots=True)
+class MatrixTransformerState:
+    """A transformer checkpoint in the model's (Diffusers layout) names, remembering the user's names."""
+
+    tensors: dict[str, Tensor]
+    #: model name -> the name in the user's file
+    user_names: dict[str, str]
+    source: str
+    layout: str  # "original" or "diffusers"
+    #: The config.json beside the weights (the reference's distilled_model/*/config.json, or Diffusers'), if any.
+    file_config: dict[str, object] | None = None
+
+    def user_name(self, key: str) -> str:
+        return self.user_names.get(key, key)
+
+
+def is_diffusers_layout(keys: Mapping[str, object]) -> bool:
+    return any(k.startswith(_DIFFUSERS_MARKERS) or ".attn1." in k or ".to_q." in k for k in keys)
+
+
+def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
+    """A transformer checkpoint file (``model.``-prefixed or not), or a Diffusers ``transformer/`` folder."""
+    path = Path(path)
+    raw = read_tensors(path)
+    tensors: dict[str, Tensor] = {}
+    names: dict[str, str] = {}
+    layout = "diffusers" if is_diffusers_layout(raw) else "original"
+    for key, value in raw.items():
+        target = model_key(key) if layout == "diffusers" else diffusers_name(key)
+        if target in tensors:
+            raise WeightsError(f"{path}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
+        tensors[target] = value
+        names[target] = key
+    config_file = (path / "config.json") if path.is_dir() else path.parent / "config.json"
+    file_config = read_json(config_file) if config_file.exists() else None
+    return MatrixTransformerState(tensors, names, str(path), layout, file_config)
+
+
+def model_key(key: str) -> str:
+    """A Diffusers-layout key as the model names it: FastVideo's own names (``to_q``, ``ffn.fc_in``,
+    ``patch_embedding.proj``, ...) mapped back; the Diffusers names as they are."""
+    for pattern, replacement in _FASTVIDEO_NAMES:
+        if pattern.search(key):
+            return pattern.sub(replacement, key, count=1)
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeFacts:
+    """What a transformer's shapes say (names in the Diffusers layout)."""
+
+    dim: int
+    in_channels: int
+    layers: int
+    keyboard_dim: int | None
+    mouse: bool
+    action_layers: tuple[int, ...]
+    #: The key the keyboard width was read from, as the user's file names it.
+    keyboard_key: str | None
+
+
+def shape_facts(shapes: Mapping[str, tuple[int, ...]], user_name: Mapping[str, str] | None = None) -> ShapeFacts:
+    """Width, input channels, layers, the keyboard's width, the mouse branch and the action blocks."""
+    names = user_name or {}
+    patch = shapes.get("patch_embedding.weight")
+    if patch is None or len(patch) != 5:
+        raise WeightsError(
+            "not a Matrix-Game 2.0 transformer: no patch_embedding.weight of 5 dimensions "
+            f"(keys start: {sorted(names.get(k, k) for k in shapes)[:6]})."
+        )
+    keyboard = sorted((int(m.group(1)), k) for k in shapes if (m := _KEYBOARD.fullmatch(k)))
+    action_layers = tuple(sorted({int(m.group(1)) for k in shapes if ".action_model." in k and (m := _BLOCK.match(k))}))
+    return ShapeFacts(
+        dim=int(patch[0]),
+        in_channels=int(patch[1]),
+        layers=len({int(m.group(1)) for k in shapes if (m := _BLOCK.match(k))}),
+        keyboard_dim=int(shapes[keyboard[0][1]][1]) if keyboard else None,
+        mouse=any(".action_model.t_qkv." in k or ".action_model.mouse_mlp." in k for k in shapes),
+        action_layers=action_layers,
+        keyboard_key=names.get(keyboard[0][1], keyboard[0][1]) if keyboard else None,
+    )
+
+
+def variant_of(facts: ShapeFacts, where: str) -> Variant:
+    """The released variant these shapes are (keyboard width 4/2/7, mouse or not), else an error saying so."""
+    for variant in VARIANTS.values():
+        if variant.keyboard_dim == facts.keyboard_dim and variant.mouse == facts.mouse:
+            return variant
+    released = "; ".join(
+        f"{v.name}: keyboard {v.keyboard_dim}{' + mouse' if v.mouse else ', no mouse'}" for v in VARIANTS.values()
+    )
+    if facts.keyboard_dim is None:
+        found = "no action modules (no blocks.N.action_model.keyboard_embed.0.weight)"
+    else:
+        found = (
+            f"keyboard width {facts.keyboard_dim} ({facts.keyboard_key}){' + mouse' if facts.mouse else ', no mouse'}"
+        )
+    raise WeightsError(
+        f"{where}: a Matrix-Game 2.0 transformer with {found} is none of the released variants ({released})."
+    )
+
+
+def detect(
+    state: MatrixTransformerState, asked_variant: str | None, asked_size: str | None, window: int | None
+) -> MatrixGameConfig:
+    """The configuration the checkpoint's shapes name (size, variant, action blocks; context from its config.json)."""
+    shapes = {k: tuple(v.shape) for k, v in state.tensors.items()}
+    facts = shape_facts(shapes, state.user_names)
+    variant = variant_of(facts, state.source)
+    if asked_variant is not None and get_variant(asked_variant).name != variant.name:
+        raise WeightsError(
+            f"{state.source}: variant={asked_variant} was asked for, but the checkpoint's shapes are the "
+            f"{variant.name} variant's (keyboard width {facts.keyboard_dim}, {facts.keyboard_key}; "
+            f"{'a' if facts.mouse else 'no'} mouse branch)."
+        )
+    sizes = [name for name, (wan, _, _) in SIZES.items() if wan.dim == facts.dim]
+    size = asked_size or (sizes[0] if sizes else None)
+    if size is None:
+        known = ", ".join(f"{name}: dim {wan.dim}" for name, (wan, _, _) in SIZES.items())
+        raise WeightsError(f"{state.source}: a transformer of width {facts.dim} matches no known config ({known}).")
+    local = state.file_config.get("local_attn_size") if state.file_config else None
+    if window is None and isinstance(local, int) and local > 3:
+        window = local - 3  # the file's context: local_attn_size frames, the block's own 3 included
+    config = matrix_config(size, variant, window=window)
+    if facts.action_layers and facts.action_layers != config.action.layers:
+        config = replace(config, action=replace(config.action, layers=facts.action_layers))
+    return config
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def _resolve(options: MatrixWeightOptions) -> MatrixParts:
+    parts = find_matrix_parts(options.weights, options.variant) if options.weights is not None else MatrixParts()
+    for part in ("checkpoint", "vae", "image_encoder"):
+        value = getattr(options, part)
+        if value is None or value == "random":
+            continue
+        setattr(parts, "transformer" if part == "checkpoint" else part, Path(value))
+    if options.vae == "random":
+        parts.vae = None
+    if options.image_encoder == "random":
+        parts.image_encoder = None
+    if parts.transformer is None:
+        names = ", ".join(name for name, (part, _) in PUBLISHED.items() if part == "transformer")
+        raise WeightsError(
+            f"weights={options.weights}: no Matrix-Game 2.0 transformer under it by a published name ({names}); "
+            "pass checkpoint=PATH."
+        )
+    return parts
+
+
+def load_published(options: MatrixWeightOptions, device: torch.device, seed: int) -> LoadedMatrix:
+    """The published parts (``weights=DIR`` and/or per-part paths), built and loaded strictly."""
+    parts = _resolve(options)
+    assert parts.transformer is not None
+    state = read_matrix_transformer(parts.transformer)
+    config = detect(state, options.variant, options.config, options.window)
+    variant = get_variant(config.variant)
+    if parts.vae is None and options.vae != "random":
+        raise WeightsError(
+            f"{parts.transformer}: a trained checkpoint needs its VAE: vae=PATH (Wan2.1_VAE.pth, or a Diffusers vae/ "
+            "folder), or weights=DIR holding it; vae=random decodes with random weights instead."
+        )
+    if parts.image_encoder is None and options.image_encoder != "random":
+        raise WeightsError(
+            f"{parts.transformer}: a trained checkpoint needs its image encoder: image_encoder=PATH "
+            "(models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth, or a Diffusers image_encoder/ folder), or "
+            "weights=DIR holding it; image_encoder=random runs it on random image features instead."
+        )
+    transformer, vae, encoder = build_random(config, device, seed)
+    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    names = dict(state.user_names)
+    if state.layout == "original":  # a key the file lacks is named as the reference names it
+        for original in original_layout(config):
+            names.setdefault(diffusers_name(original), original)
+    check_shapes(
+        state.tensors,
+        expected,
+        where=state.source,
+        part=f"transformer ({state.layout} layout, config {config.name}, {variant.name})",
+        user_name=lambda key: names.get(key, key),
+    )
+    with torch.no_grad():
+        transformer.load_state_dict(state.tensors, strict=True)
+    sources = {"transformer": parts.transformer}
+    layouts = {"transformer": state.layout}
+    if parts.vae is not None:
+        layouts["vae"] = load_vae_weights(parts.vae, vae, config.wan)
+        sources["vae"] = parts.vae
+    if parts.image_encoder is not None:
+        layouts["image_encoder"] = load_image_encoder_weights(parts.image_encoder, encoder, config.name)
+        sources["image_encoder"] = parts.image_encoder
+    return LoadedMatrix(
+        config=config,
+        variant=variant,
+        transformer=transformer,
+        vae=vae,
+        image_encoder=encoder,
+        dummy=False,
+        version=f"{config.name}:{variant.name}:sha256:{_digest(parts.transformer)}",
+        sources=sources,
+        layouts=layouts,
+    )
