@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -342,7 +343,7 @@ async def test_several_sessions_end_to_end_through_the_runtime() -> None:
             await rt.close_session(session.session_id)
 
 
-async def test_sessions_through_the_real_server_and_client() -> None:
+async def test_sessions_through_the_real_server_and_client(tmp_path: Path) -> None:
     import json
     import urllib.request
 
@@ -350,8 +351,9 @@ async def test_sessions_through_the_real_server_and_client() -> None:
     from worldserve.client import WorldClient, keys
 
     server = start_server(
-        "--model", "wan-causal", "--model-option", "config=tiny", "--threads-per-worker", "1", timeout=120.0
-    )
+        "--model", "wan-causal", "--model-option", "config=tiny", "--threads-per-worker", "1",
+        "--record-dir", str(tmp_path), timeout=120.0,
+    )  # fmt: skip
     try:
         with urllib.request.urlopen(f"{server.http}/v1/models", timeout=10) as response:  # noqa: ASYNC210
             models = json.loads(response.read())["data"]
@@ -361,7 +363,7 @@ async def test_sessions_through_the_real_server_and_client() -> None:
             await first.start(prompt="islands", seed=1)
             info = await second.start(prompt="desert", seed=2, model="wan-causal")
             assert "prompt_transition" in {c["track"] for c in info.model["controls"]}
-            await second.send_event(prompt="desert dunes", transition_chunks=2)  # blended over 2 chunks
+            await second.send_event(prompt="desert dunes", transition_chunks=2)  # over 2 chunks, vllm-omni's way
             event = await second.send_event(controls=[keys("A")])
             a = [await first.next_chunk(timeout=60) for _ in range(2)]
             b = [await second.next_chunk(timeout=60) for _ in range(2)]
@@ -372,6 +374,12 @@ async def test_sessions_through_the_real_server_and_client() -> None:
                 b.append(await second.next_chunk(timeout=60))
             await first.close()
             await second.close()
+        # The journal holds what the model was given: transition_chunks 2 -> the track's {chunks: 1}
+        # (one blended block, then the new prompt alone: k/2 at the k-th, as vllm-omni counts).
+        lines = [json.loads(line) for line in (tmp_path / f"{info.session_id}.jsonl").read_text().splitlines()]
+        given = [c["data"] for line in lines if line["type"] == "chunk" for c in line["controls"]]
+        assert {"chunks": 1} in given
+        assert {"chunks": 2} not in given
     finally:
         server.stop()
 

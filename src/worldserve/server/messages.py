@@ -194,8 +194,9 @@ class InputEvent(_ClientMessage):
             ge=0,
             le=1024,
             description=(
-                "With a prompt: blend the change over this many chunks (0: at once). Carried to the model as "
-                "the prompt_transition control; a model that does not declare that track refuses it."
+                "With a prompt: blend the change over this many chunks, the k-th k/N of the way, the N-th the "
+                "new prompt alone (vllm-omni's transition_chunks; 0 or 1: at once). Carried to the model as the "
+                "prompt_transition control {chunks: N - 1}; a model that does not declare that track refuses it."
             ),
         ),
     ] = None

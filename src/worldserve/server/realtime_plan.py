@@ -42,7 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worldserve.models.base import ModelSpec, SpecControlValidator
-from worldserve.protocol import ControlInput
+from worldserve.protocol import (
+    PROMPT_TRANSITION_SCHEMA_NAME,
+    PROMPT_TRANSITION_TRACK,
+    ControlInput,
+    prompt_transition_control,
+)
 
 __all__ = [
     "CAMERA_SCHEMA",
@@ -64,7 +69,7 @@ PX_PER_UNIT = 40.0
 DEFAULT_PROMPT_TRANSITION_CHUNKS = 3
 DEFAULT_CAMERA_TRANSITION_CHUNKS = 1
 CAMERA_TRACK, CAMERA_SCHEMA = "camera", "worldserve.camera.v1"
-TRANSITION_TRACK, TRANSITION_SCHEMA = "prompt_transition", "worldserve.prompt_transition.v1"
+TRANSITION_TRACK, TRANSITION_SCHEMA = PROMPT_TRANSITION_TRACK, PROMPT_TRANSITION_SCHEMA_NAME
 _EPSILON = 1e-9
 
 
@@ -383,7 +388,7 @@ def _prompt_chunks(transition_chunks: int | None) -> int:
 
 def _transition_control(chunks: int) -> ControlInput:
     """vllm-omni's ``chunks``-chunk transition as the track's control (see the module docstring)."""
-    return ControlInput(TRANSITION_TRACK, TRANSITION_SCHEMA, {"chunks": max(0, chunks - 1)})
+    return prompt_transition_control(chunks)
 
 
 def _camera_control(dx: float, dy: float) -> ControlInput:
