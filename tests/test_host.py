@@ -206,6 +206,37 @@ async def test_a_world_is_in_use_while_a_connected_member_plays_and_not_once_all
     assert len(backend.in_use) == marks  # a closed world marks nothing
 
 
+async def test_a_shutdown_while_a_close_releases_the_world_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """session.stop (or close) and the server's stop can meet: the second release finds the session
+    gone (SessionStateError) and says nothing; the world still ends for its members."""
+    from worldserve.session import SessionStateError
+
+    host, backend = _world()
+    outlet = _Outlet()
+    owner = host.attach_host(outlet)
+    host.start()
+    await _chunks(outlet, 1)
+    releasing = asyncio.Event()
+    calls: list[str] = []
+
+    async def close_session(session_id: str) -> None:
+        calls.append(session_id)
+        if len(calls) == 1:
+            await releasing.wait()  # the first release is still in flight ...
+        else:
+            raise SessionStateError(f"session {session_id!r} does not exist.")  # ... when the second comes
+
+    backend.close_session = close_session  # type: ignore[method-assign]
+    closing = asyncio.ensure_future(host.close("closed", requester=owner, message_id="m1"))
+    await asyncio.sleep(0)
+    await host.shutdown("shutdown")
+    releasing.set()
+    await closing
+    assert calls == ["s1", "s1"]
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
+    assert host.closed
+
+
 async def test_a_member_that_acks_without_reading_is_held_by_what_is_unwritten() -> None:
     host, _ = _world(max_lag_chunks=2)
     a, v = _Outlet(), _Outlet(backlog=2)

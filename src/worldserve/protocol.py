@@ -29,6 +29,7 @@ __all__ = [
     "freeze_transport_value",
     "parse_chunk_envelope",
     "prompt_transition_control",
+    "transition_chunks_control",
     "thaw_transport_value",
 ]
 
@@ -341,15 +342,18 @@ class ControlInput:
 _CONTROL_KEYS = frozenset({"track", "schema", "data"})
 
 
-def prompt_transition_control(transition_chunks: int) -> ControlInput:
+def prompt_transition_control(chunks: int) -> ControlInput:
+    """The ``prompt_transition`` control: the event's prompt change blends over ``chunks`` chunks
+    before the one with the new prompt alone (the k-th ``k / (chunks + 1)`` of the way)."""
+    return ControlInput(PROMPT_TRANSITION_TRACK, PROMPT_TRANSITION_SCHEMA_NAME, {"chunks": chunks})
+
+
+def transition_chunks_control(transition_chunks: int) -> ControlInput:
     """The ``prompt_transition`` control for a wire ``transition_chunks`` (vllm-omni's meaning, on
-    both of the server's routes): the change blends over ``N`` chunks, the k-th ``k / N`` of the
-    way, so the N-th has the new prompt alone (0 and 1: at once). The track's ``{"chunks": M}``
-    counts the blended chunks *before* the one with the new prompt alone (the k-th ``k / (M + 1)``
-    of the way), so ``N`` is sent as ``M = N - 1``: the same weights, chunk for chunk."""
-    return ControlInput(
-        PROMPT_TRANSITION_TRACK, PROMPT_TRANSITION_SCHEMA_NAME, {"chunks": max(0, transition_chunks - 1)}
-    )
+    both of the server's routes): the change takes ``N`` chunks, the k-th ``k / N`` of the way,
+    the N-th with the new prompt alone (0 and 1: at once). The track counts the blended chunks
+    before that one, so ``N`` is sent as ``N - 1``: the same weights, chunk for chunk."""
+    return prompt_transition_control(max(0, transition_chunks - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.errors import AdmissionRefusedError, ErrorCode
 from worldserve.media import FrameEncoding
-from worldserve.protocol import ControlInput, prompt_transition_control
+from worldserve.protocol import ControlInput, transition_chunks_control
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
 from worldserve.server.encoding import decode_start_image
@@ -543,7 +543,7 @@ class Connection:
                     raise ValueError(
                         "transition_chunks goes with the prompt change it blends; this event has no prompt."
                     )
-                controls.append(prompt_transition_control(message.transition_chunks))
+                controls.append(transition_chunks_control(message.transition_chunks))
             event = SessionEvent(event_id=message.event_id, prompt=message.prompt, controls=tuple(controls))
         except ValueError as error:
             await self._error(ErrorCode.INVALID_MESSAGE, str(error), message_id=message.id, event_id=message.event_id)

@@ -458,6 +458,8 @@ class WorldHost:
             self._report_lost(failure)
         try:
             await self._backend.close_session(self.session_id)
+        except SessionStateError:
+            pass  # already closed: a close in progress (session.close, session.stop) got there first
         except Exception:
             log.exception("releasing session %s (%s) failed", self.session_id, reason)
         self._finish(reason, requester=None, message_id=None)

@@ -46,7 +46,7 @@ from worldserve.protocol import (
     PROMPT_TRANSITION_SCHEMA_NAME,
     PROMPT_TRANSITION_TRACK,
     ControlInput,
-    prompt_transition_control,
+    transition_chunks_control,
 )
 
 __all__ = [
@@ -388,7 +388,7 @@ def _prompt_chunks(transition_chunks: int | None) -> int:
 
 def _transition_control(chunks: int) -> ControlInput:
     """vllm-omni's ``chunks``-chunk transition as the track's control (see the module docstring)."""
-    return prompt_transition_control(chunks)
+    return transition_chunks_control(chunks)
 
 
 def _camera_control(dx: float, dy: float) -> ControlInput:
