@@ -40,7 +40,7 @@ from worldserve.models.matrixgame.controls import (
 from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions, MatrixGameForward
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
-from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
     cast_module,
@@ -285,15 +285,8 @@ class MatrixGameModel:
         features = torch.cat([state.features for state in states])
         rope = self.rope(list(offsets), block)
         shape = (wan.latent_channels, block, wan.latent_height, wan.latent_width)
-        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
-            self.device, non_blocking=True
-        )
-        drawn = 0
-
-        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
-            nonlocal drawn
-            drawn += 1
-            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
+        # The whole batch in one set of device ops per draw, each row from its own session's counter.
+        noise = SessionNoise([(state.options.seed, state.draws) for state in states], shape, self.device)
 
         # Atomic: until every pass and the decode have succeeded nothing a state keeps changes (the commit
         # pass's K/V wait in the batch view; the decode advances copies of the decoder caches).
@@ -309,7 +302,7 @@ class MatrixGameModel:
         kv.commit()  # staged: kept by the next step's batch view, dropped by a rollback
         for row, state in enumerate(states):
             state.decoder = decoders[row]
-            state.draws += drawn
+            state.draws += noise.drawn
             state.keyboard = torch.cat([keys_history[row : row + 1], keys_block[row : row + 1]], 1)[:, -span:]
             state.mouse = torch.cat([mice_history[row : row + 1], mice_block[row : row + 1]], 1)[:, -span:]
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
@@ -31,7 +30,7 @@ from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
-from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
     cast_module,
@@ -308,15 +307,8 @@ class WanCausalModel:
         actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
         rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
         shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
-        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
-            self.device, non_blocking=True
-        )
-        drawn = 0
-
-        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
-            nonlocal drawn
-            drawn += 1
-            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
+        # The whole batch in one set of device ops per draw, each row from its own session's counter.
+        noise = SessionNoise([(state.options.seed, state.draws) for state in states], shape, self.device)
 
         # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
         # block's K/V wait in the BatchKV, a re-cache in a copy; the decoder caches are swapped in only at
@@ -332,7 +324,7 @@ class WanCausalModel:
         for row, (state, cache, plan, first) in enumerate(zip(states, caches, plans, firsts, strict=True)):
             state.cache = cache
             state.decoder = decoders[row]
-            state.draws += drawn
+            state.draws += noise.drawn
             state.prompt.apply(plan)
             state.log.add(first, clean[row : row + 1].clone(), actions[row : row + 1].clone())
             state.log.trim(cache)
