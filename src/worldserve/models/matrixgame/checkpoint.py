@@ -19,7 +19,6 @@ errors name the user's key, file and both shapes). Must not know: sessions, the 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -40,7 +39,7 @@ from worldserve.models.matrixgame.config import (
 from worldserve.models.matrixgame.files import PUBLISHED, MatrixParts, find_matrix_parts
 from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
 from worldserve.models.wancausal.checkpoint import block_layout, diffusers_name, load_renamed, rename_keys
-from worldserve.models.wancausal.statedict import WeightsError, read_json, read_tensors
+from worldserve.models.wancausal.statedict import WeightsError, read_json, read_tensors, weights_digest
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
 __all__ = [
@@ -260,16 +259,6 @@ def detect(
     return config
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 def _resolve(options: MatrixWeightOptions) -> MatrixParts:
     parts = find_matrix_parts(options.weights, options.variant) if options.weights is not None else MatrixParts()
     for part in ("checkpoint", "vae", "image_encoder"):
@@ -332,7 +321,7 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
         vae=vae,
         image_encoder=encoder,
         dummy=False,
-        version=f"{config.name}:{variant.name}:sha256:{_digest(parts.transformer)}",
+        version=f"{config.name}:{variant.name}:sha256:{weights_digest(parts.transformer)}",
         sources=sources,
         layouts=layouts,
     )

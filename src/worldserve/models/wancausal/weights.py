@@ -13,7 +13,6 @@ default and say so). Must not know: sessions, the sampler, caches.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from worldserve.models.wancausal.checkpoint import (
 from worldserve.models.wancausal.config import WanCausalConfig, get_config
 from worldserve.models.wancausal.families import Family, get_family, guess_family
 from worldserve.models.wancausal.files import Parts, find_parts
-from worldserve.models.wancausal.statedict import WeightsError
+from worldserve.models.wancausal.statedict import WeightsError, weights_digest
 from worldserve.models.wancausal.t5 import load_text_encoder, load_tokenizer
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
@@ -121,17 +120,6 @@ class LoadedWeights:
         return self.parts.vae is not None
 
 
-def _digest(path: Path) -> str:
-    """sha256 of a checkpoint file, or of a folder's weight files in name order."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 def load_weights(options: WeightOptions, device: torch.device, seed: int, text_dtype: torch.dtype) -> LoadedWeights:
     """Resolve, build and load; random initialisation (diffusers') is seeded by ``seed``."""
     parts = resolve(options)
@@ -189,9 +177,9 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
         version = f"{config.name}:dummy-seed-{seed}"
     else:
         assert parts.transformer is not None
-        version = f"{config.name}:sha256:{_digest(parts.transformer)}"
+        version = f"{config.name}:sha256:{weights_digest(parts.transformer)}"
         if parts.lora is not None:
-            version += f"+lora:{_digest(parts.lora)}"
+            version += f"+lora:{weights_digest(parts.lora)}"
     return LoadedWeights(
         family=get_family(guess_family(config.name, named)),
         config=config,
