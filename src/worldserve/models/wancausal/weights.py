@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae
+from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae, seeded_init
 from worldserve.models.wancausal.checkpoint import (
     TransformerState,
     infer_config,
@@ -157,9 +157,7 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
             f"{parts.text_encoder}: the text encoder needs its tokenizer: tokenizer=DIR (Wan's google/umt5-xxl/ "
             "or a Diffusers tokenizer/ folder)."
         )
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.device(device):  # the caller's RNG stays as it was
-        torch.manual_seed(seed)
+    with seeded_init(device, seed):  # the caller's RNG stays as it was
         transformer = build_transformer(config)
         actions = ActionEmbedding(config.action_dim, config.dim)
         autoencoder = build_vae(config)
