@@ -18,41 +18,30 @@ The prepared GPU run (``bench/gpu.sh``'s ``matrix`` part; dummy weights at the r
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
+from wan_causal import Rollouts, measure
 from worldserve.models.base import SessionOptions
 from worldserve.models.matrixgame.adapter import MatrixGameModel, MatrixGameState
 from worldserve.models.matrixgame.controls import keys_control, mouse_control
-from worldserve.protocol import ControlInput, TickRequest
+from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.protocol import ControlInput
 
 #: Each session holds other keys and turns the camera another way.
 MOVES = [("W",), ("W", "A"), ("S",), ("D",), ("W", "D"), ("A",), ("S", "D"), ()]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class MatrixRollouts(Rollouts):
+    """:class:`wan_causal.Rollouts` with Matrix-Game's sessions: each its own start image, keys and mouse."""
 
+    model: MatrixGameModel
 
-class Rollouts:
-    """Sessions of one model, each with its own chunk counter and start image; made as batch sizes need them."""
-
-    def __init__(self, model: MatrixGameModel) -> None:
-        self.model = model
-        self.states: list[MatrixGameState] = []
-        self.index: list[int] = []
-
-    def ensure(self, count: int) -> None:
+    def new_state(self, seed: int) -> MatrixGameState:
         spec = self.model.spec
-        while len(self.states) < count:
-            seed = len(self.states)
-            image = np.random.default_rng(seed).integers(0, 255, (spec.height, spec.width, 3), dtype=np.uint8)
-            self.states.append(self.model.new_state(f"s{seed}", SessionOptions(seed=seed, image=image.tobytes())))
-            self.index.append(0)
+        image = np.random.default_rng(seed).integers(0, 255, (spec.height, spec.width, 3), dtype=np.uint8)
+        return self.model.new_state(f"s{seed}", SessionOptions(seed=seed, image=image.tobytes()))
 
     def controls(self, row: int) -> tuple[ControlInput, ...]:
         keys = [k for k in MOVES[row % len(MOVES)] if k in self.model.variant.key_names][
@@ -63,61 +52,9 @@ class Rollouts:
             controls += (mouse_control(0.05 * (row % 3 - 1), 0.02 * (row % 2)),)
         return controls
 
-    def step(self, rows: list[int]) -> float:
-        """One block for ``rows`` in one step; seconds."""
-        batch = []
-        for r in rows:
-            sid = self.states[r].session_id
-            batch.append(
-                (self.states[r], TickRequest(sid, f"{sid}-{self.index[r]}", self.index[r], controls=self.controls(r)))
-            )
-        sync(self.model.device)
-        started = time.perf_counter()
-        self.model.step(batch)
-        sync(self.model.device)
-        for r in rows:
-            self.index[r] += 1
-        return time.perf_counter() - started
-
-    def release(self) -> None:
-        for state in self.states:
-            self.model.release(state)
-        self.states.clear()
-
-
-def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
-    """Median block latency of one step over ``size`` sessions, and of ``size`` steps of one, in alternation."""
-    device = rollouts.model.device
-    rollouts.ensure(size)
-    rows = list(range(size))
-    rollouts.step(rows)  # warm-up (and every session past its first block)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    batched: list[float] = []
-    single: list[float] = []
-    for _ in range(blocks):
-        batched.append(rollouts.step(rows))
-        single.append(sum(rollouts.step([r]) for r in rows))
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
-    model = rollouts.model
-    wan = model.config.wan
-    latents = torch.randn(size, wan.latent_channels, wan.block_frames, wan.latent_height, wan.latent_width)
-    latents = latents.to(device)
-    decodes = []
-    with torch.no_grad():
-        for _ in range(blocks):
-            caches = [list(rollouts.states[r].decoder) for r in rows]
-            sync(device)
-            started = time.perf_counter()
-            model.vae.decode(latents, caches)
-            sync(device)
-            decodes.append(time.perf_counter() - started)
-    return {
-        "batched_s": statistics.median(batched),
-        "single_s": statistics.median(single),
-        "peak_gib": peak,
-        "decode_s": statistics.median(decodes),
-    }
+    @property
+    def latent_config(self) -> WanCausalConfig:
+        return self.model.config.wan
 
 
 def main() -> int:
@@ -156,7 +93,7 @@ def main() -> int:
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
         kv_gib = cfg.kv_bytes(torch.tensor([], dtype=model.dtype).element_size()) / 2**30
         flops = cfg.block_flops() + wan.vae_decode_flops()
-        rollouts = Rollouts(model)
+        rollouts = MatrixRollouts(model)
         for size in args.batches:  # each row prints as soon as it is measured
             try:
                 row = measure(rollouts, size, args.blocks)

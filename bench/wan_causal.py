@@ -27,20 +27,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 
 from worldserve.models.base import SessionOptions
-from worldserve.models.wancausal.adapter import WanCausalModel, WanCausalState
+from worldserve.models.wancausal.adapter import WanCausalModel
+from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.sampler import recache_context
 from worldserve.models.world import keys_control
-from worldserve.protocol import TickRequest
+from worldserve.protocol import ControlInput, TickRequest
 
 KEYS = keys_control("W")
 
 
-def tick(session: str, index: int) -> TickRequest:
-    return TickRequest(session, f"{session}-{index}", index, controls=(KEYS,))
+def tick(session: str, index: int, controls: tuple[ControlInput, ...] = (KEYS,)) -> TickRequest:
+    return TickRequest(session, f"{session}-{index}", index, controls=controls)
 
 
 def sync(device: torch.device) -> None:
@@ -49,22 +51,36 @@ def sync(device: torch.device) -> None:
 
 
 class Rollouts:
-    """Sessions of one model, each with its own chunk counter; created as batch sizes need them."""
+    """Sessions of one model, each with its own chunk counter; created as batch sizes need them.
 
-    def __init__(self, model: WanCausalModel) -> None:
+    ``bench/matrix_game.py`` subclasses it for its model's sessions and controls.
+    """
+
+    def __init__(self, model: Any) -> None:
         self.model = model
-        self.states: list[WanCausalState] = []
+        self.states: list[Any] = []
         self.index: list[int] = []
+
+    def new_state(self, seed: int) -> Any:
+        return self.model.new_state(f"s{seed}", SessionOptions(prompt="snowy peaks", seed=seed))
+
+    def controls(self, row: int) -> tuple[ControlInput, ...]:
+        return (KEYS,)
+
+    @property
+    def latent_config(self) -> WanCausalConfig:
+        """The configuration whose latent shape one block has (for the decode timed alone)."""
+        config: WanCausalConfig = self.model.config
+        return config
 
     def ensure(self, count: int) -> None:
         while len(self.states) < count:
-            seed = len(self.states)
-            self.states.append(self.model.new_state(f"s{seed}", SessionOptions(prompt="snowy peaks", seed=seed)))
+            self.states.append(self.new_state(len(self.states)))
             self.index.append(0)
 
     def step(self, rows: list[int]) -> float:
-        """One block for ``rows`` in one forward; seconds."""
-        batch = [(self.states[r], tick(self.states[r].session_id, self.index[r])) for r in rows]
+        """One block for ``rows`` in one step (one batched forward per pass); seconds."""
+        batch = [(self.states[r], tick(self.states[r].session_id, self.index[r], self.controls(r))) for r in rows]
         sync(self.model.device)
         started = time.perf_counter()
         self.model.step(batch)
@@ -111,7 +127,7 @@ def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
     # The streaming VAE decode alone (the same batch, copies of the decoder caches), to split the block's time.
     model = rollouts.model
-    cfg = model.config
+    cfg = rollouts.latent_config
     latents = torch.randn(size, cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
     latents = latents.to(device)
     decodes = []

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from matrix_reference import original_name
-from wan_files import tiny_vae, vae_to_original
+from wan_files import original_block_shapes, tiny_vae, vae_to_original
 
 #: The tiny Matrix-Game: 2 Wan blocks of 2 heads x 16, FFN 64, an action module in block 0 (2 heads x 16,
 #: keyboard embedding 8), 4 latent channels, 5 CLIP tokens of width 16 (3 layers of 2 heads, MLP 64, 28 px, patch 14).
@@ -66,19 +66,7 @@ def original_shapes(variant: str) -> dict[str, tuple[int, ...]]:
         "head.head.bias": (4 * c,),
     }
     for i in range(TINY["layers"]):
-        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
-                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.bias"] = (d,)
-        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
-        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
-        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
-        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+        shapes.update(original_block_shapes(i, d, f))  # the Wan2.1 block the reference's blocks extend
         if i not in TINY["action"]:
             continue
         a = f"blocks.{i}.action_model"

@@ -19,7 +19,7 @@ pytest.importorskip("diffusers")
 
 from torch import Tensor  # noqa: E402
 
-from wan_files import draw_noise  # noqa: E402
+from wan_files import draw_noise, one_thread  # noqa: E402, F401 (one_thread: the autouse fixture)
 from worldserve.models.wancausal.build import ActionEmbedding, build_transformer  # noqa: E402
 from worldserve.models.wancausal.cache import KVCache  # noqa: E402
 from worldserve.models.wancausal.config import CONFIGS, WanCausalConfig, get_config  # noqa: E402
@@ -29,15 +29,6 @@ from worldserve.models.wancausal.sampler import StepRecord, commit_block, sample
 
 CPU = torch.device("cpu")
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One compute thread: these shapes are tiny, and on a shared small machine more threads only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def network(config: WanCausalConfig, seed: int = 0) -> CachedForward:

@@ -57,19 +57,25 @@ def original_transformer_shapes(config: Any) -> dict[str, tuple[int, ...]]:
         "head.head.bias": (4 * c,),
     }
     for i in range(config.num_layers):
-        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
-                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.bias"] = (d,)
-        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
-        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
-        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
-        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+        shapes.update(original_block_shapes(i, d, f))
+    return shapes
+
+
+def original_block_shapes(i: int, d: int, f: int) -> dict[str, tuple[int, ...]]:
+    """Block ``i`` of a Wan2.1 transformer (width ``d``, FFN ``f``) by its original names (``wan/modules/model.py``)."""
+    shapes: dict[str, tuple[int, ...]] = {f"blocks.{i}.modulation": (1, 6, d)}
+    for attn in ("self_attn", "cross_attn"):
+        for proj in "qkvo":
+            shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
+            shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
+        shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
+        shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
+    shapes[f"blocks.{i}.norm3.weight"] = (d,)
+    shapes[f"blocks.{i}.norm3.bias"] = (d,)
+    shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
+    shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
+    shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
+    shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
     return shapes
 
 

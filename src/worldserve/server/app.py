@@ -141,12 +141,8 @@ def create_app(
             return None
         return offered
 
-    async def world(websocket: WebSocket) -> None:
-        offered = await admitted(websocket)
-        if offered is None:
-            return
-        await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
-        connection = Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
+    async def serve(connection: Connection | RealtimeVideoConnection) -> None:
+        """Run one socket's connection, known to :func:`end_worlds` (the server's stop) while it runs."""
         connections: set[Connection | RealtimeVideoConnection] = state["connections"]
         connections.add(connection)
         try:
@@ -154,19 +150,20 @@ def create_app(
         finally:
             connections.discard(connection)
 
+    async def world(websocket: WebSocket) -> None:
+        offered = await admitted(websocket)
+        if offered is None:
+            return
+        await websocket.accept(subprotocol=PROTOCOL_NAME if PROTOCOL_NAME in offered else None)
+        await serve(Connection(websocket, backend(), config, metrics(), state["hosts"], state["room"]))
+
     async def realtime_video(websocket: WebSocket) -> None:
         offered = await admitted(websocket)
         if offered is None:
             return
         # vllm-omni's clients offer no subprotocol; a browser that sends its token as one gets it back.
         await websocket.accept(subprotocol=offered[0] if offered else None)
-        connection = RealtimeVideoConnection(websocket, backend(), config, metrics(), state["hosts"], state["room"])
-        connections: set[Connection | RealtimeVideoConnection] = state["connections"]
-        connections.add(connection)
-        try:
-            await connection.run()
-        finally:
-            connections.discard(connection)
+        await serve(RealtimeVideoConnection(websocket, backend(), config, metrics(), state["hosts"], state["room"]))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

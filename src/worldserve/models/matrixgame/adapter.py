@@ -40,7 +40,7 @@ from worldserve.models.matrixgame.controls import (
 from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions, MatrixGameForward
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
-from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
     cast_module,
@@ -51,7 +51,7 @@ from worldserve.models.wancausal.options import (
 )
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, sample_block
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes, frame_pixels, host_frames
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["MatrixGameModel", "MatrixGameState"]
@@ -227,7 +227,7 @@ class MatrixGameModel:
         assert options.image is not None
         cfg = self.config
         frame = np.frombuffer(options.image, dtype=np.uint8).reshape(cfg.wan.height, cfg.wan.width, 3)
-        pixels = torch.from_numpy(frame.copy()).to(self.device).permute(2, 0, 1)[None].float() / 127.5 - 1.0
+        pixels = frame_pixels(frame.copy(), self.device)[None]  # [1, 3, H, W] in [-1, 1]
         image = encode_image_latents(self.vae, pixels, cfg)
         features = self.encoder(pixels)
         caches = MatrixCaches(cfg, self.device, self.dtype)
@@ -285,15 +285,8 @@ class MatrixGameModel:
         features = torch.cat([state.features for state in states])
         rope = self.rope(list(offsets), block)
         shape = (wan.latent_channels, block, wan.latent_height, wan.latent_width)
-        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
-            self.device, non_blocking=True
-        )
-        drawn = 0
-
-        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
-            nonlocal drawn
-            drawn += 1
-            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
+        # The whole batch in one set of device ops per draw, each row from its own session's counter.
+        noise = SessionNoise([(state.options.seed, state.draws) for state in states], shape, self.device)
 
         # Atomic: until every pass and the decode have succeeded nothing a state keeps changes (the commit
         # pass's K/V wait in the batch view; the decode advances copies of the decoder caches).
@@ -304,12 +297,11 @@ class MatrixGameModel:
         videos = self.vae.decode_rows(clean, decoders, firsts)
         # A first block's first latent frame is one video frame: show it 4 times (12 frames a chunk).
         full = [torch.cat([v[:, :1].expand(-1, video - v.shape[1], -1, -1), v], dim=1) for v in videos]
-        frames = ((torch.stack(full).float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        host = host_frames(torch.stack(full))  # [B, T, H, W, 3]: leaves the device once
         kv.commit()  # staged: kept by the next step's batch view, dropped by a rollback
         for row, state in enumerate(states):
             state.decoder = decoders[row]
-            state.draws += drawn
+            state.draws += noise.drawn
             state.keyboard = torch.cat([keys_history[row : row + 1], keys_block[row : row + 1]], 1)[:, -span:]
             state.mouse = torch.cat([mice_history[row : row + 1], mice_block[row : row + 1]], 1)[:, -span:]
         return [build_chunk_envelope(host[row], ChunkMetadata.from_tick(tick)) for row, (_, tick) in enumerate(batch)]

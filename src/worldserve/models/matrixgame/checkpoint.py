@@ -19,7 +19,6 @@ errors name the user's key, file and both shapes). Must not know: sessions, the 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -39,8 +38,8 @@ from worldserve.models.matrixgame.config import (
 )
 from worldserve.models.matrixgame.files import PUBLISHED, MatrixParts, find_matrix_parts
 from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
-from worldserve.models.wancausal.checkpoint import diffusers_name
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_json, read_tensors
+from worldserve.models.wancausal.checkpoint import block_layout, diffusers_name, load_renamed, rename_keys
+from worldserve.models.wancausal.statedict import WeightsError, read_json, read_tensors, weights_digest
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
 __all__ = [
@@ -109,19 +108,7 @@ def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
     }
     span = a.window_frames
     for i in range(wan.num_layers):
-        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
-                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.bias"] = (d,)
-        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
-        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
-        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
-        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+        shapes.update(block_layout(i, d, f))
         if i not in a.layers:
             continue
         p = f"blocks.{i}.action_model."
@@ -174,15 +161,8 @@ def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
     """A transformer checkpoint file (``model.``-prefixed or not), or a Diffusers ``transformer/`` folder."""
     path = Path(path)
     raw = read_tensors(path)
-    tensors: dict[str, Tensor] = {}
-    names: dict[str, str] = {}
     layout = "diffusers" if is_diffusers_layout(raw) else "original"
-    for key, value in raw.items():
-        target = model_key(key) if layout == "diffusers" else diffusers_name(key)
-        if target in tensors:
-            raise WeightsError(f"{path}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
-        tensors[target] = value
-        names[target] = key
+    tensors, names = rename_keys(raw, model_key if layout == "diffusers" else diffusers_name, str(path))
     config_file = (path / "config.json") if path.is_dir() else path.parent / "config.json"
     file_config = read_json(config_file) if config_file.exists() else None
     return MatrixTransformerState(tensors, names, str(path), layout, file_config)
@@ -279,16 +259,6 @@ def detect(
     return config
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 def _resolve(options: MatrixWeightOptions) -> MatrixParts:
     parts = find_matrix_parts(options.weights, options.variant) if options.weights is not None else MatrixParts()
     for part in ("checkpoint", "vae", "image_encoder"):
@@ -328,20 +298,14 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
             "weights=DIR holding it; image_encoder=random runs it on random image features instead."
         )
     transformer, vae, encoder = build_random(config, device, seed)
-    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
-    names = dict(state.user_names)
-    if state.layout == "original":  # a key the file lacks is named as the reference names it
-        for original in original_layout(config):
-            names.setdefault(diffusers_name(original), original)
-    check_shapes(
+    load_renamed(  # a key the file lacks is named as the reference names it
+        transformer,
         state.tensors,
-        expected,
+        state.user_names,
+        original=original_layout(config) if state.layout == "original" else None,
         where=state.source,
         part=f"transformer ({state.layout} layout, config {config.name}, {variant.name})",
-        user_name=lambda key: names.get(key, key),
     )
-    with torch.no_grad():
-        transformer.load_state_dict(state.tensors, strict=True)
     sources = {"transformer": parts.transformer}
     layouts = {"transformer": state.layout}
     if parts.vae is not None:
@@ -357,7 +321,7 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
         vae=vae,
         image_encoder=encoder,
         dummy=False,
-        version=f"{config.name}:{variant.name}:sha256:{_digest(parts.transformer)}",
+        version=f"{config.name}:{variant.name}:sha256:{weights_digest(parts.transformer)}",
         sources=sources,
         layouts=layouts,
     )

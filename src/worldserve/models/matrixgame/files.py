@@ -11,9 +11,10 @@ only: reading the files is the loaders' job. Must not know: torch, the model, se
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from worldserve.models.wancausal.files import single_candidate, walk_published
 
 __all__ = ["DIFFUSERS_FOLDERS", "PUBLISHED", "MatrixParts", "find_matrix_parts", "matrix_part_kind"]
 
@@ -38,7 +39,6 @@ DIFFUSERS_FOLDERS = {
     "Matrix-Game-2.0-TempleRun-Distilled-Diffusers": "templerun",
 }
 _PARTS = ("transformer", "vae", "image_encoder")
-_DEPTH = 4
 
 
 def matrix_part_kind(path: Path) -> tuple[str, str | None] | None:
@@ -73,24 +73,14 @@ def find_matrix_parts(folder: str | Path, variant: str | None = None) -> MatrixP
     between are an error that lists them.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"weights={folder}: not a folder.")
+    found = walk_published(folder, matrix_part_kind)
     parts = MatrixParts()
-    base = len(folder.parts)
-    for root, dirs, files in os.walk(folder):
-        here = Path(root)
-        dirs.sort()
-        if len(here.parts) - base >= _DEPTH:
-            dirs[:] = []
-        for name in (*dirs, *sorted(files)):
-            path = here / name
-            kind = matrix_part_kind(path)
-            if kind is None or (path.is_dir() and not _holds_weights(path)):
-                continue
-            part, implied = kind
-            parts.candidates.setdefault(part, []).append(path)
-            if part == "transformer":
-                parts.implied[path] = implied
+    for path, (part, implied) in found:
+        if path.is_dir() and not _holds_weights(path):
+            continue
+        parts.candidates.setdefault(part, []).append(path)
+        if part == "transformer":
+            parts.implied[path] = implied
     transformers = parts.candidates.get("transformer", [])
     wanted = variant or "universal"
     named = [p for p in transformers if parts.implied[p] == wanted]
@@ -104,14 +94,9 @@ def find_matrix_parts(folder: str | Path, variant: str | None = None) -> MatrixP
         parts.transformer = chosen[0]
         parts.variant = parts.implied[chosen[0]]
     for part in ("vae", "image_encoder"):
-        candidates = parts.candidates.get(part, [])
-        if len(candidates) > 1:
-            listed = ", ".join(str(p.relative_to(folder)) for p in candidates)
-            raise ValueError(
-                f"weights={folder}: several {part.replace('_', ' ')} candidates ({listed}); pass {part}=PATH."
-            )
-        if candidates:
-            setattr(parts, part, candidates[0])
+        chosen_part = single_candidate(folder, parts.candidates, part)
+        if chosen_part is not None:
+            setattr(parts, part, chosen_part)
     return parts
 
 

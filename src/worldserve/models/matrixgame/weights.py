@@ -21,7 +21,7 @@ from torch import nn
 from worldserve.models.matrixgame.config import CONFIGS, MatrixGameConfig, Variant, get_variant, matrix_config
 from worldserve.models.matrixgame.image import build_image_encoder
 from worldserve.models.matrixgame.transformer import MatrixGameTransformer, build_transformer
-from worldserve.models.wancausal.build import build_vae
+from worldserve.models.wancausal.build import build_vae, seeded_init
 
 __all__ = ["LoadedMatrix", "MatrixWeightOptions", "load_matrix"]
 
@@ -97,9 +97,7 @@ def build_random(
     config: MatrixGameConfig, device: torch.device, seed: int
 ) -> tuple[MatrixGameTransformer, nn.Module, nn.Module]:
     """The transformer, VAE and image encoder with random weights (seeded; the caller's RNG untouched)."""
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.device(device):
-        torch.manual_seed(seed)
+    with seeded_init(device, seed):
         transformer = build_transformer(config)
         vae = build_vae(config.wan)
         encoder = build_image_encoder(config.clip)

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
@@ -31,7 +30,7 @@ from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
-from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
     cast_module,
@@ -44,7 +43,7 @@ from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, Prom
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes, frame_pixels, host_frames
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
@@ -253,8 +252,7 @@ class WanCausalModel:
     def new_state(self, session_id: str, options: SessionOptions) -> WanCausalState:
         options.check_image(self._spec)
         cfg = self.config
-        frame = torch.from_numpy(self.start_frame(options)).to(self.device)
-        pixels = frame.permute(2, 0, 1).float() / 127.5 - 1.0  # [3, H, W] in [-1, 1]
+        pixels = frame_pixels(self.start_frame(options), self.device)  # [3, H, W] in [-1, 1]
         clip_frames = 1 + 4 * (cfg.block_frames - 1)
         clip = pixels[None, :, None].expand(1, 3, clip_frames, cfg.height, cfg.width)
         latents = self.vae.encode(clip)  # [1, C, block_frames, h, w]
@@ -308,15 +306,8 @@ class WanCausalModel:
         actions = torch.tensor(features, dtype=torch.float32).to(self.device, non_blocking=True)
         rope = self.rope([cache.next_frame for cache in caches], cfg.block_frames)
         shape = (cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
-        counters = torch.tensor([[state.options.seed, state.draws] for state in states]).to(
-            self.device, non_blocking=True
-        )
-        drawn = 0
-
-        def noise() -> Tensor:  # the whole batch in one set of device ops, each row from its own counter
-            nonlocal drawn
-            drawn += 1
-            return batch_noise(counters[:, 0], counters[:, 1] + (drawn - 1), shape)
+        # The whole batch in one set of device ops per draw, each row from its own session's counter.
+        noise = SessionNoise([(state.options.seed, state.draws) for state in states], shape, self.device)
 
         # Atomic: until every pass and the decode have succeeded, nothing a state keeps changes (the
         # block's K/V wait in the BatchKV, a re-cache in a copy; the decoder caches are swapped in only at
@@ -325,14 +316,13 @@ class WanCausalModel:
         commit_block(self.forward, kv, clean, text, actions, rope, cfg, keep=False)
         decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
         video = self.vae.decode(clean, decoders)  # [B, 3, T, H, W]
-        frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        host = frames.permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, T, H, W, 3]: leaves the device once
+        host = host_frames(video)  # [B, T, H, W, 3]: leaves the device once
         firsts = [cache.next_frame for cache in caches]
         kv.commit()
         for row, (state, cache, plan, first) in enumerate(zip(states, caches, plans, firsts, strict=True)):
             state.cache = cache
             state.decoder = decoders[row]
-            state.draws += drawn
+            state.draws += noise.drawn
             state.prompt.apply(plan)
             state.log.add(first, clean[row : row + 1].clone(), actions[row : row + 1].clone())
             state.log.trim(cache)

@@ -2,12 +2,17 @@
 
 Owns: :func:`build_transformer` (diffusers' ``SkyReelsV2Transformer3DModel``: it takes a
 Wan2.1 state dict, and its dense block-causal forward is this family's numerical
-reference), :func:`build_vae` (``AutoencoderKLWan``, the causal video VAE) and
-:class:`ActionEmbedding` (keys/camera -> a per-frame addition to the timestep modulation).
+reference), :func:`build_vae` (``AutoencoderKLWan``, the causal video VAE),
+:class:`ActionEmbedding` (keys/camera -> a per-frame addition to the timestep modulation) and
+:func:`seeded_init` (modules built under it are initialised on the device from a seed, the
+caller's random state left as it was).
 Must not know: caches, sessions, the sampler, checkpoints' key names.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from diffusers import AutoencoderKLWan, SkyReelsV2Transformer3DModel
@@ -15,7 +20,16 @@ from torch import Tensor, nn
 
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["ActionEmbedding", "build_transformer", "build_vae"]
+__all__ = ["ActionEmbedding", "build_transformer", "build_vae", "seeded_init"]
+
+
+@contextmanager
+def seeded_init(device: torch.device, seed: int) -> Iterator[None]:
+    """Build modules on ``device`` with random initialisation seeded by ``seed``; the caller's RNG stays as it was."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):
+        torch.manual_seed(seed)
+        yield
 
 
 def build_transformer(config: WanCausalConfig) -> nn.Module:

@@ -1,23 +1,23 @@
 """The transformer's weights as the Wan2.1 family publishes them -> the diffusers modules.
 
-Owns: :func:`original_layout` (the original Wan2.1 key names and shapes of a configuration,
-as ``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save
-them), :func:`transformer_state` (a checkpoint in either layout -> the diffusers
-``SkyReelsV2Transformer3DModel`` names, through diffusers' own public
-``convert_wan_transformer_to_diffusers`` for the original layout, remembering each key's
-name in the user's file), :func:`merge_lora` (LongLive's ``lora.pt``, a peft state dict,
-merged into the weights: ``W += alpha / rank * B @ A``), :func:`infer_config` (the named
-configuration whose shapes the checkpoint has) and :func:`load_transformer` (strict: a key
-missing, extra or of the wrong shape is a :class:`~.statedict.WeightsError` naming the
-user's key, the file and both shapes). The action embedding's weights, if present, are
-``action_embedding.linear_1.weight`` and ``action_embedding.linear_2.weight``. Must not
-know: sessions, the sampler, caches.
+Owns: :func:`original_layout` (the original Wan2.1 key names and shapes of a configuration, as
+``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save them; one
+block's: :func:`block_layout`), :func:`transformer_state` (a checkpoint in either layout -> the
+diffusers ``SkyReelsV2Transformer3DModel`` names, through diffusers' own public
+``convert_wan_transformer_to_diffusers`` for the original layout, remembering each key's name in
+the user's file: :func:`rename_keys`), :func:`merge_lora` (LongLive's ``lora.pt``, a peft state
+dict, merged into the weights: ``W += alpha / rank * B @ A``), :func:`infer_config` (the named
+configuration whose shapes the checkpoint has) and :func:`load_transformer` (strict, through
+:func:`load_renamed`: a key missing, extra or of the wrong shape is a
+:class:`~.statedict.WeightsError` naming the user's key, the file and both shapes). The action
+embedding's weights, if present, are ``action_embedding.linear_1.weight`` and
+``action_embedding.linear_2.weight``. Must not know: sessions, the sampler, caches.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +31,14 @@ __all__ = [
     "ACTION_PREFIX",
     "diffusers_name",
     "TransformerState",
+    "block_layout",
     "infer_config",
+    "load_renamed",
     "load_transformer",
     "merge_lora",
     "original_layout",
     "read_transformer",
+    "rename_keys",
     "transformer_state",
 ]
 
@@ -69,19 +72,26 @@ def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
         "head.head.bias": (p_t * p_h * p_w * c,),
     }
     for i in range(config.num_layers):
-        shapes[f"blocks.{i}.modulation"] = (1, 6, d)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                shapes[f"blocks.{i}.{attn}.{proj}.weight"] = (d, d)
-                shapes[f"blocks.{i}.{attn}.{proj}.bias"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_q.weight"] = (d,)
-            shapes[f"blocks.{i}.{attn}.norm_k.weight"] = (d,)
-        shapes[f"blocks.{i}.norm3.weight"] = (d,)  # the affine cross-attention norm (diffusers' norm2)
-        shapes[f"blocks.{i}.norm3.bias"] = (d,)
-        shapes[f"blocks.{i}.ffn.0.weight"] = (f, d)
-        shapes[f"blocks.{i}.ffn.0.bias"] = (f,)
-        shapes[f"blocks.{i}.ffn.2.weight"] = (d, f)
-        shapes[f"blocks.{i}.ffn.2.bias"] = (d,)
+        shapes.update(block_layout(i, d, f))
+    return shapes
+
+
+def block_layout(index: int, dim: int, ffn_dim: int) -> dict[str, tuple[int, ...]]:
+    """One Wan2.1 block's parameters by their original names: modulation, self- and cross-attention, norm3, FFN."""
+    d, f, p = dim, ffn_dim, f"blocks.{index}."
+    shapes: dict[str, tuple[int, ...]] = {p + "modulation": (1, 6, d)}
+    for attn in ("self_attn", "cross_attn"):
+        for proj in "qkvo":
+            shapes[f"{p}{attn}.{proj}.weight"] = (d, d)
+            shapes[f"{p}{attn}.{proj}.bias"] = (d,)
+        shapes[f"{p}{attn}.norm_q.weight"] = (d,)
+        shapes[f"{p}{attn}.norm_k.weight"] = (d,)
+    shapes[p + "norm3.weight"] = (d,)  # the affine cross-attention norm (diffusers' norm2)
+    shapes[p + "norm3.bias"] = (d,)
+    shapes[p + "ffn.0.weight"] = (f, d)
+    shapes[p + "ffn.0.bias"] = (f,)
+    shapes[p + "ffn.2.weight"] = (d, f)
+    shapes[p + "ffn.2.bias"] = (d,)
     return shapes
 
 
@@ -120,15 +130,26 @@ def transformer_state(raw: Mapping[str, Tensor], source: str) -> TransformerStat
     rest = {k: v for k, v in raw.items() if not k.startswith(ACTION_PREFIX)}
     if is_diffusers_layout(rest):
         return TransformerState(dict(rest), {k: k for k in rest}, actions, source, "diffusers")
+    tensors, names = rename_keys(rest, diffusers_name, source)
+    return TransformerState(tensors, names, actions, source, "original")
+
+
+def rename_keys(
+    raw: Mapping[str, Tensor], rename: Callable[[str], str], source: str
+) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``raw`` under the model's names (``rename`` of each key), and model name -> the user's key.
+
+    Two of the user's keys that map to one model name are an error naming both.
+    """
     tensors: dict[str, Tensor] = {}
     names: dict[str, str] = {}
-    for key, value in rest.items():
-        target = diffusers_name(key)
+    for key, value in raw.items():
+        target = rename(key)
         if target in tensors:
             raise WeightsError(f"{source}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
         tensors[target] = value
         names[target] = key
-    return TransformerState(tensors, names, actions, source, "original")
+    return tensors, names
 
 
 def read_transformer(path: str | Path, *, ema: bool = True) -> TransformerState:
@@ -232,20 +253,14 @@ def load_transformer(
     state: TransformerState, transformer: nn.Module, actions: nn.Module, config: WanCausalConfig
 ) -> bool:
     """Load ``state`` strictly into ``transformer`` (and ``actions`` if present); True if the actions were."""
-    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
-    names = dict(state.user_names)
-    if state.layout == "original":  # a key the file lacks is named as the authors' layout names it
-        for original in original_layout(config):
-            names.setdefault(diffusers_name(original), original)
-    check_shapes(
+    load_renamed(
+        transformer,
         state.tensors,
-        expected,
+        state.user_names,
+        original=original_layout(config) if state.layout == "original" else None,
         where=state.source,
         part=f"transformer ({state.layout} layout, config {config.name})",
-        user_name=lambda key: names.get(key, key),
     )
-    with torch.no_grad():
-        transformer.load_state_dict(state.tensors, strict=True)
     if state.actions:
         wanted = {k: tuple(v.shape) for k, v in actions.state_dict().items()}
         check_shapes(
@@ -257,3 +272,26 @@ def load_transformer(
         )
         actions.load_state_dict(state.actions, strict=True)
     return bool(state.actions)
+
+
+def load_renamed(
+    module: nn.Module,
+    tensors: Mapping[str, Tensor],
+    user_names: Mapping[str, str],
+    *,
+    original: Iterable[str] | None,
+    where: str,
+    part: str,
+) -> None:
+    """Load ``tensors`` (in the model's names) strictly into ``module``, errors in the user's names.
+
+    ``original``: the original layout's names when the file is in that layout, so a key the file
+    lacks is named as the authors' layout names it.
+    """
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    names = dict(user_names)
+    for name in original or ():
+        names.setdefault(diffusers_name(name), name)
+    check_shapes(tensors, expected, where=where, part=part, user_name=lambda key: names.get(key, key))
+    with torch.no_grad():
+        module.load_state_dict(tensors, strict=True)

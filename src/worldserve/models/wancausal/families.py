@@ -4,11 +4,11 @@ Owns: :class:`Family` and :data:`FAMILIES` (``self-forcing``, ``causvid``, ``lon
 ``krea``, ``wan``): the denoising step list as the released config writes it, whether it is
 warped through the shifted table, the shift, the update rule, the block, the context (sink and
 window, in latent frames), the context timestep, the prompt-switch rule (``keep`` or
-``recache``, and whether a re-cache recomputes the sink), the default prompt transition, the
-EMA choice, and the size its released checkpoint has; :func:`family_config` (a size's
-configuration with a family's settings) and :func:`guess_family`. Where the released code does
-something this serving path does not (rolling past the training length, re-encoded anchors),
-the family's ``notes`` say so. Must not know: torch, files, sessions.
+``recache``, and whether a re-cache recomputes the sink), the default prompt transition, the EMA
+choice, and the size its released checkpoint has; :func:`family_config` (a size's configuration
+with a family's settings; ``steps=``: :func:`uniform_steps`) and :func:`guess_family`. Where the
+released code does something this serving path does not (rolling past the training length,
+re-encoded anchors), the family's ``notes`` say so. Must not know: torch, files, sessions.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ from dataclasses import dataclass, field, replace
 
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["FAMILIES", "Family", "family_config", "get_family", "guess_family"]
+__all__ = ["FAMILIES", "Family", "family_config", "get_family", "guess_family", "uniform_steps"]
 
 SF = "guandeh17/Self-Forcing@33593df"
 CV = "tianweiy/CausVid@ca21150"
 LL = "NVlabs/LongLive@2462895"  # the last Wan2.1-T2V-1.3B release, before LongLive 2.0 (57f39c1)
 KR = "krea-ai/realtime-video@acf4b7b"
 WAN = "Wan-Video/Wan2.1@9737cba"
+
+
+def uniform_steps(steps: int) -> tuple[float, ...]:
+    """``steps`` timesteps evenly spaced from 1000 down (the last one ``1000 / steps``, not 0)."""
+    return tuple(1000.0 - 1000.0 * i / steps for i in range(steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +193,7 @@ FAMILIES: dict[str, Family] = {
         name="wan",
         title="Wan2.1 T2V (the undistilled base model, bidirectional), 1.3B or 14B",
         size="1.3b",
-        denoising_steps=tuple(1000.0 - 1000.0 * i / 50 for i in range(50)),
+        denoising_steps=uniform_steps(50),
         warp=True,
         shift=5.0,
         sampler="euler",
@@ -235,7 +240,7 @@ def family_config(config: WanCausalConfig, family: Family, steps: int | None = N
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"steps must be positive; got {steps}.")
-        denoising = tuple(1000.0 - 1000.0 * i / steps for i in range(steps))
+        denoising = uniform_steps(steps)
     return replace(
         config,
         denoising_steps=denoising,

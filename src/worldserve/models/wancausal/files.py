@@ -3,18 +3,24 @@
 Owns: :func:`find_parts` (``weights=DIR``: walks the folder a few levels down and picks the
 transformer checkpoint, the VAE, the text encoder, its tokenizer and a LoRA by their published
 file and folder names, see :data:`PUBLISHED`), :class:`Parts` (what was picked, every candidate
-seen, and the family a checkpoint's published name implies) and :func:`part_kind` (what one
-file or folder is, by name). Names only: reading the files is the loaders' job. Must not
-know: torch, the model, sessions.
+seen, and the family a checkpoint's published name implies), :func:`part_kind` (what one file or
+folder is, by name), and what any model's finder shares: :func:`walk_published` (the published
+files and folders under a folder, a few levels down, in name order) and :func:`single_candidate`
+(a part's one candidate, several being an error). Names only: reading the files is the loaders'
+job. Must not know: torch, the model, sessions.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["PUBLISHED", "Parts", "find_parts", "part_kind"]
+__all__ = ["PUBLISHED", "Parts", "find_parts", "part_kind", "single_candidate", "walk_published"]
+
+K = TypeVar("K")
 
 #: Published names -> (part, family the name implies or None). Folders end in "/".
 PUBLISHED: dict[str, tuple[str, str | None]] = {
@@ -73,8 +79,15 @@ class Parts:
         return [part for part in _PARTS[:4] if getattr(self, part) is None]
 
 
-def _walk(folder: Path) -> list[tuple[Path, tuple[str, str | None]]]:
-    found: list[tuple[Path, tuple[str, str | None]]] = []
+def walk_published(folder: Path, kind: Callable[[Path], K | None]) -> list[tuple[Path, K]]:
+    """Every file and folder under ``folder`` (``weights=``), a few levels down, that ``kind`` names.
+
+    Walked in name order (folders before files at each level), so what is found is the same on
+    every machine. A ``folder`` that is not one is an error.
+    """
+    if not folder.is_dir():
+        raise ValueError(f"weights={folder}: not a folder.")
+    found: list[tuple[Path, K]] = []
     base = len(folder.parts)
     for root, dirs, files in os.walk(folder):
         here = Path(root)
@@ -83,10 +96,19 @@ def _walk(folder: Path) -> list[tuple[Path, tuple[str, str | None]]]:
             dirs[:] = []
         for name in (*dirs, *sorted(files)):
             path = here / name
-            kind = part_kind(path)
-            if kind is not None:
-                found.append((path, kind))
+            named = kind(path)
+            if named is not None:
+                found.append((path, named))
     return found
+
+
+def single_candidate(folder: Path, candidates: dict[str, list[Path]], part: str) -> Path | None:
+    """``part``'s one candidate under ``folder`` (None: none); several are an error that lists them."""
+    found = candidates.get(part, [])
+    if len(found) > 1:
+        listed = ", ".join(str(p.relative_to(folder)) for p in found)
+        raise ValueError(f"weights={folder}: several {part.replace('_', ' ')} candidates ({listed}); pass {part}=PATH.")
+    return found[0] if found else None
 
 
 def _transformer_path(path: Path) -> Path:
@@ -104,11 +126,10 @@ def find_parts(folder: str | Path, family: str | None = None) -> Parts:
     the family does not decide between are an error that lists them.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"weights={folder}: not a folder.")
+    found = walk_published(folder, part_kind)
     parts = Parts()
     implied: dict[Path, str | None] = {}
-    for path, (part, implied_family) in _walk(folder):
+    for path, (part, implied_family) in found:
         if part == "transformer":
             path = _transformer_path(path)
         if path not in parts.candidates.setdefault(part, []):
@@ -128,14 +149,9 @@ def find_parts(folder: str | Path, family: str | None = None) -> Parts:
         parts.transformer = chosen[0]
         parts.family = implied[chosen[0]]
     for part in ("vae", "text_encoder", "tokenizer", "lora"):
-        candidates = parts.candidates.get(part, [])
         if part == "lora" and parts.family != "longlive":
             continue
-        if len(candidates) > 1:
-            listed = ", ".join(str(p.relative_to(folder)) for p in candidates)
-            raise ValueError(
-                f"weights={folder}: several {part.replace('_', ' ')} candidates ({listed}); pass {part}=PATH."
-            )
-        if candidates:
-            setattr(parts, part, candidates[0])
+        chosen_part = single_candidate(folder, parts.candidates, part)
+        if chosen_part is not None:
+            setattr(parts, part, chosen_part)
     return parts

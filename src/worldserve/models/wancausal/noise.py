@@ -1,6 +1,8 @@
 """Gaussian noise for a whole batch in one set of device ops, each row from its own session's counter.
 
-Owns: :func:`batch_noise`. Every element is a pure function of (the session's seed, the
+Owns: :func:`batch_noise` and :class:`SessionNoise` (a step's ``noise()``: each call the next
+draw for every row, counted so the caller can advance its sessions' counters once the step
+commits). Every element is a pure function of (the session's seed, the
 session's draw counter, the element's index): a counter-based generator (a 32-bit integer hash,
 Chris Wellons' ``lowbias32``, in int64 tensor arithmetic so it runs the same on every device),
 two hashed uniforms per element turned into a standard normal by Box-Muller. So a session's
@@ -13,11 +15,12 @@ commits. Must not know: the model, caches, sessions.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["batch_noise"]
+__all__ = ["SessionNoise", "batch_noise"]
 
 _MASK = 0xFFFFFFFF
 
@@ -51,3 +54,20 @@ def batch_noise(seeds: Tensor, draws: Tensor, shape: tuple[int, ...]) -> Tensor:
     u2 = ((second >> 8).float() + 0.5) / 16777216.0
     normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
     return normal.view(-1, *shape)
+
+
+class SessionNoise:
+    """A step's noise for a batch: each call draws ``[B, *shape]``, row b from ``(seed, draws + calls so far)``.
+
+    ``counters`` are the rows' ``(seed, draws so far)``; they go to ``device`` as one small tensor.
+    :attr:`drawn` counts the calls: what each row's counter advances by when the step commits.
+    """
+
+    def __init__(self, counters: Sequence[tuple[int, int]], shape: tuple[int, ...], device: torch.device) -> None:
+        self.counters = torch.tensor([list(pair) for pair in counters]).to(device, non_blocking=True)
+        self.shape = shape
+        self.drawn = 0
+
+    def __call__(self) -> Tensor:
+        self.drawn += 1
+        return batch_noise(self.counters[:, 0], self.counters[:, 1] + (self.drawn - 1), self.shape)

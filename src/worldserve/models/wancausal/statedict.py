@@ -6,13 +6,15 @@ user's own key and the expected and found shapes), :func:`read_tensors` (one fil
 ``generator_ema`` / ``generator`` / ``model`` / ``state_dict`` and stripping the ``model.`` /
 ``module.`` prefixes and FSDP/checkpointing wrapper names; a safetensors file; a folder of
 safetensors shards with or without a ``*.index.json``, as Diffusers and transformers save
-them), :func:`read_json` and :func:`check_shapes` (every expected key present with its
-shape, nothing extra; the message uses the user's names). Must not know: which part a file
-is, the model, sessions.
+them), :func:`read_json`, :func:`check_shapes` (every expected key present with its
+shape, nothing extra; the message uses the user's names) and :func:`weights_digest` (the
+sha256 prefix a loaded model's version names). Must not know: which part a file is, the
+model, sessions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,7 +23,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["TensorInfo", "WeightsError", "check_shapes", "read_json", "read_shapes", "read_tensors", "shape_text"]
+__all__ = [
+    "TensorInfo",
+    "WeightsError",
+    "check_shapes",
+    "read_json",
+    "read_shapes",
+    "read_tensors",
+    "shape_text",
+    "weights_digest",
+]
 
 _WRAPPERS = ("generator_ema", "generator", "generator_lora", "model", "state_dict", "module")
 _PREFIXES = ("module.", "model.", "diffusion_model.")
@@ -46,6 +57,17 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise WeightsError(f"{path}: expected a JSON object.")
     return data
+
+
+def weights_digest(path: Path) -> str:
+    """sha256 (12 hex digits) of a weight file, or of every file under a folder in name order."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 def _tensor_files(folder: Path) -> list[Path]:

@@ -6,8 +6,9 @@ session's own list and handed to the public ``decoder`` module one latent frame 
 exactly as the library's one-shot ``decode`` does inside a single call. A batch's caches are
 stacked along the batch axis for one decoder pass and split back after it. Also: latent
 (de)normalisation with the VAE's ``latents_mean``/``latents_std`` and the start image's
-encoding, and :func:`decoder_cache_bytes` (a session's decoder cache, by a dry run on the meta
-device). Must not know: the transformer, the sampler, sessions' control plane.
+encoding, :func:`decoder_cache_bytes` (a session's decoder cache, by a dry run on the meta
+device), and the mapping between uint8 frames and the VAE's pixels in [-1, 1] both ways
+(:func:`frame_pixels`, :func:`host_frames`). Must not know: the transformer, the sampler, sessions' control plane.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from torch import Tensor, nn
@@ -22,10 +24,22 @@ from torch import Tensor, nn
 from worldserve.models.wancausal.build import build_vae
 from worldserve.models.wancausal.config import WanCausalConfig
 
-__all__ = ["DecoderCache", "VaeStream", "decoder_cache_bytes"]
+__all__ = ["DecoderCache", "VaeStream", "decoder_cache_bytes", "frame_pixels", "host_frames"]
 
 #: One session's decoder feature cache: one entry per causal convolution of the decoder.
 DecoderCache = list[Any]
+
+
+def frame_pixels(frame: np.ndarray[Any, np.dtype[np.uint8]], device: torch.device) -> Tensor:
+    """A uint8 frame ``[H, W, 3]`` as the VAE's pixels: ``[3, H, W]`` float32 in [-1, 1] on ``device``."""
+    return torch.from_numpy(frame).to(device).permute(2, 0, 1).float() / 127.5 - 1.0
+
+
+def host_frames(video: Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Decoded video ``[B, 3, T, H, W]`` in [-1, 1] as uint8 frames ``[B, T, H, W, 3]``, moved to the host once."""
+    frames = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+    host: np.ndarray[Any, np.dtype[np.uint8]] = frames.permute(0, 2, 3, 4, 1).cpu().numpy()
+    return host
 
 
 class VaeStream:

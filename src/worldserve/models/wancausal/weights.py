@@ -13,7 +13,6 @@ default and say so). Must not know: sessions, the sampler, caches.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae
+from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae, seeded_init
 from worldserve.models.wancausal.checkpoint import (
     TransformerState,
     infer_config,
@@ -32,7 +31,7 @@ from worldserve.models.wancausal.checkpoint import (
 from worldserve.models.wancausal.config import WanCausalConfig, get_config
 from worldserve.models.wancausal.families import Family, get_family, guess_family
 from worldserve.models.wancausal.files import Parts, find_parts
-from worldserve.models.wancausal.statedict import WeightsError
+from worldserve.models.wancausal.statedict import WeightsError, weights_digest
 from worldserve.models.wancausal.t5 import load_text_encoder, load_tokenizer
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
@@ -121,17 +120,6 @@ class LoadedWeights:
         return self.parts.vae is not None
 
 
-def _digest(path: Path) -> str:
-    """sha256 of a checkpoint file, or of a folder's weight files in name order."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 def load_weights(options: WeightOptions, device: torch.device, seed: int, text_dtype: torch.dtype) -> LoadedWeights:
     """Resolve, build and load; random initialisation (diffusers') is seeded by ``seed``."""
     parts = resolve(options)
@@ -169,9 +157,7 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
             f"{parts.text_encoder}: the text encoder needs its tokenizer: tokenizer=DIR (Wan's google/umt5-xxl/ "
             "or a Diffusers tokenizer/ folder)."
         )
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.device(device):  # the caller's RNG stays as it was
-        torch.manual_seed(seed)
+    with seeded_init(device, seed):  # the caller's RNG stays as it was
         transformer = build_transformer(config)
         actions = ActionEmbedding(config.action_dim, config.dim)
         autoencoder = build_vae(config)
@@ -189,9 +175,9 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
         version = f"{config.name}:dummy-seed-{seed}"
     else:
         assert parts.transformer is not None
-        version = f"{config.name}:sha256:{_digest(parts.transformer)}"
+        version = f"{config.name}:sha256:{weights_digest(parts.transformer)}"
         if parts.lora is not None:
-            version += f"+lora:{_digest(parts.lora)}"
+            version += f"+lora:{weights_digest(parts.lora)}"
     return LoadedWeights(
         family=get_family(guess_family(config.name, named)),
         config=config,
