@@ -71,6 +71,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("serve-sessions-0", {}, ["serve", "--max-sessions-per-worker", "0"], "--max-sessions-per-worker: must be at"),
     ("serve-unknown-model", {}, ["serve", "--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
     ("serve-memory-budget", {}, ["serve", "--memory-budget", "lots"], "not a byte size: 'lots'"),
+    (
+        "serve-memory-budget-too-small",
+        {},
+        ["serve", "--port", "0", "--model", "procedural", "--memory-budget", "1"],
+        "a worker can hold no session: one session's state needs",
+    ),
     ("serve-option-steps", {}, ["serve", "--port", "0", "--model-option", "steps=abc"], "steps must be noise levels"),
     (
         "serve-option-precision",

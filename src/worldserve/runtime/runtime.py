@@ -67,11 +67,21 @@ class Runtime:
     # -- starting and stopping ---------------------------------------------------------
 
     async def start(self) -> Runtime:
-        """Start the workers (each loads the model) and the control plane."""
+        """Start the workers (each loads the model) and the control plane.
+
+        Raises ``ValueError`` (the workers stopped again) when a memory budget leaves no room for
+        one session's state: such a runtime would refuse every world."""
         if self._started:
             raise SessionStateError("the runtime is already started.")
         self._started = True
         await self.engine.start()
+        limits = self.config.worker_config().limits
+        if limits.capacity(self.engine.spec.state_bytes) == 0:  # a worker that holds nothing refuses every world
+            await self.engine.shutdown()
+            raise ValueError(
+                f"a worker can hold no session: one session's state needs {self.engine.spec.state_bytes} bytes "
+                f"and the memory budget is {limits.memory_budget_bytes} bytes; raise --memory-budget"
+            )
         consumer: TickConsumer[Chunk] = self.engine
         if self.config.record_dir is not None:
             self.journals = Journals(self.config.record_dir, self.engine, self.spec, dict(self.config.model_options))
