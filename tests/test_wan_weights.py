@@ -284,3 +284,26 @@ def test_the_14b_sharded_layout_loads_through_its_index(tmp_path: Path) -> None:
     assert model.family.name == "wan"
     params = dict(model.forward.transformer.named_parameters())
     assert torch.equal(params["blocks.0.ffn.net.2.weight"], weights["blocks.0.ffn.2.weight"])
+
+
+def test_a_folder_with_two_candidates_for_a_part_lists_them_and_the_family_decides_between_checkpoints(
+    tmp_path: Path,
+) -> None:
+    from worldserve.models.wancausal.files import find_parts
+
+    for name in ("sf/self_forcing_dmd.pt", "causvid/model.pt", "a/Wan2.1_VAE.pth", "Wan2.1_VAE.pth"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")  # names only: finding reads no file
+    both = r"several transformer checkpoints \(causvid/model.pt, sf/self_forcing_dmd.pt\); pass checkpoint=PATH or"
+    with pytest.raises(ValueError, match=both):
+        find_parts(tmp_path)
+    with pytest.raises(ValueError, match=r"several vae candidates \(Wan2.1_VAE.pth, a/Wan2.1_VAE.pth\); pass vae=PATH"):
+        find_parts(tmp_path, family="causvid")
+    (tmp_path / "a" / "Wan2.1_VAE.pth").unlink()
+    parts = find_parts(tmp_path, family="causvid")
+    assert (parts.transformer, parts.family, parts.vae) == (
+        tmp_path / "causvid" / "model.pt",
+        "causvid",
+        tmp_path / "Wan2.1_VAE.pth",
+    )
+    assert parts.missing() == ["text_encoder", "tokenizer"]
