@@ -30,8 +30,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
+# Two pytest processes (the suite waits on sockets, subprocesses and a browser much of the time);
+# the Ray tests share one of them (xdist group "ray": they use this machine's Ray address file).
 test: lint browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 conformance: venv
 	PYTHON=$(BIN)/python bash ../shared/conformance/run

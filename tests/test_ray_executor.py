@@ -46,7 +46,8 @@ from worldserve.runtime import (  # noqa: E402
 from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG, RayExecutor  # noqa: E402
 from worldserve.runtime.messages import ResidencyLimits, WorkerConfig  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+# One xdist group for every Ray test: they share the machine's Ray address file and its cores.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("ray")]
 
 FAULTY = "runtime_models:FaultyModel"
 SLOT = {"worldserve": 1.0}

@@ -25,7 +25,8 @@ from server_harness import start_server, until_failed  # noqa: E402
 from worldserve.client import WorldClient, WorldClientError  # noqa: E402
 from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+# One xdist group for every Ray test: they share the machine's Ray address file and its cores.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ pytest.importorskip("ray")
 
 from server_harness import free_port
 
-pytestmark = pytest.mark.timeout(240)
+# One xdist group for every Ray test: they share the machine's Ray address file and its cores.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
