@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import urllib.request
 from collections.abc import Iterator
@@ -341,6 +342,27 @@ async def test_a_server_stop_tells_every_member_shutdown_before_closing_their_so
         # uvicorn re-raises the signal it caught once it has shut down, as a process killed by it would end
         assert running.process.wait(timeout=60) in (0, -signal.SIGTERM)
         assert "Traceback" not in running.log()
+    finally:
+        running.stop()
+
+
+async def test_a_stop_sent_to_the_whole_process_group_still_tells_every_member_shutdown() -> None:
+    """systemd's default KillMode, `timeout` and `kill -- -PGID` send SIGTERM to the workers too: the
+    server still shuts down as it does alone (the workers leave that to it), so a player hears
+    `session.closed {reason: "shutdown"}`, not `session.failed {code: worker_died}`."""
+    running = start_server("--model", "procedural", "--workers", "2", own_group=True)
+    try:
+        host = await Wire.open(running)
+        await host.start(seed=3)
+        await host.until("chunk", seq=2)
+        os.killpg(running.process.pid, signal.SIGTERM)
+        while (message := await host.next())["type"] != "session.closed":
+            assert message["type"] != "session.failed", message
+        assert message["reason"] == "shutdown"
+        assert running.process.wait(timeout=60) in (0, -signal.SIGTERM)
+        log = running.log()
+        assert "died" not in log
+        assert "Traceback" not in log
     finally:
         running.stop()
 

@@ -347,3 +347,42 @@ async def test_worker_processes_share_the_cpu_threads() -> None:
     assert RuntimeConfig(executor="inprocess").worker_config().cpu_threads is None  # shares this process
     with pytest.raises(ValueError, match="threads_per_worker"):
         RuntimeConfig(threads_per_worker=0)
+
+
+async def test_workers_leave_sigterm_to_the_parent_and_a_runtime_never_closed_still_lets_python_exit(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM to a worker (systemd and `kill -- -PGID` signal the whole group) does not kill it: the
+    parent stops its workers itself. So a script that never closes its runtime must still end:
+    its workers are killed and their shared memory unlinked at exit."""
+    import subprocess
+    import sys
+
+    async with Runtime("procedural", workers=1) as rt:
+        session = await rt.create_session(seed=5)
+        await session.next_chunk()
+        pid = rt.engine.executor.pid(0)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        second = await session.next_chunk()  # the same worker made it: it is alive, the state kept
+        assert second.metadata.chunk_index == 1
+        assert rt.engine.executor.pid(0) == pid
+        assert rt.stats().engine.worker_deaths == 0
+    script = tmp_path / "never_closed.py"
+    script.write_text(
+        "import asyncio\n"
+        "from worldserve.runtime import Runtime\n\n"
+        "async def main():\n"
+        "    runtime = Runtime('procedural', workers=2)\n"
+        "    await runtime.start()\n"
+        "    await (await runtime.create_session(seed=1)).next_chunk()\n"
+        "    print('leaving without closing', flush=True)\n\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n"
+    )
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "leaving without closing\n"
+    assert "leaked shared_memory" not in done.stderr

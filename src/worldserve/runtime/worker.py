@@ -81,8 +81,12 @@ def limit_threads(threads: int) -> None:
 
 def run_worker(conn: Connection, config: WorkerConfig, worker: int) -> None:
     """The process entry point (``multiprocessing`` spawn target)."""
-    # The parent owns shutdown: a Ctrl-C in its terminal must not kill workers mid-step.
+    # The parent owns shutdown: a Ctrl-C in its terminal, or a SIGTERM sent to its whole process
+    # group (systemd's default KillMode, `timeout`, `kill -- -PGID`), must not kill workers under
+    # its graceful stop. It stops them itself (SHUTDOWN, then SIGKILL); a worker whose parent is
+    # gone exits when its pipe closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if config.cpu_threads is not None:
         limit_threads(config.cpu_threads)
     try:

@@ -8,7 +8,9 @@ replies, copying a step's frames out of the worker's shared-memory
 :class:`~worldserve.runtime.framebuf.FrameBuffer`, resolving futures through
 ``call_soon_threadsafe``, and noticing a death as end-of-file), and the buffer's
 lifetime. A dead worker's death (the base's path: pending calls fail, reported once)
-names its pid and exit status.
+names its pid and exit status. Workers ignore SIGTERM and SIGINT (the parent owns shutdown),
+so a runtime never closed is cleaned up at interpreter exit: its workers killed, its
+buffers unlinked (before ``multiprocessing``'s own exit hook, which would wait on them).
 
 Must not know: sessions, batching, routing, what the model computes.
 """
@@ -16,6 +18,7 @@ Must not know: sessions, batching, routing, what the model computes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -92,6 +95,7 @@ class MultiprocExecutor(Executor):
 
     async def start(self) -> None:
         self._bind_loop()
+        atexit.register(self._kill_at_exit)  # runs before multiprocessing's hook (registered earlier)
         try:
             await asyncio.gather(*(self._launch(index) for index in range(self.num_workers)))
         except BaseException:
@@ -272,7 +276,21 @@ class MultiprocExecutor(Executor):
 
     # -- stopping ----------------------------------------------------------------------
 
+    def _kill_at_exit(self) -> None:
+        """At interpreter exit, for a runtime never closed: kill the workers, unlink the buffers."""
+        for proc in self._procs:
+            if proc is None:
+                continue
+            proc.life.closing = True
+            with contextlib.suppress(Exception):
+                proc.process.kill()
+                proc.process.join(5.0)
+            if proc.frames is not None:
+                with contextlib.suppress(Exception):
+                    proc.frames.close()
+
     async def _stop_workers(self) -> None:
+        atexit.unregister(self._kill_at_exit)
         procs = [proc for proc in self._procs if proc is not None]
         for proc in procs:
             proc.outbox.put((-1, SHUTDOWN, (), False))
