@@ -2,8 +2,8 @@
 
 Batching across sessions through the runtime, residency by ``state_bytes``, rollback of a chunk through
 the runner, and a real ``worldserve serve`` playing a session from a start image over WebSocket: keys and
-mouse applied, a viewer sharing the world, a dropped connection resumed, and the journal replayed frame
-for frame.
+mouse applied, a viewer sharing the world, a dropped connection resumed, a chunk cancelled mid-step, and
+the journal replayed frame for frame.
 """
 
 from __future__ import annotations
@@ -134,7 +134,20 @@ async def test_a_real_server_plays_from_a_start_image_shares_resumes_and_replays
             await host.drop()  # the connection is lost; the world is kept
             await host.resume()
             got += [await host.next_chunk(timeout=60) for _ in range(2)]
-            assert [c.chunk_index for c in got] == list(range(len(got)))
+            cancelled, refusals = None, set()
+            for _ in range(400):  # chunk.cancel while a chunk is being made (most of the time, on a CPU)
+                try:
+                    cancelled = await host.cancel_chunk()
+                    break
+                except WorldError as refused:
+                    refusals.add(refused.code)
+                    await asyncio.sleep(0.025)
+            assert refusals <= {"nothing_to_cancel"}
+            assert cancelled is not None
+            assert cancelled >= len(got)
+            while len(got) <= cancelled + 1:
+                got.append(await host.next_chunk(timeout=60))
+            assert [c.chunk_index for c in got] == list(range(len(got)))  # no index skipped or repeated
             await host.close()
         journal = next(record.glob("*.jsonl"))
         from worldserve.runtime.journal import read_journal
@@ -147,7 +160,8 @@ async def test_a_real_server_plays_from_a_start_image_shares_resumes_and_replays
         replayed = await replay(journal, executor="inprocess")
         assert replayed.same_model
         live = np.concatenate([c.frames for c in got])
-        assert np.array_equal(replayed.frames[: len(live)], live)  # frame for frame
+        # Frame for frame, the chunks after the cancelled one included: the replay never made it.
+        assert np.array_equal(replayed.frames[: len(live)], live)
     finally:
         server.stop()
 
