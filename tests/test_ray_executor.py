@@ -468,4 +468,4 @@ def test_serve_joins_the_cluster_ray_address_names(nodes: Nodes) -> None:
     assert "Uvicorn running on" in text, text
     assert f"joined the Ray cluster at {nodes.cluster.address}" in text
     assert "Started a local Ray instance" not in text
-    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful stop
+    assert process.returncode == 0  # a stop asked for is a clean exit

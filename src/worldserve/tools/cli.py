@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -465,11 +465,24 @@ def _shutdown_aware_server(config: Any, *, before_shutdown: Callable[[], Awaitab
 
     class Server(uvicorn.Server):
         """uvicorn's server, telling every world's members ``session.closed {reason: "shutdown"}``
-        (and closing their sockets with 1001) before uvicorn closes what is left with 1012."""
+        (and closing their sockets with 1001) before uvicorn closes what is left with 1012.
+
+        uvicorn re-raises the signal that stopped it as ``serve()`` returns, which would end the
+        process before the runtime closes (workers left to die with their pipes, journals not
+        closed, shared memory not unlinked); here a stop asked for by a signal returns instead,
+        and the caller closes the runtime and exits 0."""
 
         def __init__(self, config: uvicorn.Config, *, before_shutdown: Callable[[], Awaitable[None]]) -> None:
             super().__init__(config)
             self._before_shutdown = before_shutdown
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list):
+                    captured.clear()  # handled: the server stopped gracefully; the caller exits 0
 
         async def shutdown(self, sockets: Any = None) -> None:
             for listener in self.servers:  # no new connection while the worlds end
