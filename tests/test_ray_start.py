@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,7 +54,7 @@ def _serve_until_running() -> str:
         rest, _ = process.communicate(timeout=60)
     text = "".join(lines) + rest
     assert "Uvicorn running on" in text, text
-    assert process.returncode in (0, -signal.SIGTERM), text
+    assert process.returncode == 0, text
     assert "Traceback" not in text
     return text
 
@@ -69,12 +74,33 @@ def _stop_ray_node(port: int) -> None:
         with contextlib.suppress(psutil.Error):
             process.kill()
     psutil.wait_procs(doomed, timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # gone means its GCS port refuses, not just its processes killed
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()  # the GCS listens on every address
+        except OSError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the Ray node on port {port} still answers after its processes were killed")
 
 
-def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own() -> None:
+@pytest.fixture
+def ray_tmpdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Ray's temp folder for this test alone (short: Ray's sockets live in it), so that neither the
+    machine's own `ray start` nor another test's cluster is touched or seen: `ray start`, serve and
+    the private Ray all read RAY_TMPDIR. serve must still join only what the address file names."""
+    temp = tempfile.mkdtemp(prefix="wsray", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own(ray_tmpdir: str) -> None:
     from ray._common.utils import get_ray_address_file
 
+    temp = ray_tmpdir
     address_file = Path(get_ray_address_file(None))
+    assert address_file == Path(temp, "ray", "ray_current_cluster")
     port = free_port()
     started = subprocess.run(
         [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "0",
@@ -84,7 +110,7 @@ def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own() -> None:
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         text = _serve_until_running()
-        assert f"joined the Ray cluster at {address_file.read_text().strip()}" in text
+        assert f"joined the Ray cluster at {address_file.read_text().strip()}" in text, text
         assert "the cluster of this machine's last `ray start`" in text
         assert str(port) in address_file.read_text()
         assert "Started a local Ray instance" not in text
@@ -94,7 +120,7 @@ def test_serve_joins_a_ray_start_of_this_machine_else_starts_its_own() -> None:
     # The address file of a `ray start` that is gone: joining fails, loudly, naming the file.
     process = _serve("--ray-connect-timeout-s", "2")
     out, _ = process.communicate(timeout=120)
-    assert process.returncode == 2
+    assert process.returncode == 2, out
     assert f"no Ray cluster answered at {address_file.read_text().strip()} (the cluster of this machine's" in out
     assert str(address_file) in out
     address_file.unlink()  # what `ray stop` does

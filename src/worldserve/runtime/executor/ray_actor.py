@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -98,6 +99,16 @@ def _reclaim_signals() -> None:
         handler = signal.getsignal(signum)
         if handler is not None:
             signal.signal(signum, handler)
+
+
+def _listens(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``host:port`` (a dead head's port refuses at once)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 async def _off_loop(call: Callable[[], Any], timeout: float | None, *, then: Callable[[], None] | None = None) -> Any:
@@ -280,15 +291,17 @@ class RayExecutor(Executor):
         target = self._address or os.environ.get("RAY_ADDRESS") or None
         if target is None:
             from ray._common.utils import get_ray_address_file
-            from ray._private.services import get_ray_address_from_environment
+            from ray._private.services import find_bootstrap_address
 
-            try:  # the cluster a `ray start` on this machine runs (Ray's own rule for "auto")
-                local = get_ray_address_from_environment("auto", None)
-            except ConnectionError:  # none
-                local = None
+            # The cluster of this machine's last `ray start`: its address file, nothing else (Ray's
+            # "auto" also takes any Ray it finds running here, another program's private one included).
+            local: str | None = find_bootstrap_address(None)
             if local is not None:
-                # "auto", not the address: only then does Ray take this machine's cluster token too.
                 where = f"{local} (the cluster of this machine's last `ray start`, from {get_ray_address_file(None)})"
+                if not await _off_loop(lambda: _listens(local), None):  # bounded by its own 2 s connect timeout
+                    raise self._no_answer(where)
+                # "auto", not the address: only then does Ray take this machine's cluster token too; with
+                # that cluster up, "auto" is that cluster.
                 await self._join(ray, "auto", where)
                 return
             self._private = _PrivateRay()
@@ -304,11 +317,14 @@ class RayExecutor(Executor):
         try:
             await _off_loop(lambda: ray.init(address=address, log_to_driver=True), self._connect_timeout)
         except TimeoutError:
-            raise WorkerStartError(
-                f"no Ray cluster answered at {where} within {self._connect_timeout:g} s "
-                "(--ray-connect-timeout-s); is the head running, and is the address right?"
-            ) from None
+            raise self._no_answer(where) from None
         _log.info("joined the Ray cluster at %s", where)
+
+    def _no_answer(self, where: str) -> WorkerStartError:
+        return WorkerStartError(
+            f"no Ray cluster answered at {where} within {self._connect_timeout:g} s "
+            "(--ray-connect-timeout-s); is the head running, and is the address right?"
+        )
 
     async def cluster_summary(self) -> str:
         """What the cluster has, in all and free now, and its live nodes (for messages; best effort)."""
