@@ -75,7 +75,7 @@ class Runtime:
             raise SessionStateError("the runtime is already started.")
         self._started = True
         await self.engine.start()
-        limits = self.config.worker_config().limits
+        limits = self.engine.executor.config.limits  # what the workers were given (admission reads the same)
         if limits.capacity(self.engine.spec.state_bytes) == 0:  # a worker that holds nothing refuses every world
             await self.engine.shutdown()
             raise ValueError(
