@@ -27,6 +27,7 @@ from worldserve.models.base import SessionOptions
 from worldserve.models.matrixgame.adapter import MatrixGameModel, MatrixGameState
 from worldserve.models.matrixgame.controls import keys_control, mouse_control
 from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.options import resolve_dtype
 from worldserve.protocol import ControlInput
 
 #: Each session holds other keys and turns the camera another way.
@@ -70,7 +71,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print(f"matrix-game-2 bench: config {args.config}, device {args.device}, dtype {args.dtype}, dummy weights")
+    served, _, note = resolve_dtype(args.dtype, torch.device(args.device), "matrix-game-2")
+    print(f"matrix-game-2 bench: config {args.config}, device {args.device}, dtype {served}, dummy weights")
+    if note is not None:
+        print(f"note: {note}")
     print()
     print(
         "| variant | batch | block latency, one step | B steps of 1 (one per forward) | speed-up | frames/s per "

@@ -161,12 +161,11 @@ def attention_part(args: argparse.Namespace) -> None:
     from worldserve.models.wancausal.cache import KVCache
     from worldserve.models.wancausal.config import get_config
     from worldserve.models.wancausal.forward import CachedForward
+    from worldserve.models.wancausal.options import resolve_dtype
     from worldserve.models.wancausal.rope import FrameRope
 
     device = torch.device(args.device)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32}.get(
-        args.dtype, torch.bfloat16
-    )
+    _, dtype, _ = resolve_dtype(args.dtype, device, "wan-causal attention")
     config = get_config(args.config)
     if args.attention_layers:
         config = replace(config, num_layers=args.attention_layers)
@@ -250,7 +249,12 @@ def main() -> int:
 
 
 def blocks_part(args: argparse.Namespace) -> None:
-    print(f"wan-causal bench: config {args.config}, device {args.device}, dtype {args.dtype}, dummy weights")
+    from worldserve.models.wancausal.options import resolve_dtype
+
+    served, _, note = resolve_dtype(args.dtype, torch.device(args.device), "wan-causal")
+    print(f"wan-causal bench: config {args.config}, device {args.device}, dtype {served}, dummy weights")
+    if note is not None:
+        print(f"note: {note}")
     print()
     print(
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "

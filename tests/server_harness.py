@@ -62,23 +62,31 @@ TESTS = Path(__file__).resolve().parent
 
 
 def start_server(
-    *args: str, token: str | None = None, timeout: float = 180.0, test_models: bool = False, own_group: bool = False
+    *args: str,
+    token: str | None = None,
+    timeout: float = 180.0,
+    test_models: bool = False,
+    own_group: bool = False,
+    env: dict[str, str] | None = None,
 ) -> RunningServer:
     """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers.
 
     ``test_models``: the server can load ``runtime_models:...`` (tests/ on its PYTHONPATH).
     ``own_group``: the server leads a process group of its own (its workers join it), as a
     service manager or a terminal would start it, so that a test can signal the whole group.
+    ``env``: variables added to the server's environment.
     """
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", delete=False)  # noqa: SIM115
     command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning", *args]
     if token is not None:
         command += ["--token", token]
-    env = {**os.environ}
+    environment = {**os.environ, **(env or {})}
     if test_models:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), environment.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, start_new_session=own_group
+    )
     server = RunningServer(process, port, Path(log_file.name), token)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +225,22 @@ def test_runtime_config_from_the_command_line() -> None:
         parse_bytes("lots")
     with pytest.raises(TypeError, match="unexpected keyword argument 'wokers'"):
         Runtime("procedural", wokers=2)
+
+
+def test_default_threads_leave_a_core_to_the_server_and_say_why() -> None:
+    from worldserve.runtime.config import default_threads_per_worker
+
+    # 2 cores, 1 worker: 2 threads fought the server and a browser (1.2-4.8 s per tinyworld step on AVX2).
+    assert default_threads_per_worker(1, cores=2) == (1, "2 cores, 1 left to the server, shared by 1 worker")
+    assert default_threads_per_worker(1, cores=16)[0] == 15
+    assert default_threads_per_worker(4, cores=16)[0] == 3
+    assert default_threads_per_worker(2, cores=2) == (1, "2 cores, shared by 2 workers")
+    assert default_threads_per_worker(1, cores=1)[0] == 1
+    assert RuntimeConfig(threads_per_worker=3).worker_threads() == (3, "--threads-per-worker")
+    assert RuntimeConfig(executor="inprocess").worker_config().cpu_threads is None
+    threads, why = RuntimeConfig().worker_threads()
+    assert RuntimeConfig().worker_config().cpu_threads == threads
+    assert why.startswith(f"{len(os.sched_getaffinity(0))} cores")
 
 
 @pytest.mark.parametrize("executor", ["inprocess", "multiprocess"])

@@ -382,12 +382,18 @@ def test_benchmark_smoke_runs_the_tiny_config_in_both_precisions() -> None:
     import sys
     from pathlib import Path
 
+    from worldserve.models.precision import native_low_precision
+
     root = Path(__file__).resolve().parent.parent
-    for dtype in ("float32", "bfloat16"):  # bfloat16: the GPU mode's precision, on the CPU
+    # bfloat16: the GPU mode's precision, on the CPU; float32 where the CPU has no native bf16 (AVX2 only).
+    native = native_low_precision(torch.device("cpu"), "bfloat16")
+    for dtype, served in (("float32", "float32"), ("bfloat16", "bfloat16" if native else "float32")):
         command = [sys.executable, "bench/wan_causal.py", "--threads", "1", "--blocks", "1", "--batches", "1", "2"]
         command += ["--windows", "3", "--dtype", dtype]
         done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=140, check=False)
         assert done.returncode == 0, done.stderr
+        assert f"device cpu, dtype {served}, dummy weights" in done.stdout, done.stdout
+        assert ("note: wan-causal: bfloat16 asked, serving float32" in done.stdout) == (served != dtype)
         assert re.search(r"\| 3 \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \|", done.stdout), done.stdout
 
 

@@ -88,8 +88,12 @@ class ModelSpec:
     #: True when a world starts only from a start image (an image-to-world model): a session
     #: without one (``SessionOptions.image``) is refused when it is created.
     requires_image: bool = False
+    #: What the model chose at load that its user should hear of (a precision this machine
+    #: cannot serve fast, served in float32 instead): the server says each at start-up.
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", tuple(str(note) for note in self.notes))
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -140,6 +144,7 @@ class ModelSpec:
             "continuous_tracks": list(self.continuous_tracks),
             "can_rollback": self.can_rollback,
             "requires_image": self.requires_image,
+            "notes": list(self.notes),
         }
 
 

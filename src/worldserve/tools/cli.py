@@ -423,6 +423,8 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
+    print(startup_summary(runtime), file=sys.stderr, flush=True)
+
     @asynccontextmanager
     async def started() -> AsyncIterator[Runtime]:
         yield runtime
@@ -458,6 +460,23 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
         print(f"worldserve: stopped: {runtime.lost}", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def startup_summary(runtime: Any) -> str:
+    """What the server chose and the user should know before the first world: the model, the
+    precision it serves in, each worker's compute threads and why, and the model's own notes."""
+    spec, config = runtime.spec, runtime.config
+    threads, why = config.worker_threads()
+    threads_said = (
+        "the libraries' default threads" if threads is None else f"{threads} thread{'s' if threads != 1 else ''}"
+    )
+    workers = f"{config.workers} worker{'s' if config.workers != 1 else ''}"
+    lines = [
+        f"worldserve: serving {spec.name} ({spec.precision or 'default precision'}) on {workers} x {threads_said} "
+        f"({why}; --threads-per-worker N to change)"
+    ]
+    lines += [f"worldserve: note: {note}" for note in spec.notes]
+    return "\n".join(lines)
 
 
 def _shutdown_aware_server(config: Any, *, before_shutdown: Callable[[], Awaitable[None]]) -> Any:

@@ -141,7 +141,7 @@ class MatrixGameModel:
         if threads_count is not None:
             torch.set_num_threads(threads_count)
         self.device = torch.device(device)
-        precision, self.dtype = resolve_dtype(dtype, self.device, _MODEL)
+        precision, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
         options = MatrixWeightOptions(
             config=config,
             variant=variant,
@@ -195,6 +195,7 @@ class MatrixGameModel:
             continuous_tracks=tuple(c.track for c in controls if c.track in (KEYS_TRACK, MOUSE_TRACK)),
             can_rollback=rollback_on is not False,
             requires_image=True,
+            notes=() if precision_note is None else (precision_note,),
         )
 
     def _describe(self) -> str:

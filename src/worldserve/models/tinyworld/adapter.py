@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.precision import native_low_precision, served_precision
 from worldserve.models.tinyworld.accel import ACCELS, DEFAULT_ACCEL, FastSampler
 from worldserve.models.tinyworld.cache import KVCache
 from worldserve.models.tinyworld.data import chunk_controls
@@ -136,12 +137,13 @@ class TinyWorldModel:
         self.net.to(self.device)
         self.net.eval()
         #: bfloat16 autocast (weights and cache stay float32): on a GPU, or a CPU with native
-        #: bf16 (AVX512-BF16 / AMX), it is much faster at batch > 1; elsewhere float32.
+        #: bf16 (AVX512-BF16 / AMX), it is much faster at batch > 1; elsewhere float32 (also when
+        #: bfloat16 is asked: emulated, it is several times slower; the spec's note says so).
         if precision not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"precision must be auto, bfloat16 or float32; got {precision!r}.")
         if precision == "auto":
-            native = self.device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-            precision = "bfloat16" if native else "float32"
+            precision = "bfloat16" if native_low_precision(self.device, "bfloat16") else "float32"
+        precision, precision_note = served_precision(precision, self.device, "tinyworld")
         self.precision = precision
         #: The float32/bfloat16 serving path (:mod:`~.accel`): "none" is the reference path.
         if accel not in ("auto", *ACCELS):
@@ -170,6 +172,7 @@ class TinyWorldModel:
             ),
             version=version,
             precision=precision,
+            notes=() if precision_note is None else (precision_note,),
         )
         #: Seconds the constructor spent warming the serving path up (compiling), 0.0 if none.
         self.warmup_seconds = 0.0

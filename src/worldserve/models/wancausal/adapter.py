@@ -131,7 +131,7 @@ class WanCausalModel:
         if threads_count is not None:
             torch.set_num_threads(threads_count)
         self.device = torch.device(device)
-        dtype, self.dtype = resolve_dtype(dtype, self.device, _MODEL)
+        dtype, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
         weight_seed = option_int(seed, _MODEL, "seed") or 0
         options = WeightOptions(
             config=config,
@@ -210,6 +210,7 @@ class WanCausalModel:
             atomic_step=True,
             version=loaded.version,
             precision=dtype,
+            notes=() if precision_note is None else (precision_note,),
         )
 
     def _describe(self) -> str:

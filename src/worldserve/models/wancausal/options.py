@@ -2,8 +2,9 @@
 
 Owns: :func:`option_path`, :func:`option_bool`, :func:`option_int` (a string or a value -> the
 option's type, the error naming the model and the option), :func:`resolve_dtype` (``auto``:
-bfloat16 on CUDA, else float32) and :func:`cast_module` (parameters to the serving precision,
-the parts diffusers keeps in float32 kept so). Used by ``wan-causal`` and ``matrix-game-2``.
+bfloat16 on CUDA, else float32; a reduced precision this CPU has no fast kernels for is served
+in float32, with a note: :mod:`worldserve.models.precision`) and :func:`cast_module` (parameters
+to the serving precision, the parts diffusers keeps in float32 kept so). Used by ``wan-causal`` and ``matrix-game-2``.
 Must not know: sessions, the runtime.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from worldserve.models.precision import served_precision
 
 __all__ = ["DTYPES", "FLOAT32_PARTS", "cast_module", "option_bool", "option_int", "option_path", "resolve_dtype"]
 
@@ -45,13 +48,15 @@ def option_int(value: int | str | None, model: str, name: str) -> int | None:
         raise ValueError(f"{model} option {name} must be an integer; got {value!r}.") from None
 
 
-def resolve_dtype(dtype: str, device: torch.device, model: str) -> tuple[str, torch.dtype]:
-    """(name, dtype) of the ``dtype`` option: ``auto`` is bfloat16 on CUDA, float32 elsewhere."""
+def resolve_dtype(dtype: str, device: torch.device, model: str) -> tuple[str, torch.dtype, str | None]:
+    """(name, dtype, note) of the ``dtype`` option: ``auto`` is bfloat16 on CUDA, float32 elsewhere;
+    bfloat16 or float16 on a CPU without native kernels for it is float32, and the note says why."""
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"{model} option dtype must be auto or one of {sorted(DTYPES)}; got {dtype!r}.")
-    return dtype, DTYPES[dtype]
+    served, note = served_precision(dtype, device, model)
+    return served, DTYPES[served], note
 
 
 def cast_module(module: torch.nn.Module, dtype: torch.dtype, float32_parts: tuple[str, ...] = ()) -> None:

@@ -1,0 +1,45 @@
+"""Which arithmetic a model can serve in on this device, and what to tell its user when it cannot.
+
+Owns: :func:`native_low_precision` (whether the device has fast kernels for bfloat16 / float16:
+a GPU does; a CPU only with AVX512-BF16 / AMX for bfloat16, AVX512-FP16 / AMX-FP16 for float16)
+and :func:`served_precision` (the precision asked -> the one served, with the reason when they
+differ). On a CPU without those kernels (an AVX2-only machine) PyTorch emulates the reduced
+precision: measured there, a bfloat16 linear layer ran 9x and a 3D convolution 60x slower than
+in float32 (the Wan VAE decode of the tiny config: 1.5 s instead of 0.2 s), so a model asked for
+the GPU's precision there serves in float32 and says so, instead of being 10-100x slower.
+Must not know: which model asks, sessions, the runtime.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["LOW_PRECISIONS", "native_low_precision", "served_precision"]
+
+#: The reduced precisions a CPU may lack kernels for.
+LOW_PRECISIONS = ("bfloat16", "float16")
+
+
+def native_low_precision(device: torch.device, precision: str) -> bool:
+    """True when ``device`` computes ``precision`` natively (float32 always; a GPU always)."""
+    if precision not in LOW_PRECISIONS or device.type != "cpu":
+        return True
+    if precision == "bfloat16":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+def served_precision(asked: str, device: torch.device, model: str) -> tuple[str, str | None]:
+    """(the precision served, a note for the user or None) for ``asked`` on ``device``.
+
+    A reduced precision the device has no fast kernels for is served in float32; the note says
+    what was asked, why it is not served, and how the machine was told apart.
+    """
+    if native_low_precision(device, asked):
+        return asked, None
+    capability = torch.backends.cpu.get_cpu_capability()
+    note = (
+        f"{model}: {asked} asked, serving float32: this CPU ({capability}) has no native {asked} kernels, "
+        f"where {asked} runs 10-100x slower than float32 (docs/models.md, 'Precision')"
+    )
+    return "float32", note
