@@ -134,11 +134,17 @@ def main() -> int:
     args = parser.parse_args()
 
     options = " ".join(args.model_option) or "defaults"
-    threads = "" if args.threads_per_worker is None else f" of {args.threads_per_worker} thread(s)"
+    import torch
+
+    from worldserve.runtime.config import default_threads_per_worker
+
+    count = args.threads_per_worker or default_threads_per_worker(args.workers)[0]
+    threads = f" of {count} thread(s){'' if args.threads_per_worker else ' (the server default)'}"
     threads += "".join(f", {extra}" for extra in args.server_arg)
     print(
         f"capacity bench: model {args.model} ({options}), {args.workers} worker(s){threads}, {os.cpu_count()} CPUs "
-        f"({platform.processor() or platform.machine()}), {args.duration:g} s per session, "
+        f"({platform.processor() or platform.machine()}, torch's CPU kernels: "
+        f"{torch.backends.cpu.get_cpu_capability()}), {args.duration:g} s per session, "
         f"start offsets uniform in [0, {args.stagger:g}] s; load average {os.getloadavg()[0]:.1f}"
     )
     results: dict[str, tuple[int, list[CapacityStep]]] = {}

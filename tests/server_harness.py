@@ -60,6 +60,19 @@ def free_port() -> int:
 
 TESTS = Path(__file__).resolve().parent
 
+#: The run's folder for server logs (set by conftest.py to its temporary folder); None: the system's.
+LOG_ROOT: Path | None = None
+
+
+def log_dir() -> Path | None:
+    """Where the running test's servers write their logs: ``LOG_ROOT/<test module>``."""
+    if LOG_ROOT is None:
+        return None
+    current = os.environ.get("PYTEST_CURRENT_TEST", "unknown.py::")
+    folder = LOG_ROOT / Path(current.split("::", 1)[0]).stem
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
 
 def start_server(
     *args: str,
@@ -77,7 +90,7 @@ def start_server(
     ``env``: variables added to the server's environment.
     """
     port = free_port()
-    log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", delete=False)  # noqa: SIM115
+    log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", dir=log_dir(), delete=False)  # noqa: SIM115
     command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning", *args]
     if token is not None:
         command += ["--token", token]

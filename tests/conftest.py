@@ -1,0 +1,35 @@
+"""The test run's own plumbing: each real server's log lives in the run's temporary folder
+(``server-logs/<test module>/``) and is removed once every test of its module passed; a module
+with a failure keeps its logs there (pytest keeps the last three runs' folders)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Generator, Iterator
+
+import pytest
+
+import server_harness
+
+_failed_modules: set[str] = set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    root = tmp_path_factory.mktemp("server-logs")
+    server_harness.LOG_ROOT = root
+    yield
+    server_harness.LOG_ROOT = None
+    for folder in root.iterdir():
+        if folder.name not in _failed_modules:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        _failed_modules.add(item.path.stem)
+    return report
