@@ -300,8 +300,8 @@ class SessionStarted(_ServerMessage):
 
 class SessionQueued(_ServerMessage):
     """The server is full: this start waits in line (first come, first served); sent at once, and
-    again when the position changes (at most once a second). ``session.started`` follows when a
-    slot opens; ``session.close`` leaves the line."""
+    again when the position changes or the estimate moved by a second or more (at most once a
+    second). ``session.started`` follows when a slot opens; ``session.close`` leaves the line."""
 
     type: Literal["session.queued"] = "session.queued"
     position: int = Field(description="1: next to start.")
