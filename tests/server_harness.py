@@ -1,8 +1,11 @@
-"""Start a real ``worldserve serve`` process on a free port, for tests."""
+"""Start a real ``worldserve serve`` process on a free port, for tests; check what it sends against the
+published schema (:func:`missing_fields`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import socket
 import subprocess
@@ -12,6 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,3 +203,37 @@ async def until_failed(client: WorldClient, chunks: int = 200) -> SessionFailedE
         except SessionFailedError as failed:
             return failed
     raise AssertionError(f"the session did not fail within {chunks} chunks")
+
+
+_PUBLISHED_SCHEMA = TESTS.parent / "docs" / "protocol.schema.json"
+
+
+@functools.cache
+def _published_server_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(_PUBLISHED_SCHEMA.read_text())["server_to_client"]
+    return schema
+
+
+def missing_fields(message: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+    """The always-present fields (the published schema's ``required``) that a server message lacks,
+    nested objects included (as dotted paths); ``[]`` when it carries all of them."""
+    if schema is None:
+        schema = _published_server_schema()
+    definitions = schema["$defs"]
+    reference = schema["discriminator"]["mapping"].get(message.get("type"))
+    if reference is None:
+        return [f"type {message.get('type')!r} (not a server message type)"]
+    return _missing(message, definitions[reference.rsplit("/", 1)[1]], definitions, "")
+
+
+def _missing(value: dict[str, Any], model: dict[str, Any], definitions: dict[str, Any], path: str) -> list[str]:
+    missing = [path + name for name in model.get("required", []) if name not in value]
+    for name, field in model.get("properties", {}).items():
+        inner = value.get(name)
+        if not isinstance(inner, dict):
+            continue
+        for option in [field, *field.get("anyOf", [])]:
+            if "$ref" in option:
+                nested = definitions[option["$ref"].rsplit("/", 1)[1]]
+                missing += _missing(inner, nested, definitions, f"{path}{name}.")
+    return missing

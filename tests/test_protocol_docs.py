@@ -21,7 +21,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from server_harness import RunningServer, start_server
+from server_harness import RunningServer, missing_fields, start_server
 
 KEYS = "worldserve.keys.v1"
 
@@ -37,7 +37,8 @@ def server() -> Iterator[RunningServer]:
 
 class Wire:
     """One raw connection: sends JSON, reads text messages in order (a chunk's binary frames are read
-    with it), optionally acking each chunk as it arrives."""
+    with it), optionally acking each chunk as it arrives. Each message read must carry every field the
+    published schema requires of its type (docs/protocol.md: always present, ``null`` or not)."""
 
     def __init__(self, ws: ClientConnection, *, ack: bool = True) -> None:
         self.ws = ws
@@ -61,6 +62,7 @@ class Wire:
             if isinstance(raw, bytes):
                 raise AssertionError("a binary message outside a chunk")
             message: dict[str, Any] = json.loads(raw)
+            assert missing_fields(message) == [], message  # every field the schema requires, null or not
             if message["type"] == "chunk":
                 for _ in range(message["frames"]["count"]):
                     frame = await asyncio.wait_for(self.ws.recv(), 60)
@@ -165,6 +167,46 @@ async def test_resume_and_join_on_a_connection_with_a_session_are_session_exists
         refused = await host.reply(message)
         assert (refused["type"], refused["code"]) == ("error", "session_exists"), refused
     await host.close()
+
+
+# -- the waiting line --------------------------------------------------------------------------
+
+
+async def test_every_session_queued_carries_position_ahead_and_eta_s_null_or_not() -> None:
+    """Protocol (the waiting line): each `session.queued` carries `position`, `ahead` and `eta_s` (`null` until a
+    world has ended): the first notice and every update (updates used to leave a null `eta_s` out)."""
+    running = start_server("--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1",
+                           "--evict-idle-s", "300")  # fmt: skip
+    try:
+        player = await Wire.open(running)
+        await player.start(seed=1)
+        await player.until("chunk", seq=1)  # acked: the world is in use, never evicted for the line
+        waiters = [await Wire.open(running) for _ in range(3)]
+        for index, waiter in enumerate(waiters):
+            await waiter.send({"type": "session.start", "seed": 10 + index, "queue": True})
+            first = await waiter.until("session.queued")
+            assert (first["position"], first["ahead"], first["eta_s"]) == (index + 1, index, None), first
+        left = await waiters[0].reply({"type": "session.close"})
+        assert (left["type"], left["reason"]) == ("session.closed", "left_queue")
+        for position, waiter in enumerate(waiters[1:], start=1):  # they move up; still nothing measured
+            moved = await waiter.until("session.queued", position=position)
+            assert (moved["ahead"], moved["eta_s"]) == (position - 1, None), moved
+        await player.reply({"type": "session.close"})  # a world ends: the next in line starts
+        await waiters[1].until("session.started")
+        while (update := await waiters[2].until("session.queued"))["position"] != 1 or update["eta_s"] is None:
+            pass
+        assert update["ahead"] == 0
+        assert update["eta_s"] >= 0
+        notices = [m for m in waiters[2].seen if m["type"] == "session.queued"]
+        assert all({"position", "ahead", "eta_s"} <= set(m) for m in notices), notices
+        for waiter in waiters[1:]:
+            await waiter.reply({"type": "session.close"})
+            await waiter.close()
+        await waiters[0].close()
+        await player.close()
+    finally:
+        running.stop()
+    assert "Traceback" not in running.log()
 
 
 # -- seq, resume ----------------------------------------------------------------------------

@@ -50,9 +50,13 @@ class _Slots:
         room.world_ended(length_s)
 
 
-def _room(slots: _Slots, **options: float) -> WaitingRoom[str]:
+def _room(slots: _Slots, clock: list[float] | None = None, **options: float) -> WaitingRoom[str]:
+    """A room on ``slots`` whose clock reads ``clock[0]`` (0 when not given: time stands still)."""
+    now = clock if clock is not None else [0.0]
     defaults = {"max_waiting": 8, "timeout_s": 60.0, "poll_s": 0.01, "notice_interval_s": 0.0}
-    return WaitingRoom(capacity=slots.capacity, release=slots.release, **{**defaults, **options})  # type: ignore[arg-type]
+    return WaitingRoom(  # type: ignore[misc]
+        capacity=slots.capacity, release=slots.release, clock=lambda: now[0], **{**defaults, **options}
+    )
 
 
 async def _until(condition: object, what: str) -> None:
@@ -189,3 +193,44 @@ async def test_position_notices_are_throttled_but_the_last_position_is_always_to
     assert [p.position for p in told] == [4, 1]
     slots.end(room)
     assert await last == "last"
+
+
+async def test_the_estimate_counts_down_while_one_waits_and_updates_carry_it() -> None:
+    """Item 9 of issue 30: the line's ``eta_s`` used to stay what it was at the last position change. Now each
+    waiter's estimate counts the time it has waited since then (or since the last world ended) off the
+    next world's expected end, and updates carry the fresh estimate (at most once per notice interval)."""
+    slots = _Slots(1)
+    clock = [100.0]
+    room = _room(slots, clock, notice_interval_s=1.0)
+    await room.admit(slots.start("a"), lambda _: None)
+    slots.end(room, length_s=30.0)  # the mean world: 30 s; one slot, so one ends every 30 s
+    await room.admit(slots.start("b"), lambda _: None)
+    told: dict[str, list[Position]] = {"c": [], "d": []}
+    c = asyncio.ensure_future(room.admit(slots.start("c"), told["c"].append))
+    d = asyncio.ensure_future(room.admit(slots.start("d"), told["d"].append))
+    await _until(lambda: room.waiting == 2, "two in line")
+    assert [(p.position, p.eta_s) for p in told["c"]] == [(1, 30.0)]
+    assert [(p.position, p.eta_s) for p in told["d"]] == [(2, 60.0)]
+    clock[0] = 110.0  # ten seconds in line, nobody moved
+    await _until(lambda: len(told["d"]) == 2, "d told its fresh estimate")
+    await _until(lambda: len(told["c"]) == 2, "c told its fresh estimate")
+    assert (told["c"][-1].position, told["c"][-1].eta_s) == (1, 20.0)
+    assert (told["d"][-1].position, told["d"][-1].eta_s) == (2, 50.0)
+    clock[0] = 110.5  # within the notice interval: nothing more, though the estimate moved
+    await asyncio.sleep(0.05)
+    assert (len(told["c"]), len(told["d"])) == (2, 2)
+    clock[0] = 140.0  # past the expected end: the next world ends any moment, the one after it in 30 s
+    await _until(lambda: told["c"][-1].eta_s == 0.0, "c is next any moment")
+    await _until(lambda: told["d"][-1].eta_s == 30.0, "d waits one world more")
+    clock[0] = 150.0  # overdue: the estimate stays where it is, and so nothing more is told
+    await asyncio.sleep(0.05)
+    assert (len(told["c"]), len(told["d"])) == (3, 3)
+    slots.end(room, length_s=30.0)  # b ends: c starts, d is next, a full world from now
+    assert await c == "c"
+    await _until(lambda: told["d"][-1].position == 1, "d moved up")
+    assert told["d"][-1].eta_s == 30.0
+    clock[0] = 162.0
+    await _until(lambda: told["d"][-1].eta_s == 18.0, "d counts down again")
+    assert [p.position for p in told["d"]] == [2, 2, 2, 1, 1]
+    slots.end(room)
+    assert await d == "d"

@@ -471,7 +471,7 @@ class WorldClient:
                         Dropped(tuple(message["event_ids"]), message["reason"], message.get("detail", ""))
                     )
                 elif kind == "session.queued":
-                    queued = Queued(message["position"], message["ahead"], message.get("eta_s"), time.monotonic())
+                    queued = Queued(message["position"], message["ahead"], message["eta_s"], time.monotonic())
                     self.queued.append(queued)
                     if self._on_queued is not None:
                         self._on_queued(queued)

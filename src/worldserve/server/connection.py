@@ -59,6 +59,7 @@ from worldserve.server.messages import (
     SessionStarted,
     ShareTokens,
     parse_client_message,
+    wire_json,
 )
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.waiting import Position, WaitingRoom, waiting_room
@@ -176,7 +177,7 @@ class Connection:
                 if not binary:
                     self._writing = messages
                 for index, message in enumerate(messages):
-                    await self._ws.send_text(message.model_dump_json(by_alias=True, exclude_none=True))
+                    await self._ws.send_text(wire_json(message))
                     if not binary:
                         self._writing = messages[index + 1 :]
                 for payload in binary:

@@ -3,14 +3,17 @@
 Owns: every JSON text message of ``WS /v1/world`` in both directions, their parsing
 (:func:`parse_client_message`, strict: no type coercion, no unknown fields), the
 error codes (:class:`~worldserve.errors.ErrorCode`, re-exported) and the JSON Schema the docs publish
-(:func:`protocol_json_schema`). Frames travel as binary messages right after their
-``chunk`` message; they are not modelled here.
+(:func:`protocol_json_schema`), and how a server message is written (:func:`wire_json`): a
+field is always present, ``null`` or not, unless its default is None (:func:`optional_fields`:
+then it is left out while unset), and the schema's ``required`` says which. Frames travel as
+binary messages right after their ``chunk`` message; they are not modelled here.
 
 Must not know: sockets, sessions, models.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
@@ -57,8 +60,10 @@ __all__ = [
     "SessionStart",
     "SessionStarted",
     "StartOptions",
+    "optional_fields",
     "parse_client_message",
     "protocol_json_schema",
+    "wire_json",
 ]
 
 MAX_PROMPT_CHARS = 500
@@ -246,11 +251,33 @@ ClientMessage = Annotated[
 ]
 
 
-class _ServerMessage(_Message):
+@functools.cache
+def optional_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a server message (or of an object in one) that are left out when they do not apply:
+    those whose default is None. Every other field is always present: required ones (a nullable one
+    declared without a default is sent as ``null``) and those with another default."""
+    return frozenset(
+        name for name, field in model.model_fields.items() if not field.is_required() and field.default is None
+    )
+
+
+def _required_is_always_present(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The JSON Schema's ``required`` of a server message lists every field it always carries."""
+    optional = optional_fields(model)
+    schema["required"] = [field.alias or name for name, field in model.model_fields.items() if name not in optional]
+
+
+class _Outgoing(_Message):
+    """What the server sends: always-present fields are ``required`` in the schema (see :func:`optional_fields`)."""
+
+    model_config = ConfigDict(json_schema_extra=_required_is_always_present)
+
+
+class _ServerMessage(_Outgoing):
     id: str | None = None
 
 
-class ShareTokens(_Message):
+class ShareTokens(_Outgoing):
     viewer: str | None = None
     controller: str | None = None
 
@@ -273,16 +300,15 @@ class SessionStarted(_ServerMessage):
 
 class SessionQueued(_ServerMessage):
     """The server is full: this start waits in line (first come, first served); sent at once, and
-    again when the position changes (at most once a second). ``session.started`` follows when a
-    slot opens; ``session.close`` leaves the line."""
+    again when the position changes or the estimate moved by a second or more (at most once a
+    second). ``session.started`` follows when a slot opens; ``session.close`` leaves the line."""
 
     type: Literal["session.queued"] = "session.queued"
     position: int = Field(description="1: next to start.")
     ahead: int = Field(description="Starts ahead of this one.")
     eta_s: float | None = Field(
-        default=None,
         description="About how many seconds until it starts, from the lengths of the sessions that ended on this "
-        "server (null until one has).",
+        "server, counting down while it waits (always present: null until one has ended).",
     )
 
 
@@ -333,7 +359,7 @@ class InputAccepted(_ServerMessage):
     pending: int
 
 
-class ChunkFrames(_Message):
+class ChunkFrames(_Outgoing):
     """What the binary messages after a ``chunk`` hold: one per entry of ``sizes``, in order."""
 
     count: int = Field(description="Frames in the chunk.")
@@ -538,6 +564,24 @@ def _unpaired_surrogate(value: Any, path: str) -> str | None:
 def parse_server_message(text: str) -> Any:
     """Parse a server message (clients and tests use this)."""
     return _SERVER_ADAPTER.validate_json(text)
+
+
+def wire_json(message: BaseModel) -> str:
+    """``message`` as the server writes it: every always-present field, ``null`` or not; the optional
+    ones (:func:`optional_fields`) only where they are set, in nested objects too."""
+    return message.model_dump_json(by_alias=True, exclude=_unset_optionals(message) or None)
+
+
+def _unset_optionals(message: BaseModel) -> dict[str, Any]:
+    left_out: dict[str, Any] = {}
+    optional = optional_fields(type(message))
+    for name in type(message).model_fields:
+        value = getattr(message, name)
+        if value is None and name in optional:
+            left_out[name] = True
+        elif isinstance(value, BaseModel) and (inner := _unset_optionals(value)):
+            left_out[name] = inner
+    return left_out
 
 
 def protocol_json_schema() -> dict[str, Any]:

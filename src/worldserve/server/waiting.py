@@ -4,10 +4,11 @@ Owns: one line of waiting starts for this front-end (first come, first served ac
 of its workers), admitting its head whenever room may have appeared (a world ended, or
 the runtime says a worker would take a session now: a slot freed by a failure, an
 in-use mark that lapsed, a worker back from a restart -- looked at every ``poll_s``),
-each waiter's position notices (at once, then whenever the position changed, at most
-once per ``notice_interval_s``), the bound (``max_waiting``: beyond it a start is
+each waiter's position notices (at once, then whenever its position or its estimate
+changed, at most once per ``notice_interval_s``), the bound (``max_waiting``: beyond it a start is
 refused) and the wait cap (``timeout_s``: then refused), the lengths of the worlds that
-ended here (the wait estimate's only input), and the queue's metrics.
+ended here and when the last one ended (the wait estimate's only inputs), and the queue's
+metrics.
 
 A start that does not ask to queue never overtakes the line: while anyone waits, it is
 refused at once.
@@ -39,11 +40,13 @@ T = TypeVar("T")
 
 #: How many ended worlds' lengths the wait estimate averages.
 _LENGTHS_KEPT = 100
+#: A waiter is told a fresh estimate when it moved this much (seconds) from the one it was told.
+_ETA_STEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Where a waiter stands: ``position`` 1 is next; ``eta_s`` None until a world has ended here."""
+    """Where a waiter stands: ``position`` 1 is next; ``eta_s`` (0.1 s steps) None until a world has ended here."""
 
     position: int
     ahead: int
@@ -51,7 +54,7 @@ class Position:
 
 
 class _Waiter(Generic[T]):
-    __slots__ = ("create", "enqueued", "future", "last_notice", "notify", "told")
+    __slots__ = ("create", "enqueued", "future", "last_notice", "notify", "told", "told_eta")
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class _Waiter(Generic[T]):
         self.enqueued = now
         self.future = future
         self.told: int | None = None  # the position last sent
+        self.told_eta: float | None = None  # and the estimate
         self.last_notice = float("-inf")
 
 
@@ -95,6 +99,7 @@ class WaitingRoom(Generic[T]):
         self._clock = clock
         self._line: deque[_Waiter[T]] = deque()
         self._lengths: deque[float] = deque(maxlen=_LENGTHS_KEPT)
+        self._last_end: float | None = None  # when the last world ended here (the clock's time)
         self._wake = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Future[None]] = set()
@@ -128,7 +133,7 @@ class WaitingRoom(Generic[T]):
         """``create()`` now if nobody waits and it is admitted, else wait in line for it.
 
         ``notify`` gets this start's position at once when it joins the line and again
-        whenever it changes. Raises :class:`AdmissionRefusedError` when the line is full or
+        whenever it or its estimate changes. Raises :class:`AdmissionRefusedError` when the line is full or
         the wait ran past ``timeout_s``; other errors of ``create`` as they are. Cancelled
         (the client left), it leaves the line; a start admitted meanwhile is released.
         """
@@ -170,17 +175,25 @@ class WaitingRoom(Generic[T]):
         """A world that ran ``length_s`` seconds ended here: its length feeds the estimate."""
         if length_s >= 0:
             self._lengths.append(length_s)
+            self._last_end = self._clock()
         self.nudge()
 
-    def eta_s(self, position: int) -> float | None:
-        """About how long the start at ``position`` waits: ``position`` worlds must end first, and
-        with every slot held they end at ``slots / mean length`` per second (the mean of the last
-        worlds that ended here). None before any ended, or without a slot count."""
+    def eta_s(self, position: int, waiting_since: float | None = None) -> float | None:
+        """About how long the start at ``position`` waits, in 0.1 s steps: ``position`` worlds must
+        end first, and with every slot held one ends every ``mean length / slots`` seconds (the mean
+        of the last worlds that ended here). A start already waiting since ``waiting_since`` (the
+        clock's time) has waited part of the first of those: the time since it joined, or since the
+        last world ended when that came later, counts off it (down to 0: that world is overdue, it
+        ends any moment). None before any world ended, or without a slot count."""
         slots = self._capacity().slots
         if not self._lengths or not slots:
             return None
-        mean = sum(self._lengths) / len(self._lengths)
-        return position * mean / slots
+        every = sum(self._lengths) / len(self._lengths) / slots
+        first = every
+        if waiting_since is not None:
+            since = waiting_since if self._last_end is None else max(waiting_since, self._last_end)
+            first = max(0.0, every - (self._clock() - since))
+        return round(first + (position - 1) * every, 1)
 
     async def aclose(self) -> None:
         """The server stops: nobody waits any more (each waiter gets a refusal)."""
@@ -249,14 +262,18 @@ class WaitingRoom(Generic[T]):
             self._tell(waiter)
 
     def _tell(self, waiter: _Waiter[T], *, force: bool = False) -> None:
-        """Send ``waiter`` its position if it changed (at most once per notice interval, unless forced)."""
+        """Send ``waiter`` its position and fresh estimate if either changed (the estimate by a second
+        or more; at most once per notice interval, unless forced)."""
         position = self._line.index(waiter) + 1
         now = self._clock()
-        if position == waiter.told or (not force and now - waiter.last_notice < self._notice_interval_s):
+        if not force and now - waiter.last_notice < self._notice_interval_s:
             return
-        waiter.told = position
+        eta = self.eta_s(position, waiting_since=waiter.enqueued)
+        if position == waiter.told and not _moved(waiter.told_eta, eta):
+            return
+        waiter.told, waiter.told_eta = position, eta
         waiter.last_notice = now
-        waiter.notify(Position(position=position, ahead=position - 1, eta_s=self.eta_s(position)))
+        waiter.notify(Position(position=position, ahead=position - 1, eta_s=eta))
 
     def _retry_hint(self) -> float:
         eta = self.eta_s(len(self._line) + 1)
@@ -265,6 +282,13 @@ class WaitingRoom(Generic[T]):
     def _count(self, outcome: str, waited_s: float) -> None:
         if self._on_wait is not None:
             self._on_wait(outcome, waited_s)
+
+
+def _moved(told: float | None, eta: float | None) -> bool:
+    """Whether the estimate ``eta`` is news to a waiter told ``told``: measured at last, or a second off."""
+    if eta is None or told is None:
+        return (eta is None) != (told is None)
+    return abs(eta - told) >= _ETA_STEP_S
 
 
 def waiting_room(
