@@ -434,3 +434,16 @@ async def test_healthz_reports_capacity_and_a_refusal_carries_a_retry_hint(tmp_p
     finally:
         gate.open()
         running.stop()
+
+
+def test_a_real_servers_log_lives_in_the_test_runs_own_folder() -> None:
+    import server_harness
+
+    server = start_server("--model", "procedural")
+    try:
+        assert server_harness.LOG_ROOT is not None
+        assert server.log_path.parent == server_harness.LOG_ROOT / "test_server"  # not the system's /tmp
+        assert server.log_path.is_file()
+    finally:
+        server.stop()
+    assert "worldserve: serving procedural (exact) on 1 worker x" in server.log()
