@@ -243,6 +243,8 @@ class WorldClient:
         ``keyframe``: ask for the H.264 stream to start again at an IDR frame with its init
         segment (``None``: when this client has no decoder state for an h264 session, which a
         client taking a session over never has); the chunks before it come as ``chunk.skipped``.
+        A client taking a session over numbers its events from 1: ids the earlier client used are
+        ``stale_event`` or ``duplicate``, so pass ``event_id`` above them to :meth:`send_event`.
         Raises :class:`WorldError` ``resume_refused`` once the grace period is over.
         """
         if session is not None:
