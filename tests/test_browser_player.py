@@ -107,6 +107,25 @@ def test_two_drops_in_a_row_both_resume(browser: Browser, server: RunningServer)
         assert_in_chunk_order(recording.drawn())
 
 
+def test_a_reload_goes_on_in_the_same_world_from_a_fresh_h264_start(browser: Browser, server: RunningServer) -> None:
+    """A reloaded page has no decoder: it resumes its world (kept in sessionStorage, parked by its
+    4001 close) asking for a keyframe, and plays H.264 again from the IDR frame that comes."""
+    with player(browser, server.http + "/") as page:
+        session_id = start(page)
+        links = page.evaluate("() => window.worldserve.shareLinks")
+        page.reload()
+        wait_for(page, "window.worldserve.resumes === 1 && window.worldserve.status === 'live'")
+        assert page.evaluate("() => window.worldserve.sessionId") == session_id
+        assert page.evaluate("() => window.worldserve.role") == "host"
+        more_frames(page)  # drawn: the new page's MSE got the init segment and an IDR frame first
+        assert page.evaluate("() => window.worldserve.media") == "h264"
+        assert page.evaluate("() => window.worldserve.shareLinks") == links  # still the host's links
+        page.click("#close")
+        wait_for(page, "window.worldserve.status === 'idle'")
+        page.reload()  # a world closed on purpose is not resumed
+        assert page.evaluate("() => window.worldserve.statusLog") == ["idle"]
+
+
 def test_after_the_grace_the_player_offers_a_new_world(browser: Browser) -> None:
     running = start_server("--model", "procedural", "--resume-grace-s", "2")
     try:

@@ -285,6 +285,33 @@ async def test_a_late_viewer_and_a_resumed_connection_get_a_playable_stream(serv
         await host.close()
 
 
+async def test_a_client_without_a_decoder_resumes_with_keyframe_and_plays_from_its_first_chunk(
+    server: RunningServer,
+) -> None:
+    """`session.resume {keyframe: true}`: a client that lost its decoder (a restarted process, another
+    device) takes the session over; the stream starts again for it at an IDR frame with the init
+    segment in front, so its very first chunk decodes, and the chunks before it are `chunk.skipped`."""
+    async with WorldClient(server.ws) as first:
+        info = await first.start(seed=12, media="h264")
+        truth = Truth(12)
+        await _decoded_like_the_world(first, truth, 3)
+        await first.drop()
+    # A new client, with no decoder, takes the session over from where the first one was: no gap.
+    taker = WorldClient(server.ws)
+    resumed = await taker.resume(info, last_seq=first.last_seq)  # keyframe: asked, it has no decoder
+    assert resumed.session_id == info.session_id
+    chunk = await taker.next_chunk(timeout=30)  # decodes only if it starts the stream again
+    assert chunk.frames.shape == (4, 48, 48, 3)
+    skipped = sum(to - since + 1 for since, to in taker.skipped)
+    assert chunk.seq == first.last_seq + 1 + skipped  # every chunk after last_seq is skipped or played
+    for _ in range(skipped):
+        truth.next(None, ())  # the world's chunks this client did not get
+    assert psnr(chunk.frames, truth.next(None, ())) >= H264_PSNR_DB
+    await _decoded_like_the_world(taker, truth, 2)
+    await taker.close()
+    await taker.disconnect()
+
+
 # -- the world's side, without sockets (tests/test_host.py's style) ---------------------------
 
 

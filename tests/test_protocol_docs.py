@@ -64,7 +64,7 @@ class Wire:
             message: dict[str, Any] = json.loads(raw)
             assert missing_fields(message) == [], message  # every field the schema requires, null or not
             if message["type"] == "chunk":
-                for _ in range(message["frames"]["count"]):
+                for _ in range(len(message["frames"]["sizes"])):  # per frame, or one H.264 fragment
                     frame = await asyncio.wait_for(self.ws.recv(), 60)
                     assert isinstance(frame, bytes)
                 if self.ack:
@@ -210,6 +210,45 @@ async def test_every_session_queued_carries_position_ahead_and_eta_s_null_or_not
 
 
 # -- seq, resume ----------------------------------------------------------------------------
+
+
+async def test_a_resume_with_keyframe_starts_the_h264_stream_again(server: RunningServer) -> None:
+    """Protocol (media): the stream goes on across a resume without a gap (no init segment); a
+    `session.resume {keyframe: true}` (a client with no decoder) gets, after `session.resumed`, the
+    chunks before the next IDR frame as `chunk.skipped`, then that IDR frame with the init segment in
+    front, as a late joiner does."""
+    host = await Wire.open(server)
+    started = await host.reply({"type": "session.start", "seed": 8, "options": {"media": "h264"}})
+    assert started["type"] == "session.started", started
+    for keyframe in (False, True):
+        await host.until("chunk")
+        await host.synced()
+        last = [m for m in host.seen if m["type"] == "chunk"][-1]  # the last one read before the drop
+        host.drop()
+        host = await Wire.open(server)
+        resume = {"type": "session.resume", "session_id": started["session_id"], "token": started["resume_token"],
+                  "last_seq": last["seq"]}  # fmt: skip
+        if keyframe:
+            resume["keyframe"] = True
+        resumed = await host.reply(resume)
+        assert resumed["type"] == "session.resumed", resumed
+        following = await host.next()
+        if not keyframe:
+            assert following["type"] == "chunk"  # the chunk after last_seq (re-sent, or the next made) ...
+            assert following["seq"] == last["seq"] + 1
+            assert not following["frames"].get("init_bytes")  # ... goes on in the client's stream
+            continue
+        skipped_to = last["seq"]
+        if following["type"] == "chunk.skipped":  # the chunks made before the IDR frame, if any
+            assert following["from_seq"] == last["seq"] + 1
+            skipped_to = following["to_seq"]
+            following = await host.next()
+        assert following["type"] == "chunk"
+        assert following["seq"] == skipped_to + 1
+        assert following["frames"]["keyframe"] is True
+        assert following["frames"]["init_bytes"] > 0
+    await host.reply({"type": "session.close"})
+    await host.close()
 
 
 async def test_session_joined_seq_is_this_connections_numbering(server: RunningServer) -> None:

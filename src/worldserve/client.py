@@ -231,27 +231,44 @@ class WorldClient:
         for item in kept:
             self._chunks.put_nowait(item)
 
-    async def resume(self) -> SessionInfo:
+    async def resume(
+        self, session: SessionInfo | None = None, *, last_seq: int | None = None, keyframe: bool | None = None
+    ) -> SessionInfo:
         """Reconnect and take this client's session back after :meth:`drop` (or a lost connection).
 
         Chunks after the last one received are re-sent (a ``chunk.skipped`` notice in
         :attr:`skipped` names any the server no longer had); event ids go on as before.
+        ``session`` (with ``last_seq``, the last chunk seq it got) takes over one that another
+        client had: a restarted process that kept its :class:`SessionInfo`, another device.
+        ``keyframe``: ask for the H.264 stream to start again at an IDR frame with its init
+        segment (``None``: when this client has no decoder state for an h264 session, which a
+        client taking a session over never has); the chunks before it come as ``chunk.skipped``.
+        A client taking a session over numbers its events from 1: ids the earlier client used are
+        ``stale_event`` or ``duplicate``, so pass ``event_id`` above them to :meth:`send_event`.
         Raises :class:`WorldError` ``resume_refused`` once the grace period is over.
         """
+        if session is not None:
+            self.session = session
+            self._h264 = None
+            if last_seq is not None:
+                self.last_seq = last_seq
         info = self.session
         if info is None or info.resume_token is None:
             raise WorldClientError("no resumable session (start or join one; the server may have resume off).")
+        if keyframe is None:
+            keyframe = info.media == "h264" and (self._h264 is None or not self._h264.ready)
         if self._ws is not None:
             await self.drop()
         await self.connect()
-        reply = await self._request(
-            {
-                "type": "session.resume",
-                "session_id": info.session_id,
-                "token": info.resume_token,
-                "last_seq": self.last_seq,
-            }
-        )
+        message: dict[str, Any] = {
+            "type": "session.resume",
+            "session_id": info.session_id,
+            "token": info.resume_token,
+            "last_seq": self.last_seq,
+        }
+        if keyframe:
+            message["keyframe"] = True
+        reply = await self._request(message)
         self.session = replace(info, role=reply["role"])
         return self.session
 

@@ -494,7 +494,7 @@ class Connection:
                 message_id=message.id,
             )
             return
-        last_seq = host.resume(member, message.last_seq - member.seq_base, self)
+        last_seq = host.resume(member, message.last_seq - member.seq_base, self, keyframe=message.keyframe)
         self._member = member
         self.post(
             (
@@ -507,7 +507,7 @@ class Connection:
                     max_pending_events=host.session.max_pending_events,
                     max_lag_chunks=self._config.max_lag_chunks,
                     seq=host.seq + member.seq_base,
-                    replayed=host.buffered_after(last_seq),
+                    replayed=host.buffered_after(member, last_seq),
                 ),
             )
         )

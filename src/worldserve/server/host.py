@@ -349,10 +349,12 @@ class WorldHost:
                 found = member
         return None if self.closed else found
 
-    def resume(self, member: Member, last_seq: int, outlet: Outlet) -> int:
+    def resume(self, member: Member, last_seq: int, outlet: Outlet, *, keyframe: bool = False) -> int:
         """Rebind ``member`` to ``outlet``; the caller replies, then :meth:`replay` from the seq returned.
 
-        ``last_seq`` (session seq) is clamped to what the member could have received.
+        ``last_seq`` (session seq) is clamped to what the member could have received. ``keyframe``:
+        the connection has no decoder state (H.264): its stream starts again at an IDR frame, as
+        a late joiner's does, gap or not.
         """
         if member.outlet is not None and member.outlet is not outlet:
             member.outlet.detach()
@@ -365,15 +367,18 @@ class WorldHost:
         _forget_acked(member)
         member.sent_seq = last
         member.skipped_from = None
+        if keyframe:
+            member.needs_key = True
         self._metrics.sessions_resumed.inc()
         self._in_use()
         return last
 
-    def buffered_after(self, last_seq: int) -> int:
-        """How many buffered chunks a resume from ``last_seq`` gets re-sent (H.264: from the first
-        chunk it can decode: the next one when nothing is missing, else the first keyframe)."""
+    def buffered_after(self, member: Member, last_seq: int) -> int:
+        """How many buffered chunks a resume of ``member`` from ``last_seq`` gets re-sent (H.264: from
+        the first chunk it can decode: the next one when nothing is missing and it can follow the
+        stream, else the first keyframe)."""
         count = 0
-        contiguous = True
+        contiguous = not member.needs_key
         expected = last_seq + 1
         for made in self._replay:
             if made.seq <= last_seq:

@@ -175,6 +175,12 @@ class SessionResume(_ClientMessage):
     session_id: _SESSION_ID
     token: _TOKEN = Field(description="The resume_token of session.started (or session.joined).")
     last_seq: Annotated[int, Field(ge=-1, description="The last chunk seq received; -1 for none.")]
+    keyframe: bool = Field(
+        default=False,
+        description="H.264: this client has no decoder state (a reloaded page, a restarted process, another "
+        "device): start its stream again at an IDR frame with the init segment in front; the chunks before it "
+        "are reported in chunk.skipped. Other media ignore it (every frame decodes alone).",
+    )
 
 
 class SessionJoin(_ClientMessage):

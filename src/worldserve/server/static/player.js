@@ -3,7 +3,8 @@
 // live figures (the delay you feel, measured here, beside the server's); share links
 // (?join=SESSION&token=TOKEN&role=viewer|controller, the server's token in #auth=... only
 // when the host chooses), reconnects that resume after every drop until the server's grace
-// ends, and a new world at once after a server restart; fullscreen, keyboard help, and a
+// ends (a reload too: the page keeps its place in sessionStorage and asks for a fresh H.264
+// start, having no decoder any more), and a new world at once after a server restart; fullscreen, keyboard help, and a
 // download of what you played. Frames arrive as H.264 (played through Media Source
 // Extensions, see "H.264 playback" below), or JPEG where the browser cannot;
 // ?media=raw|jpeg|h264 picks one. Plain JS, no build step. Protocol: docs/protocol.md;
@@ -59,6 +60,8 @@
     startImage: null, // base64 PNG of the chosen start image, at the model's frame size
     mouse: { dx: 0, dy: 0, last: { yaw: 0, pitch: 0 } }, // pointer-locked movement since the last send
     reconnect: null, // {mode: "resume"|"restart", attempt, deadline, timer} while reconnecting
+    reloaded: false, // this page was reloaded in a world: its resume asks for a keyframe and enters it anew
+    share: null,
     resumes: 0,
     restarts: 0,
   };
@@ -268,7 +271,9 @@
     ws.onopen = () => {
       opened = true;
       if (mode === "resume") {
-        send({ type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq });
+        const resume = { type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq };
+        if (state.reloaded) resume.keyframe = true; // no decoder after a reload: the stream must start again
+        send(resume);
       } else if (mode === "join") {
         send({ type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role });
       } else {
@@ -379,7 +384,7 @@
     };
     if (mode === "resume") {
       setStatus("reconnecting", "reconnecting…");
-      log("connection lost; resuming…", "error");
+      log(state.reloaded ? "page reloaded; resuming…" : "connection lost; resuming…", state.reloaded ? "" : "error");
     } else {
       setStatus("restarting", "server restarting…");
     }
@@ -472,6 +477,13 @@
         break;
       case "session.resumed":
         stopReconnecting();
+        if (state.reloaded) { // a new page: enter the world as a new player would, keeping our place
+          const { resumeToken, resumeGraceS, lastSeq, share, epoch } = state;
+          state.reloaded = false;
+          enterWorld(message, message.role);
+          Object.assign(state, { resumeToken, resumeGraceS, lastSeq, epoch });
+          showShare(share);
+        }
         state.role = message.role;
         state.resumes += 1;
         setStatus("live", message.role === "host" ? "live" : `live (${message.role})`);
@@ -1299,6 +1311,35 @@
   requestAnimationFrame(play);
   learnServedModel();
 
+  // A reload keeps this tab's world: on the way out the page closes its socket with a code of
+  // its own (4001, not a clean 1000/1001), so the server parks our place for its resume grace
+  // instead of ending the world, and notes where it was; the new page resumes from there. A
+  // closed tab leaves the world parked the same way until the grace ends (a parked world is
+  // the first a full server evicts).
+  const KEPT = "worldserve.world";
+  window.addEventListener("pagehide", () => {
+    const ws = state.ws;
+    if (!state.sessionId || !state.resumeToken || !ws || ws.readyState !== WebSocket.OPEN) return;
+    try {
+      sessionStorage.setItem(KEPT, JSON.stringify({
+        sessionId: state.sessionId, resumeToken: state.resumeToken, resumeGraceS: state.resumeGraceS,
+        lastSeq: state.lastSeq, epoch: state.epoch, started: state.started, share: state.share,
+        token: tokenValue(), at: Date.now(),
+      }));
+    } catch (error) {
+      return; // no storage here: the close below is then a clean one, as before
+    }
+    state.ws = null;
+    ws.close(4001, "page reloading");
+  });
+  let kept = null;
+  try {
+    kept = JSON.parse(sessionStorage.getItem(KEPT) || "null");
+    sessionStorage.removeItem(KEPT);
+  } catch (error) {
+    kept = null;
+  }
+
   // A share link opens that world at once: ?join=SESSION&token=TOKEN&role=viewer|controller, and the
   // server's token (if the host put it in) in the fragment: #auth=TOKEN.
   const params = new URLSearchParams(location.search);
@@ -1307,7 +1348,14 @@
     $("token").value = fragment.get("auth");
     history.replaceState(null, "", location.pathname + location.search); // not left in the address bar
   }
-  if (params.get("join") && params.get("token")) {
+  if (kept && Date.now() - kept.at < (kept.resumeGraceS || 30) * 1000) {
+    if (kept.token && !tokenValue()) $("token").value = kept.token;
+    Object.assign(state, {
+      sessionId: kept.sessionId, resumeToken: kept.resumeToken, resumeGraceS: kept.resumeGraceS,
+      lastSeq: kept.lastSeq, epoch: kept.epoch || 0, started: kept.started, share: kept.share, reloaded: true,
+    });
+    beginReconnect("resume");
+  } else if (params.get("join") && params.get("token")) {
     const role = params.get("role") === "controller" ? "controller" : "viewer";
     state.join = { session: params.get("join"), token: params.get("token"), role };
     connect("join");
