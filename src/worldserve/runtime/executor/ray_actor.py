@@ -4,10 +4,9 @@ Owns: joining a Ray cluster (``address``, else ``RAY_ADDRESS``, else a ``ray sta
 machine; within ``connect_timeout``, off the event loop) or starting a private local one
 (with Ray's node health checks tightened); in a process already connected to Ray, using that
 cluster, and refusing an ``address`` that names another (Ray connects a process to one), one
-actor per worker (:class:`RayWorker`: the
-CPUs, GPUs and custom resources it was told to reserve; placed with Ray's
-``SPREAD`` strategy, never pinned to a node, so a replacement lands on any live node
-with room), carrying calls as actor tasks awaited on the event loop through their
+actor per worker (:class:`RayWorker`: the CPUs, GPUs and custom resources it was told to
+reserve; placed with Ray's ``SPREAD`` strategy, never pinned to a node, so a replacement lands
+on any live node with room), carrying calls as actor tasks awaited on the event loop through their
 futures, and noticing deaths: a call that fails because its actor is gone, or a
 liveness ping that does not come back within ``ping_timeout_s``, ends the worker's life
 (the base's death path: ``worker_died``, reported once); a head (GCS) that does not answer
