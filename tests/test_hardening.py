@@ -259,20 +259,57 @@ async def test_protocol_corner_cases(faulty_server: RunningServer) -> None:
         assert chunk["seq"] == max(seqs) + 1
 
 
-async def test_handshakes_refused_with_403_and_http_with_401() -> None:
+def _refusal(error: websockets.InvalidStatus) -> tuple[int, str]:
+    body = json.loads(bytes(error.response.body or b""))
+    return error.response.status_code, body["error"]["code"]
+
+
+async def test_handshakes_refused_for_the_token_the_origin_and_the_path_each_say_which() -> None:
+    """A refused token (401), origin (403) and path (404) are told apart, by their status and JSON
+    error, and so by the Python client (and `bench`, `record`): one line each, saying what to fix.
+    The HTTP endpoints answer a missing or wrong token with 401 too."""
+    from worldserve.client import WorldClient, WorldClientError
+
     running = start_server("--model", "procedural", "--token", "tok", "--idle-timeout", "1")
     try:
         host_url = f"ws://127.0.0.1:{running.port}/v1/world"
         with pytest.raises(websockets.InvalidStatus) as refused:
             await websockets.connect(host_url)  # no token
-        assert refused.value.response.status_code == 403
+        assert _refusal(refused.value) == (401, "unauthorized")
         auth = {"Authorization": "Bearer tok"}
         # The own-origin rule compares the Origin with the Host header exactly: localhost is not 127.0.0.1.
         with pytest.raises(websockets.InvalidStatus) as refused:
             await websockets.connect(
                 host_url, additional_headers=auth, origin=websockets.Origin(f"http://localhost:{running.port}")
             )
-        assert refused.value.response.status_code == 403
+        assert _refusal(refused.value) == (403, "origin_refused")
+        wrong_path = f"ws://127.0.0.1:{running.port}/v1/wrold"
+        for path in ("/v1/wrold", "/"):  # Starlette's own answer to both: a bare 403
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(f"ws://127.0.0.1:{running.port}{path}", additional_headers=auth)
+            assert _refusal(refused.value) == (404, "not_found")
+        said = {}
+        for name, url, token in [
+            ("none", host_url, None),
+            ("wrong", host_url, "nope"),
+            ("path", wrong_path, "tok"),
+        ]:
+            with pytest.raises(WorldClientError) as failed:
+                async with WorldClient(url, token=token):
+                    pass
+            said[name] = str(failed.value)
+        assert said == {
+            "none": f"cannot connect to {host_url}: the server needs a token (HTTP 401): "
+            "give the one it was started with (--token)",
+            "wrong": f"cannot connect to {host_url}: the server refused this token (HTTP 401): "
+            "give the token the server was started with (--token)",
+            "path": f"cannot connect to {wrong_path}: no WebSocket endpoint at /v1/wrold: this server's are "
+            "/v1/world and /v1/realtime/video (HTTP 404): check the URL (worldserve's is /v1/world)",
+        }
+        realtime = f"ws://127.0.0.1:{running.port}/v1/realtime/video"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(realtime)  # the same rules on the other socket
+        assert _refusal(refused.value) == (401, "unauthorized")
         async with websockets.connect(
             host_url, additional_headers=auth, origin=websockets.Origin(f"http://127.0.0.1:{running.port}")
         ) as ws:

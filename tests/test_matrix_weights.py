@@ -190,6 +190,9 @@ def test_inspect_names_the_variant_the_missing_parts_and_the_command(
     assert "variant templerun (from the shapes: keyboard width 7, no mouse branch)" in text
     assert f"--model matrix-game-2 --model-option checkpoint={file} --model-option vae=random" in text
     assert "--model-option image_encoder=random" in text
+    import torch
+
+    assert ("device=cuda" in alone.command) == torch.cuda.is_available()  # the GPU's line only where it runs
     folder = matrix_files.fastvideo_download(
         tmp_path,
         "gta-drive",

@@ -342,6 +342,29 @@ async def test_a_playing_world_is_never_evicted_on_ray_either(nodes: Nodes) -> N
     assert "Traceback" not in server.log()
 
 
+async def test_an_address_other_than_the_cluster_this_process_is_connected_to_is_refused(nodes: Nodes) -> None:
+    """Ray connects a process to one cluster: an explicit ray_address naming another one would start
+    the workers on the connected cluster without a word; it is refused, naming both. The connected
+    cluster's own address (written as localhost here) is that cluster: the workers start."""
+    from worldserve.runtime.errors import WorkerStartError
+
+    joined = ray.get_runtime_context().gcs_address
+    other = f"127.0.0.1:{free_port()}"
+    with pytest.raises(WorkerStartError) as refused:
+        async with Runtime("procedural", workers=1, ray_address=other, **RAY):
+            pass
+    assert str(refused.value) == (
+        f"ray_address={other} names another Ray cluster than the one this process is already connected to "
+        f"({joined}), and Ray connects a process to one cluster only: call ray.shutdown() before starting "
+        f"the runtime to join {other}, or pass ray_address=None to use {joined}."
+    )
+    assert ray.get_runtime_context().gcs_address == joined  # still connected, nothing joined
+    same = f"localhost:{joined.rpartition(':')[2]}"
+    async with Runtime("procedural", workers=1, ray_address=same, **RAY) as rt:
+        session = await rt.create_session(seed=1)
+        assert np.array_equal((await session.next_chunk()).array(), Truth(1).next(None, ()))
+
+
 def test_ray_flags_and_no_ray_import_unless_named() -> None:
     parser = argparse.ArgumentParser()
     RuntimeConfig.add_cli_arguments(parser)

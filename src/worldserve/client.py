@@ -5,7 +5,8 @@ the client message ``id`` it stamps on every request), chunks (a JSON header, th
 binary messages -- one per frame for JPEG and raw, one fMP4 fragment for H.264, decoded with
 PyAV by the one H.264 stream decoder of the connection's session -- as ``uint8 [frames,
 height, width, 3]`` numpy arrays),
-dropped-event notices and session failures; and acknowledging each chunk as it is
+dropped-event notices and session failures; a refused handshake said as what to fix (the
+token, the origin, the path: the server's 401, 403, 404); and acknowledging each chunk as it is
 consumed, which is what lets the server pace generation to this client.
 
 Must not know: the server's internals. Needs the ``client`` extra (websockets, numpy,
@@ -189,10 +190,35 @@ class WorldClient:
                 open_timeout=self._open_timeout,
                 max_size=16 * 1024 * 1024,
             )
+        except websockets.InvalidStatus as error:
+            raise WorldClientError(f"cannot connect to {self.url}: {self._refusal(error)}") from error
         except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, TimeoutError) as error:
             reason = str(error) or type(error).__name__  # a TimeoutError says nothing
             raise WorldClientError(f"cannot connect to {self.url}: {reason}") from error
         self._reader = asyncio.create_task(self._read(), name="worldclient-reader")
+
+    def _refusal(self, error: websockets.InvalidStatus) -> str:
+        """Why the server refused the handshake and what to fix, from its status and JSON error
+        (docs/protocol.md): the token (401), the origin (403), the path (404)."""
+        status = error.response.status_code
+        said = ""
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            said = str(json.loads(error.response.body or b"")["error"]["message"])
+        if status == 401:
+            if self._token:
+                return "the server refused this token (HTTP 401): give the token the server was started with (--token)"
+            return "the server needs a token (HTTP 401): give the one it was started with (--token)"
+        if status == 403 and said:
+            return f"the server refused the connection (HTTP 403): {said}"
+        if status == 403:  # a server that says no more (an older worldserve, a proxy)
+            return (
+                "the server refused the WebSocket handshake (HTTP 403): a missing or wrong token, a refused "
+                "origin, or no WebSocket endpoint at this path (worldserve's is /v1/world)"
+            )
+        if status == 404:
+            where = said.rstrip(".") if said else "no WebSocket endpoint at this path"
+            return f"{where} (HTTP 404): check the URL (worldserve's is /v1/world)"
+        return f"the server refused the WebSocket handshake (HTTP {status}){': ' + said if said else ''}"
 
     async def __aenter__(self) -> WorldClient:
         await self.connect()

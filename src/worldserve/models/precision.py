@@ -1,8 +1,10 @@
-"""Which arithmetic a model can serve in on this device, and what to tell its user when it cannot.
+"""Which device and arithmetic a model can serve in here, and what to tell its user when it cannot.
 
-Owns: :func:`native_low_precision` (whether the device has fast kernels for bfloat16 / float16:
-a GPU does; a CPU only with AVX512-BF16 / AMX for bfloat16, AVX512-FP16 / AMX-FP16 for float16)
-and :func:`served_precision` (the precision asked -> the one served, with the reason when they
+Owns: :func:`usable_device` (a ``device`` option -> the device, refused in one line when this
+machine has no such device: ``cuda`` without CUDA, ``cuda:3`` with two GPUs),
+:func:`native_low_precision` (whether the device has fast kernels for bfloat16 / float16: a GPU
+does; a CPU only with AVX512-BF16 / AMX for bfloat16, AVX512-FP16 / AMX-FP16 for float16) and
+:func:`served_precision` (the precision asked -> the one served, with the reason when they
 differ). On a CPU without those kernels (an AVX2-only machine) PyTorch emulates the reduced
 precision: measured there, a bfloat16 linear layer ran 9x and a 3D convolution 60x slower than
 in float32 (the Wan VAE decode of the tiny config: 1.5 s instead of 0.2 s), so a model asked for
@@ -14,10 +16,32 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LOW_PRECISIONS", "native_low_precision", "served_precision"]
+__all__ = ["LOW_PRECISIONS", "native_low_precision", "served_precision", "usable_device"]
 
 #: The reduced precisions a CPU may lack kernels for.
 LOW_PRECISIONS = ("bfloat16", "float16")
+
+
+def usable_device(device: str, model: str) -> torch.device:
+    """``device`` as a torch device; ``ValueError`` (one line, what to do) for a CUDA device this
+    machine does not have (PyTorch's own answer, when the model first touches it, is an
+    ``AssertionError: Torch not compiled with CUDA enabled`` or an invalid-ordinal error)."""
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"{model}: device={device!r} is no device PyTorch knows ({error})") from None
+    if chosen.type != "cuda":
+        return chosen
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{model}: device={device} needs a CUDA GPU, and this machine's PyTorch sees none "
+            "(torch.cuda.is_available() is False: no GPU or driver, or a CPU-only PyTorch build); "
+            "serve on a machine with CUDA, or without device=cuda (the CPU)"
+        )
+    count = torch.cuda.device_count()
+    if chosen.index is not None and chosen.index >= count:
+        raise ValueError(f"{model}: device={device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return chosen
 
 
 def native_low_precision(device: torch.device, precision: str) -> bool:

@@ -183,7 +183,8 @@ class RuntimeConfig:
     #: Keep a journal (JSON Lines, no frames) of every session here, for exact replay (None: off).
     record_dir: str | None = None
     #: executor="ray": the cluster to join (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``);
-    #: None starts a local Ray (or uses the one this process already connected to).
+    #: None starts a local Ray (or uses the one this process already connected to; an address
+    #: naming another cluster than that one is refused: Ray connects a process to one).
     ray_address: str | None = None
     #: executor="ray": what each worker's actor reserves: CPUs, GPUs (None: 1 when the model
     #: asks for a GPU -- its ``device`` option names ``cuda`` -- else 0: decided by the model,

@@ -4,7 +4,8 @@ Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/mo
 ``GET /metrics``, ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime
 video protocol, over the same runtime and sessions); the optional bearer token (header,
 or the ``bearer.<token>`` WebSocket subprotocol browsers can send), the same for both
-sockets; the origin allow-list. Each ``/v1/world`` socket gets one
+sockets; the origin allow-list; a refused handshake's answer (HTTP 401 for the token, 403 for
+the origin, 404 for a path no socket is at, each with its JSON error). Each ``/v1/world`` socket gets one
 :class:`~worldserve.server.connection.Connection`, each ``/v1/realtime/video`` socket one
 :class:`~worldserve.server.realtime_video.RealtimeVideoConnection`; the worlds they start,
 join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
@@ -46,6 +47,19 @@ __all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 #: The WebSocket subprotocol the server speaks (offered optionally by clients).
 PROTOCOL_NAME = "worldserve.v1"
 _BEARER_PREFIX = "bearer."
+
+
+#: The WebSocket endpoints (an unknown path is answered HTTP 404, naming them).
+_SOCKETS = ("/v1/world", "/v1/realtime/video")
+
+
+async def _deny(websocket: WebSocket, response: Response) -> None:
+    """Refuse the handshake with ``response`` (its status and JSON body reach the client); a server
+    without the denial-response extension can only close it (the client then sees HTTP 403)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(response)
+    else:
+        await websocket.close(code=1008)
 
 
 def _static_dir() -> str:
@@ -129,17 +143,27 @@ def create_app(
         return Response(metrics().render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def admitted(websocket: WebSocket) -> list[str] | None:
-        """The subprotocols offered, once the token and origin are right; None: refused (HTTP 403)."""
+        """The subprotocols offered, once the token and origin are right; None: refused (HTTP 401
+        for the token, 403 for the origin, each with its JSON error)."""
         offered = [
             part.strip() for part in websocket.headers.get("sec-websocket-protocol", "").split(",") if part.strip()
         ]
         token = _bearer(websocket)
         if token is None:
             token = next((p[len(_BEARER_PREFIX) :] for p in offered if p.startswith(_BEARER_PREFIX)), None)
-        if not _token_ok(config.token, token) or not _origin_ok(websocket, config.allowed_origins):
-            await websocket.close(code=1008)  # before accept: the handshake gets HTTP 403
+        if not _token_ok(config.token, token):
+            await _deny(websocket, unauthorized())
+            return None
+        if not _origin_ok(websocket, config.allowed_origins):
+            origin = websocket.headers.get("origin")
+            message = f"origin {origin} is not allowed (the server's --allow-origin lists the origins it takes)."
+            await _deny(websocket, JSONResponse({"error": {"code": "origin_refused", "message": message}}, 403))
             return None
         return offered
+
+    async def unknown_socket(websocket: WebSocket) -> None:
+        message = f"no WebSocket endpoint at {websocket.url.path}: this server's are {' and '.join(_SOCKETS)}."
+        await _deny(websocket, JSONResponse({"error": {"code": "not_found", "message": message}}, 404))
 
     async def serve(connection: Connection | RealtimeVideoConnection) -> None:
         """Run one socket's connection, known to :func:`end_worlds` (the server's stop) while it runs."""
@@ -187,6 +211,7 @@ def create_app(
             WebSocketRoute("/v1/world", world),
             WebSocketRoute("/v1/realtime/video", realtime_video),
             Mount("/static", StaticFiles(directory=_static_dir()), name="static"),
+            WebSocketRoute("/{path:path}", unknown_socket),  # Starlette's own answer: a bare HTTP 403
         ],
         lifespan=lifespan,
     )

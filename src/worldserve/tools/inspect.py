@@ -6,7 +6,8 @@ missing; which model serves it (``wan-causal``, or ``matrix-game-2`` for Matrix-
 their published names, action modules in the transformer's keys, or a Matrix-Game Diffusers
 folder; then the variant its shapes say: keyboard width and mouse); the family, guessed from the
 published names, the training wrappers and the size;
-the configuration the shapes name; the ``worldserve serve`` command line that serves it; the
+the configuration the shapes name; the ``worldserve serve`` command line that serves it (on the
+GPU only where this machine has CUDA; none without a transformer checkpoint); the
 memory per session at each window and how many sessions fit on a GPU of a given size) and
 :func:`format_inspection`. Reads shapes only (safetensors headers, memory-mapped torch files):
 a 28 GB checkpoint is not loaded. Must not know: the runtime, the server.
@@ -51,6 +52,7 @@ class Inspection:
     family_reason: str = ""
     config: str = ""
     sizes: dict[str, int] = field(default_factory=dict)
+    #: The ``worldserve serve`` line ("" when no model can be served from these files).
     command: str = ""
     notes: list[str] = field(default_factory=list)
     #: (window, KV bytes, state bytes, sessions on the GPU)
@@ -156,7 +158,14 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
         family = guess_family(result.config, None)
         result.family_reason = f"the size ({result.config}): no published name or training wrapper says more"
     result.family = family
-    # The command line.
+    # The command line: none without a transformer (serve would refuse the folder).
+    if "transformer" not in result.parts:
+        result.family, result.family_reason = "?", "no transformer checkpoint"
+        result.notes.append(
+            "no transformer checkpoint (e.g. self_forcing_dmd.pt, causvid's model.pt, longlive_base.pt, "
+            "krea-realtime-video-14b.safetensors, or a Diffusers snapshot's transformer/): no model to serve here"
+        )
+        return result
     options = [f"weights={path}"] if path.is_dir() else [f"checkpoint={path}"]
     if parts.family is None or family != parts.family:
         options.append(f"family={family}")
@@ -169,12 +178,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     if "vae" not in result.parts:
         options.append("vae=random")
         result.notes.append("no VAE (Wan2.1_VAE.pth or vae/): the command decodes with random weights; add vae=PATH")
-    if "transformer" not in result.parts:
-        result.notes.append("no transformer checkpoint: nothing to serve here but random weights (load=dummy)")
-    command = ["worldserve", "serve", "--model", "wan-causal"]
-    for option in [*options, "device=cuda"]:
-        command += ["--model-option", option]
-    result.command = shlex.join(command)
+    _serve_command(result, options)
     # Memory per session at each window, and how many sessions fit.
     if config is not None:
         from worldserve.models.wancausal.vae import decoder_cache_bytes
@@ -292,6 +296,12 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
                 "Matrix-Game releases few-step settings only for the distilled ones"
             )
     result.config = config.name if config is not None else "?"
+    if "transformer" not in result.parts:  # serve would refuse the folder: no command
+        result.notes.append(
+            "no transformer checkpoint (a Matrix-Game 2.0 variant's diffusion_pytorch_model.safetensors, "
+            "or a Diffusers folder's transformer/): no model to serve here"
+        )
+        return result
     options = [f"weights={path}"] if path.is_dir() else [f"checkpoint={path}"]
     if "vae" not in result.parts:
         options.append("vae=random")
@@ -302,12 +312,7 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
             "no image encoder (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or image_encoder/): the "
             "command runs on random image features; add image_encoder=PATH"
         )
-    if "transformer" not in result.parts:
-        result.notes.append("no transformer checkpoint: nothing to serve here but random weights (load=dummy)")
-    command = ["worldserve", "serve", "--model", "matrix-game-2"]
-    for option in [*options, "device=cuda"]:
-        command += ["--model-option", option]
-    result.command = shlex.join(command)
+    _serve_command(result, options)
     if config is not None:
         decoder = decoder_cache_bytes(config.wan, 2)
         weights = 2 * sum(info.parameters for info in result.parts.values())
@@ -319,6 +324,23 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
             state = kv + decoder
             result.memory.append((window, kv, state, max(0, int(usable // state))))
     return result
+
+
+def _serve_command(result: Inspection, options: list[str]) -> None:
+    """The ``worldserve serve`` line for ``result.model`` with ``options``: on the GPU where this
+    machine has CUDA, else on the CPU, with a note that the GPU's line needs a CUDA machine."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    command = ["worldserve", "serve", "--model", result.model]
+    for option in [*options, *(["device=cuda"] if gpu else [])]:
+        command += ["--model-option", option]
+    result.command = shlex.join(command)
+    if not gpu:
+        result.notes.append(
+            "no CUDA on this machine (torch.cuda.is_available() is False): the command serves on the CPU; "
+            "on a machine with CUDA add --model-option device=cuda"
+        )
 
 
 def _size(count: int) -> str:
@@ -349,7 +371,10 @@ def format_inspection(result: Inspection) -> str:
         lines.append(f"  family: {result.family} (from {result.family_reason}); its settings: docs/models.md")
     for note in result.notes:
         lines.append(f"  note: {note}")
-    lines.append(f"  serve: {result.command}")
+    if result.command:
+        lines.append(f"  serve: {result.command}")
+    else:
+        lines.append("  serve: none (no transformer checkpoint here: no model to serve)")
     if result.memory:
         lines.append("")
         lines.append(

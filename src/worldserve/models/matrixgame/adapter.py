@@ -40,6 +40,7 @@ from worldserve.models.matrixgame.controls import (
 from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions, MatrixGameForward
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
+from worldserve.models.precision import usable_device
 from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
@@ -140,7 +141,7 @@ class MatrixGameModel:
         threads_count = option_int(threads, _MODEL, "threads")
         if threads_count is not None:
             torch.set_num_threads(threads_count)
-        self.device = torch.device(device)
+        self.device = usable_device(device, _MODEL)
         precision, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
         options = MatrixWeightOptions(
             config=config,

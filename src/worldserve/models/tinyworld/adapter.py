@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from worldserve.models.base import ModelSpec, SessionOptions
-from worldserve.models.precision import native_low_precision, served_precision
+from worldserve.models.precision import native_low_precision, served_precision, usable_device
 from worldserve.models.tinyworld.accel import ACCELS, DEFAULT_ACCEL, FastSampler
 from worldserve.models.tinyworld.cache import KVCache
 from worldserve.models.tinyworld.data import chunk_controls
@@ -128,7 +128,7 @@ class TinyWorldModel:
         #: Where the network and every session's cache live ("cpu", "cuda", "cuda:1", ...).
         #: Noise is drawn on the CPU from each session's own generator, so a session's frames
         #: do not depend on the device beyond float rounding.
-        self.device = torch.device(device)
+        self.device = usable_device(device, "tinyworld")
         self.net = net if net is not None else load_net(None if weights is None else Path(weights))
         version = "custom" if net is not None else weights_version(None if weights is None else Path(weights))
         if steps is not None:  # a subset of the trained noise levels: fewer denoising steps per chunk

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.precision import usable_device
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
@@ -130,7 +131,7 @@ class WanCausalModel:
         threads_count = option_int(threads, _MODEL, "threads")
         if threads_count is not None:
             torch.set_num_threads(threads_count)
-        self.device = torch.device(device)
+        self.device = usable_device(device, _MODEL)
         dtype, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
         weight_seed = option_int(seed, _MODEL, "seed") or 0
         options = WeightOptions(

@@ -2,10 +2,11 @@
 
 Owns: joining a Ray cluster (``address``, else ``RAY_ADDRESS``, else a ``ray start`` of this
 machine; within ``connect_timeout``, off the event loop) or starting a private local one
-(with Ray's node health checks tightened), one actor per worker (:class:`RayWorker`: the
-CPUs, GPUs and custom resources it was told to reserve; placed with Ray's
-``SPREAD`` strategy, never pinned to a node, so a replacement lands on any live node
-with room), carrying calls as actor tasks awaited on the event loop through their
+(with Ray's node health checks tightened); in a process already connected to Ray, using that
+cluster, and refusing an ``address`` that names another (Ray connects a process to one), one
+actor per worker (:class:`RayWorker`: the CPUs, GPUs and custom resources it was told to
+reserve; placed with Ray's ``SPREAD`` strategy, never pinned to a node, so a replacement lands
+on any live node with room), carrying calls as actor tasks awaited on the event loop through their
 futures, and noticing deaths: a call that fails because its actor is gone, or a
 liveness ping that does not come back within ``ping_timeout_s``, ends the worker's life
 (the base's death path: ``worker_died``, reported once); a head (GCS) that does not answer
@@ -109,6 +110,48 @@ def _listens(address: str) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _host_port(address: str) -> tuple[str, int | None]:
+    """``host:port`` (``ray://`` dropped) -> (host, port or None)."""
+    bare = address.removeprefix("ray://").rstrip("/")
+    host, colon, port = bare.rpartition(":")
+    if not colon or not port.isdigit():
+        return bare.strip("[]"), None
+    return host.strip("[]"), int(port)
+
+
+def _ips(host: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return set()
+
+
+def _local_ip(ip: str) -> bool:
+    """Whether ``ip`` is one of this machine's addresses (one a socket can bind to)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((ip, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _same_cluster(address: str, gcs_address: str) -> bool:
+    """Whether ``address`` (``host:port`` or ``ray://host:port``) names the cluster whose head's GCS is
+    at ``gcs_address``: the same port on the same machine (``localhost`` and this machine's own
+    addresses are one machine); a ``ray://`` address (the Ray Client server's port, not the GCS's)
+    by its host alone."""
+    host, port = _host_port(address)
+    gcs_host, gcs_port = _host_port(gcs_address)
+    if not address.startswith("ray://") and port != gcs_port:
+        return False
+    mine, theirs = _ips(host), _ips(gcs_host)
+    if mine & theirs:
+        return True
+    return any(_local_ip(ip) for ip in mine) and any(_local_ip(ip) for ip in theirs)
 
 
 async def _off_loop(call: Callable[[], Any], timeout: float | None, *, then: Callable[[], None] | None = None) -> Any:
@@ -256,6 +299,8 @@ class RayExecutor(Executor):
         ray = _ray()
         if not ray.is_initialized():
             await self._connect(ray)
+        elif self._address is not None:
+            await self._check_connected(ray, self._address)
         actor_class = ray.remote(concurrency_groups={_HEALTH_GROUP: 1})(RayWorker)
         self._remote = actor_class.options(
             num_cpus=self._num_cpus,
@@ -319,6 +364,27 @@ class RayExecutor(Executor):
         except TimeoutError:
             raise self._no_answer(where) from None
         _log.info("joined the Ray cluster at %s", where)
+
+    async def _check_connected(self, ray: ModuleType, address: str) -> None:
+        """This process is already connected to a Ray cluster (Ray connects a process to one):
+        an explicit ``address`` naming another is refused, naming both; the same one is used.
+        ``auto`` takes the connected cluster, said once in the log."""
+        try:
+            connected: str = ray.get_runtime_context().gcs_address
+        except Exception:  # e.g. a Ray Client connection: no GCS address to compare
+            _log.warning("ray_address=%s: this process is already connected to Ray; its workers start there", address)
+            return
+        if address == "auto":
+            _log.info("ray_address=auto: using the Ray cluster this process is connected to, at %s", connected)
+            return
+        if await _off_loop(lambda: _same_cluster(address, connected), 10.0):  # names may need a DNS lookup
+            _log.info("joined the Ray cluster at %s (this process was already connected to it)", address)
+            return
+        raise WorkerStartError(
+            f"ray_address={address} names another Ray cluster than the one this process is already "
+            f"connected to ({connected}), and Ray connects a process to one cluster only: call ray.shutdown() "
+            f"before starting the runtime to join {address}, or pass ray_address=None to use {connected}."
+        )
 
     def _no_answer(self, where: str) -> WorkerStartError:
         return WorkerStartError(
