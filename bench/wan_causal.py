@@ -9,7 +9,8 @@ stepped one per forward (how vllm-omni serves: ``max_num_seqs=1``); frames/s per
 whether a session holds real time (a block no slower than its 12 frames' playback); peak
 device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block,
 the transformer's and the VAE decode's), and per window the cost of one prompt switch's
-re-cache (``prompt_switch=recache``).
+re-cache (``prompt_switch=recache``). The last column times TAEHV's decode (``decoder=taehv``, random
+weights: the cost is the weights' shape, not their values) of the same batch, next to the VAE's.
 
 ``attention``: one transformer forward over B sessions whose caches have different lengths,
 with the self-attention as ONE batched call per layer (the sessions' caches gathered, each row
@@ -34,6 +35,7 @@ import torch
 from worldserve.models.base import SessionOptions
 from worldserve.models.wancausal.adapter import WanCausalModel
 from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.decoders import DecoderChoice, build_frame_decoder
 from worldserve.models.wancausal.sampler import recache_context
 from worldserve.models.world import keys_control
 from worldserve.protocol import ControlInput, TickRequest
@@ -111,8 +113,9 @@ def recache_cost(rollouts: Rollouts, blocks: int) -> tuple[float, int]:
     return statistics.median(times), len(state.log.blocks)
 
 
-def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
-    """Median block latency of one forward over ``size`` sessions, and of ``size`` forwards of one."""
+def measure(rollouts: Rollouts, size: int, blocks: int, taehv: Any = None) -> dict[str, float]:
+    """Median block latency of one forward over ``size`` sessions, and of ``size`` forwards of one; with
+    ``taehv`` (a :class:`~worldserve.models.wancausal.taehv.TaehvStream`) also its decode of the same batch."""
     device = rollouts.model.device
     rollouts.ensure(size)
     rows = list(range(size))
@@ -136,14 +139,26 @@ def measure(rollouts: Rollouts, size: int, blocks: int) -> dict[str, float]:
             caches = [list(rollouts.states[r].decoder) for r in rows]
             sync(device)
             started = time.perf_counter()
-            model.vae.decode(latents, caches)
+            model.decoder.decode(latents, caches)
             sync(device)
             decodes.append(time.perf_counter() - started)
+        tiny = []
+        if taehv is not None:  # TAEHV's memories, primed by one chunk (the model's sessions are primed too)
+            memories = [taehv.new_cache() for _ in rows]
+            taehv.decode(latents, memories, first=True)
+            for _ in range(blocks):
+                copies = [list(memory) for memory in memories]
+                sync(device)
+                started = time.perf_counter()
+                taehv.decode(latents, copies)
+                sync(device)
+                tiny.append(time.perf_counter() - started)
     return {
         "batched_s": statistics.median(batched),
         "single_s": statistics.median(single),
         "peak_gib": peak,
         "decode_s": statistics.median(decodes),
+        "taehv_s": statistics.median(tiny) if tiny else -1.0,
     }
 
 
@@ -259,9 +274,9 @@ def blocks_part(args: argparse.Namespace) -> None:
     print(
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "
         "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s | "
-        "VAE decode | transformer TFLOP/s | VAE TFLOP/s |"
+        "VAE decode | transformer TFLOP/s | VAE TFLOP/s | TAEHV decode (decoder=taehv) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     footer = ""
     for window in args.windows:
         model = WanCausalModel(
@@ -278,11 +293,12 @@ def blocks_part(args: argparse.Namespace) -> None:
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
         flops = cfg.block_flops() + cfg.vae_decode_flops()
         rollouts = Rollouts(model)
+        taehv = build_frame_decoder(DecoderChoice("taehv"), model.vae, cfg, model.device, model.dtype, 0)
         for size in args.batches:  # each row prints as soon as it is measured
             try:
-                row = measure(rollouts, size, args.blocks)
+                row = measure(rollouts, size, args.blocks, taehv)
             except torch.OutOfMemoryError:
-                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | |", flush=True)
+                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | | |", flush=True)
                 break
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
@@ -294,7 +310,7 @@ def blocks_part(args: argparse.Namespace) -> None:
                 f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} | "
                 f"{row['decode_s'] * 1000:.0f} ms | "
                 f"{transformer_rate(size * cfg.block_flops(), latency, row['decode_s'])} | "
-                f"{size * cfg.vae_decode_flops() / row['decode_s'] / 1e12:.3g} |",
+                f"{size * cfg.vae_decode_flops() / row['decode_s'] / 1e12:.3g} | {row['taehv_s'] * 1000:.0f} ms |",
                 flush=True,
             )
         switch_s, reran = recache_cost(rollouts, args.blocks)

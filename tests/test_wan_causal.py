@@ -395,6 +395,10 @@ def test_benchmark_smoke_runs_the_tiny_config_in_both_precisions() -> None:
         assert f"device cpu, dtype {served}, dummy weights" in done.stdout, done.stdout
         assert ("note: wan-causal: bfloat16 asked, serving float32" in done.stdout) == (served != dtype)
         assert re.search(r"\| 3 \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \|", done.stdout), done.stdout
+        assert "TAEHV decode (decoder=taehv) |" in done.stdout
+        assert re.search(r"\| 3 \| 2 \| .* ms \| ([\d.e-]+|-) \| [\d.e-]+ \| \d+ ms \|\n", done.stdout), (
+            done.stdout
+        )  # VAE, TAEHV
 
 
 def test_the_hashed_stand_in_embeds_each_word_the_same_way_and_pads_with_zeros() -> None:

@@ -5,8 +5,9 @@ image (the model is image-to-world: ``spec.requires_image``): the image's CLIP f
 per-frame image latents (:mod:`~worldserve.models.matrixgame.image`) are computed once, the caches
 start empty and the first block is generated from noise, as the reference does. A session's state
 is its caches (:class:`~worldserve.models.matrixgame.forward.MatrixCaches`: no sink, the last
-frames' window), its VAE decoder cache, the last 12 video frames' keyboard and mouse actions (the
-next block's windows reach back into them), its noise counter and its image conditioning.
+frames' window), its decoder state (the VAE's feature cache, or TAEHV's with ``decoder=taehv``), the
+last 12 video frames' keyboard and mouse actions (the next block's windows reach back into them), its
+noise counter and its image conditioning.
 :meth:`MatrixGameModel.step` runs ONE batched few-step denoise over every session of the batch
 (each at its own frame offset, with its own keys and mouse held for the block), one batched commit
 pass and one batched streaming decode (sessions at their first block decode apart: their first
@@ -41,6 +42,7 @@ from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, Ma
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
 from worldserve.models.precision import usable_device
+from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
 from worldserve.models.wancausal.noise import SessionNoise
 from worldserve.models.wancausal.options import (
     FLOAT32_PARTS,
@@ -52,7 +54,7 @@ from worldserve.models.wancausal.options import (
 )
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, sample_block
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes, frame_pixels, host_frames
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["MatrixGameModel", "MatrixGameState"]
@@ -115,7 +117,9 @@ class MatrixGameModel:
     else float32), ``window`` (committed latent frames the attention sees; the variant's by default),
     ``max_batch_size``, ``seed`` (of dummy weights), ``threads``, ``compile`` (1: ``torch.compile``
     the transformer blocks' dense parts), ``attention`` (``batched``, or ``loop``: the per-session
-    reference), ``rollback`` (0: no cancel of a chunk in flight).
+    reference), ``rollback`` (0: no cancel of a chunk in flight), ``decoder`` (``vae``, the default, or
+    ``taehv``: TAEHV's tiny decoder, cheaper, slightly lower quality), ``taehv`` (its ``taew2_1.pth``;
+    ``weights=DIR``'s is found by name; ``random``: random weights).
     """
 
     def __init__(
@@ -137,6 +141,8 @@ class MatrixGameModel:
         compile: int | str | bool | None = None,
         attention: str = "batched",
         rollback: int | str | bool | None = None,
+        decoder: str | None = None,
+        taehv: str | Path | None = None,
     ) -> None:
         threads_count = option_int(threads, _MODEL, "threads")
         if threads_count is not None:
@@ -153,7 +159,13 @@ class MatrixGameModel:
             load=load,
             window=option_int(window, _MODEL, "window"),
         )
-        loaded = load_matrix(options, self.device, option_int(seed, _MODEL, "seed") or 0)
+        taehv_path = option_path(taehv)
+        choose_decoder(decoder, taehv_path, options.weights, trained=False, model=_MODEL)  # refused before loading
+        weight_seed = option_int(seed, _MODEL, "seed") or 0
+        loaded = load_matrix(options, self.device, weight_seed)
+        self.decoder_choice = choose_decoder(
+            decoder, taehv_path, options.weights, trained=not loaded.dummy, model=_MODEL
+        )
         self.loaded = loaded
         self.config = cfg = loaded.config
         self.variant = loaded.variant
@@ -165,12 +177,13 @@ class MatrixGameModel:
         self.forward = MatrixGameForward(
             loaded.transformer, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
         )
-        self.vae = VaeStream(loaded.vae)
+        self.vae = VaeStream(loaded.vae)  # the start image's encoder, and the decoder unless decoder=taehv
+        self.decoder = build_frame_decoder(self.decoder_choice, self.vae, cfg.wan, self.device, self.dtype, weight_seed)
         self.encoder = ImageEncoder(loaded.image_encoder, cfg.clip)
         self.rope = FrameRope(cfg.wan, self.device)
         wan = cfg.wan
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = decoder_cache_bytes(wan, dtype_bytes)
+        self.decoder_cache_bytes = frame_decoder_bytes(self.decoder_choice, wan, dtype_bytes)
         image_bytes = 4 * MAX_IMAGE_FRAMES * wan.latent_channels * wan.latent_height * wan.latent_width
         features_bytes = cfg.clip.tokens * cfg.clip.dim * dtype_bytes
         history_bytes = 4 * cfg.action.window_frames * (cfg.action.keyboard_dim + cfg.action.mouse_dim)
@@ -217,6 +230,9 @@ class MatrixGameModel:
             parts.append("VAE: random weights" + ("" if loaded.dummy else " (vae=random)"))
         if "image_encoder" not in loaded.sources:
             parts.append("image encoder: random weights" + ("" if loaded.dummy else " (image_encoder=random)"))
+        taehv = self.decoder_choice.describe()
+        if taehv is not None:
+            parts.append(taehv)
         return "; ".join(parts) + "."
 
     @property
@@ -233,7 +249,7 @@ class MatrixGameModel:
         image = encode_image_latents(self.vae, pixels, cfg)
         features = self.encoder(pixels)
         caches = MatrixCaches(cfg, self.device, self.dtype)
-        return MatrixGameState(session_id, options, caches, self.vae.new_cache(), image, features)
+        return MatrixGameState(session_id, options, caches, self.decoder.new_cache(), image, features)
 
     @torch.no_grad()
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
@@ -296,7 +312,7 @@ class MatrixGameModel:
         commit_block(self.forward, kv, clean, features, conditions, rope, wan, keep=False)
         decoders = [list(state.decoder) for state in states]
         firsts = [not state.started for state in states]
-        videos = self.vae.decode_rows(clean, decoders, firsts)
+        videos = self.decoder.decode_rows(clean, decoders, firsts)
         # A first block's first latent frame is one video frame: show it 4 times (12 frames a chunk).
         full = [torch.cat([v[:, :1].expand(-1, video - v.shape[1], -1, -1), v], dim=1) for v in videos]
         host = host_frames(torch.stack(full))  # [B, T, H, W, 3]: leaves the device once

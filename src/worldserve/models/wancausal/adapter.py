@@ -1,12 +1,13 @@
 """The ``wan-causal`` model behind the runtime's :class:`~worldserve.models.base.WorldModel` interface.
 
 Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
-cache (sink + sliding window) and the clean latents of the blocks in it, its VAE decoder cache,
+cache (sink + sliding window) and the clean latents of the blocks in it, its decoder state (the
+VAE's feature cache, or TAEHV's last frames with ``decoder=taehv``: :mod:`~worldserve.models.wancausal.decoders`),
 its noise counter (the session's noise is a pure function of ``SessionOptions.seed`` and the
 counter, drawn for the whole batch at once) and its prompt. A session is *primed* at
 creation: its start frame (the start image, else the procedural world's first frame for
 its seed and prompt) held still for one block's worth of video is encoded by the VAE,
-committed to the cache as the attention sink and run through the decoder, so every chunk
+committed to the cache as the attention sink and run through the frame decoder, so every chunk
 it then emits has the same ``4 * block_frames`` frames. :meth:`WanCausalModel.step` runs
 ONE batched few-step denoise over every session of the batch (each at its own frame
 offset), one batched commit pass and one batched streaming decode; frames leave the
@@ -29,6 +30,7 @@ from worldserve.models.precision import usable_device
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.noise import SessionNoise
@@ -44,7 +46,7 @@ from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, Prom
 from worldserve.models.wancausal.rope import FrameRope
 from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
 from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, decoder_cache_bytes, frame_pixels, host_frames
+from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
@@ -55,7 +57,7 @@ _MODEL = "wan-causal"
 
 
 class WanCausalState:
-    """One session: KV cache and the blocks it holds, VAE decoder cache, noise counter, prompt, options."""
+    """One session: KV cache and the blocks it holds, decoder state, noise counter, prompt, options."""
 
     __slots__ = ("cache", "decoder", "draws", "log", "options", "prompt", "session_id")
 
@@ -96,7 +98,9 @@ class WanCausalModel:
     (``keep``, or ``recache``: recompute the cached context under a changed prompt),
     ``prompt_transition`` (blocks a prompt change blends over unless its event says otherwise),
     ``recache_sink`` (1: a re-cache recomputes the sink too), ``compile`` (1: ``torch.compile``
-    the transformer blocks), ``attention`` (``batched``, or ``loop``: the per-session reference).
+    the transformer blocks), ``attention`` (``batched``, or ``loop``: the per-session reference),
+    ``decoder`` (``vae``, the default, or ``taehv``: TAEHV's tiny decoder, cheaper, slightly lower
+    quality), ``taehv`` (its ``taew2_1.pth``; ``weights=DIR``'s is found by name; ``random``: random weights).
     """
 
     def __init__(
@@ -127,6 +131,8 @@ class WanCausalModel:
         max_batch_size: int | str = 8,
         seed: int | str = 0,
         threads: int | str | None = None,
+        decoder: str | None = None,
+        taehv: str | Path | None = None,
     ) -> None:
         threads_count = option_int(threads, _MODEL, "threads")
         if threads_count is not None:
@@ -148,7 +154,12 @@ class WanCausalModel:
             ema=option_bool(ema, _MODEL, "ema"),
             family=family,
         )
+        taehv_path = option_path(taehv)
+        choose_decoder(decoder, taehv_path, options.weights, trained=False, model=_MODEL)  # refused before loading
         loaded = load_weights(options, self.device, weight_seed, self.dtype)
+        self.decoder_choice = choose_decoder(
+            decoder, taehv_path, options.weights, trained=not loaded.dummy, model=_MODEL
+        )
         self.family = loaded.family
         cfg = family_config(loaded.config, loaded.family, option_int(steps, _MODEL, "steps"))
         window_frames = option_int(window, _MODEL, "window")
@@ -184,13 +195,14 @@ class WanCausalModel:
         self.forward = CachedForward(
             transformer, actions, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
         )
-        self.vae = VaeStream(autoencoder)
+        self.vae = VaeStream(autoencoder)  # the start frame's encoder, and the decoder unless decoder=taehv
+        self.decoder = build_frame_decoder(self.decoder_choice, self.vae, cfg, self.device, self.dtype, weight_seed)
         self.rope = FrameRope(cfg, self.device)
         self.text = PromptEmbedder(
             cfg.text_len, cfg.text_dim, self.device, self.dtype, loaded.text_encoder, loaded.tokenizer
         )
         dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = decoder_cache_bytes(cfg, dtype_bytes)
+        self.decoder_cache_bytes = frame_decoder_bytes(self.decoder_choice, cfg, dtype_bytes)
         latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
         log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
         state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
@@ -234,6 +246,9 @@ class WanCausalModel:
         ]
         if not self.vae_from_file:
             parts.append("VAE: random weights (vae=random)")
+        taehv = self.decoder_choice.describe()
+        if taehv is not None:
+            parts.append(taehv)
         return "; ".join(parts) + "."
 
     @property
@@ -265,8 +280,8 @@ class WanCausalModel:
         commit_block(self.forward, [cache], latents, embedding[None], still, self.rope([0], cfg.block_frames), cfg)
         log = BlockLog(cfg.block_frames)
         log.add(0, latents, still)
-        decoder = self.vae.new_cache()
-        self.vae.decode(latents, [decoder], first=True)
+        decoder = self.decoder.new_cache()
+        self.decoder.decode(latents, [decoder], first=True)
         return WanCausalState(session_id, options, cache, decoder, PromptTrack(prompt, embedding), log)
 
     @torch.no_grad()
@@ -317,7 +332,7 @@ class WanCausalModel:
         clean = sample_block(self.forward, kv, noise, text, actions, rope, cfg)
         commit_block(self.forward, kv, clean, text, actions, rope, cfg, keep=False)
         decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
-        video = self.vae.decode(clean, decoders)  # [B, 3, T, H, W]
+        video = self.decoder.decode(clean, decoders)  # [B, 3, T, H, W]
         host = host_frames(video)  # [B, T, H, W, 3]: leaves the device once
         firsts = [cache.next_frame for cache in caches]
         kv.commit()

@@ -6,8 +6,9 @@ file and folder names, see :data:`PUBLISHED`), :class:`Parts` (what was picked, 
 seen, and the family a checkpoint's published name implies), :func:`part_kind` (what one file or
 folder is, by name), and what any model's finder shares: :func:`walk_published` (the published
 files and folders under a folder, a few levels down, in name order) and :func:`single_candidate`
-(a part's one candidate, several being an error). Names only: reading the files is the loaders'
-job. Must not know: torch, the model, sessions.
+(a part's one candidate, several being an error), and :func:`find_taehv` (TAEHV's ``taew2_1.pth``,
+:data:`TAEHV_FILE`, under a folder: the optional ``decoder=taehv`` of both Wan models). Names only:
+reading the files is the loaders' job. Must not know: torch, the model, sessions.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["PUBLISHED", "Parts", "find_parts", "part_kind", "single_candidate", "walk_published"]
+__all__ = [
+    "PUBLISHED",
+    "TAEHV_FILE",
+    "find_taehv",
+    "Parts",
+    "find_parts",
+    "part_kind",
+    "single_candidate",
+    "walk_published",
+]
 
 K = TypeVar("K")
 
@@ -47,6 +57,8 @@ PUBLISHED: dict[str, tuple[str, str | None]] = {
     "text_encoder/": ("text_encoder", None),
     "tokenizer/": ("tokenizer", None),
 }
+#: TAEHV's published decoder for Wan2.1's latents (madebyollin/taehv): used only with ``decoder=taehv``.
+TAEHV_FILE = "taew2_1.pth"
 _DIFFUSERS_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder")
 _PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "lora")
 _DEPTH = 4
@@ -155,3 +167,10 @@ def find_parts(folder: str | Path, family: str | None = None) -> Parts:
         if chosen_part is not None:
             setattr(parts, part, chosen_part)
     return parts
+
+
+def find_taehv(folder: str | Path) -> Path | None:
+    """The one ``taew2_1.pth`` under ``folder`` (None: none; several are an error that lists them)."""
+    folder = Path(folder)
+    found = walk_published(folder, lambda path: "taehv" if path.name == TAEHV_FILE and path.is_file() else None)
+    return single_candidate(folder, {"taehv": [path for path, _ in found]}, "taehv")
