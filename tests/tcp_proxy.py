@@ -2,8 +2,12 @@
 
 ``drop()`` aborts every connection through it at once (no WebSocket close frame, as a network
 failure would: the browser reports 1006, the server parks the session); ``refuse(True)`` makes
-it close new connections at once (the server looks down); ``target`` may be changed to point
-at a restarted server. It runs its own event loop in a thread, so sync (Playwright) tests can
+it close new connections at once (the server looks down); ``refuse_websockets(True)`` aborts
+only WebSocket handshakes (a socket that fails to open while the server answers HTTP: the
+browser says 1006, ``/healthz`` is fine), counting them in ``websockets_refused``;
+``rewrite_host=True`` sends the server its own address as ``Host``, as a reverse proxy does by
+default (nginx's ``proxy_pass``), so a page's ``Origin`` is not the server's own; ``target``
+may be changed to point at a restarted server. It runs its own event loop in a thread, so sync (Playwright) tests can
 use it.
 """
 
@@ -18,6 +22,9 @@ class TcpProxy:
     def __init__(self, target_port: int) -> None:
         self.target = target_port
         self.refusing = False
+        self.refusing_websockets = False
+        self.websockets_refused = 0
+        self.rewrite_host = False
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._links: set[asyncio.StreamWriter] = set()
@@ -57,6 +64,21 @@ class TcpProxy:
         """While refusing, a new connection is closed as soon as it arrives."""
         self.refusing = refusing
 
+    def refuse_websockets(self, refusing: bool) -> None:
+        """While refusing, a connection whose request is a WebSocket handshake is aborted before it reaches
+        the server; plain HTTP requests go through."""
+        self.refusing_websockets = refusing
+
+    def _client_bytes(self, data: bytes) -> bytes | None:
+        """What goes on to the server for ``data`` from the client; None: abort the connection."""
+        if self.refusing_websockets and b"upgrade: websocket" in data.lower():
+            self.websockets_refused += 1
+            return None
+        if self.rewrite_host:
+            ours, theirs = f"Host: 127.0.0.1:{self.port}\r\n", f"Host: 127.0.0.1:{self.target}\r\n"
+            data = data.replace(ours.encode(), theirs.encode())
+        return data
+
     def _run(self, function: object) -> None:
         done = threading.Event()
 
@@ -81,12 +103,17 @@ class TcpProxy:
         pair = {writer, upstream_writer}
         self._links.update(pair)
 
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, from_client: bool) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await source.read(65536):
-                    sink.write(data)
+                    passed = self._client_bytes(data) if from_client else data
+                    if passed is None:  # a refused handshake: cut both sides, no answer
+                        writer.transport.abort()
+                        upstream_writer.transport.abort()
+                        break
+                    sink.write(passed)
                     await sink.drain()
             sink.close()  # the other side ended: end this one too, after what is buffered
             self._links.difference_update(pair)
 
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+        await asyncio.gather(pipe(reader, upstream_writer, True), pipe(upstream_reader, writer, False))

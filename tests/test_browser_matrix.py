@@ -79,6 +79,7 @@ def test_the_player_starts_from_an_image_shows_the_variants_keys_and_captures_th
     legend = page.eval_on_selector_all("#controls-legend kbd", "(keys) => keys.map((k) => k.dataset.key)")
     assert legend == ["W", "S", "A", "D"]  # the universal variant's keys
     assert page.evaluate("window.worldserve.allowedKeys") == ["W", "S", "A", "D"]
+    assert page.is_hidden("#prompt")  # prompts are ignored: none is offered
 
     page.click("#screen")  # captures the mouse
     wait_for(page, "window.worldserve.pointerLocked")
@@ -126,6 +127,40 @@ def test_the_player_starts_from_an_image_shows_the_variants_keys_and_captures_th
     assert checked >= 2
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-player-matrix-game.png"))
+
+
+def test_before_start_the_page_shows_this_models_controls_and_no_prompt(page: Page) -> None:
+    """Known from the server before any Start: no prompt field (no text encoder: the spec's
+    ``takes_prompt`` is false), hints and help for a captured mouse (not tinyworld's drag), and a file
+    that is not an image is named as such, not taken for a missing start image."""
+    wait_for(page, "document.getElementById('start-image-label').textContent.includes('starts from one')")
+    assert page.evaluate("fetch('/v1/models').then((r) => r.json()).then((m) => m.data[0].takes_prompt)") is False
+    assert page.inner_text("#model-name").startswith("matrix-game-2")
+    for selector in ("#prompt", "#apply-prompt", "#default-hint"):
+        assert page.is_hidden(selector), selector
+    legend = page.inner_text("#controls-legend")
+    assert "the mouse turns the camera" in legend
+    assert "Esc" in legend
+    page.click("#toggle-help")
+    help_text = page.inner_text("#help")
+    assert "capture the mouse" in help_text
+    assert "Esc" in help_text
+    assert "drag" not in help_text  # tinyworld's pan
+    assert page.eval_on_selector_all("#help-model kbd", "(keys) => keys.map((k) => k.textContent)")[:4] == [
+        "W",
+        "S",
+        "A",
+        "D",
+    ]
+    page.click("#toggle-help")
+
+    page.set_input_files("#start-image", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"}])
+    wait_for(page, "document.getElementById('notice').textContent.includes('not an image')")
+    page.click("#start")
+    notice = page.inner_text("#notice")
+    assert "notes.txt is not an image this browser can read" in notice, notice
+    assert "choose a start image first" not in notice
+    assert page.evaluate("window.worldserve.status") == "idle"
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,6 +176,36 @@ def test_a_server_restart_mid_session_ends_in_a_playing_world_without_a_click(br
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_failed_handshake_within_the_grace_is_retried_and_only_a_refused_origin_is_named(
+    browser: Browser, server: RunningServer
+) -> None:
+    # The socket drops, and the next handshakes fail while the server answers HTTP: not a refusal, so
+    # the page goes on trying within the resume grace and takes its world back.
+    with TcpProxy(server.port) as proxy, player(browser, proxy.http + "/") as page:
+        session_id = start(page)
+        proxy.refuse_websockets(True)
+        proxy.drop()
+        deadline = time.monotonic() + 60
+        while proxy.websockets_refused < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert proxy.websockets_refused >= 2, page.evaluate("() => window.worldserve.statusLog")
+        assert page.evaluate("() => window.worldserve.status") == "reconnecting"
+        proxy.refuse_websockets(False)
+        wait_for(page, "window.worldserve.resumes === 1 && window.worldserve.status === 'live'")
+        assert page.evaluate("() => window.worldserve.sessionId") == session_id
+        assert "error" not in page.evaluate("() => window.worldserve.statusLog")
+        more_frames(page)
+
+    # Behind a proxy that sends the server its own address as Host, the page's origin is not the server's
+    # own: the server says so (POST /v1/origin), and the page names it.
+    with TcpProxy(server.port) as proxy, player(browser, proxy.http + "/") as page:
+        proxy.rewrite_host = True
+        page.click("#start")
+        wait_for(page, "window.worldserve.status === 'error'")
+        assert "refused this page's origin" in page.inner_text("#notice")
+        assert page.inner_text("#status") == "refused (origin)"
 
 
 # -- a server with a token --------------------------------------------------------------------

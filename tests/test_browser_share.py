@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,5 +40,46 @@ def test_a_share_link_opens_the_same_world_as_a_viewer(server: RunningServer) ->
         # Nothing is held: both pages show the same still view of the one world.
         assert np.array_equal(canvas(viewer), canvas(host))
 
+        # Joined by a link, the page plays the host's world: no Seed, Start image or Start (which left it
+        # for a world of its own without a word), only a leave that says what it does.
+        for selector in ("#start", "#seed", "#start-image"):
+            assert viewer.is_hidden(selector), selector
+        assert viewer.is_visible("#leave-shared")
+        assert "goes on when you leave" in viewer.inner_text("#joined")
+
+        controller = host.context.browser.new_page()
+        controller.goto(links["controller"])
+        wait_for(controller, "window.worldserve.status === 'live' && window.worldserve.role === 'controller'")
+        assert controller.is_hidden("#start")
+        assert controller.inner_text("#joined-role") == "controller"
+        controller.click("#leave-shared")  # leaves its membership only; the world goes on
+        wait_for(controller, "window.worldserve.status === 'idle' && window.worldserve.sessionId === null")
+        assert controller.is_visible("#start")
+        assert controller.inner_text("#start") == "Start"
+        assert controller.is_visible("#seed")
+        assert "left the shared world" in controller.inner_text("#notice")
+        shown = host.evaluate("() => window.worldserve.displayed")
+        wait_for(host, f"window.worldserve.status === 'live' && window.worldserve.displayed > {shown + 4}")
+
         host.click("#close")
         wait_for(viewer, "window.worldserve.status === 'idle'")
+        assert viewer.is_visible("#start")  # the world is gone: Start is offered again
+
+
+def test_the_page_names_the_model_on_load_and_has_an_icon(server: RunningServer) -> None:
+    with open_page(server) as page:
+        responses: list[tuple[str, int]] = []
+        page.on("response", lambda response: responses.append((response.url, response.status)))
+        page.reload()
+        # Before any Start: the served model's name and frame, from the server.
+        wait_for(page, "document.getElementById('model-name').textContent.startsWith('procedural · 48\u00d748')")
+        icon = page.get_attribute("link[rel=icon]", "href")
+        assert icon is not None
+        assert page.evaluate(f"fetch({icon!r}).then((r) => [r.status, r.headers.get('content-type')])") == [
+            200,
+            "image/svg+xml",
+        ]
+        with urllib.request.urlopen(server.http + "/favicon.ico", timeout=10) as reply:  # asked for by others
+            assert reply.status == 200
+            assert reply.headers["content-type"] == "image/svg+xml"
+        assert [r for r in responses if r[1] >= 400] == []

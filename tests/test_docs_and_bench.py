@@ -92,3 +92,30 @@ def test_media_benchmark_smoke() -> None:
     assert re.search(r"At equal-or-better PSNR: h264 [\d.]+ kB/s vs JPEG quality \d+", done.stdout), done.stdout
     assert re.search(r"\| 48x48 \| h264 +\| [\d.]+ ", done.stdout), done.stdout
     assert "### Viewers, h264" in done.stdout
+
+
+def test_readme_lists_every_doc_and_tool() -> None:
+    """The README's layout names each docs/*.md and each tools/*.py (a newcomer finds them there)."""
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    docs = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    tools = sorted(p.name for p in (ROOT / "src/worldserve/tools").glob("*.py") if p.name != "__init__.py")
+    missing = [name for name in docs + tools if not re.search(rf"(?<![\w/.-]){re.escape(name)}", layout)]
+    assert missing == []
+
+
+def test_docs_name_only_files_that_exist() -> None:
+    """Each file a doc links to, or names by a path from itself (a backquoted ``x.md`` or ``../x.md``), is in
+    the repository (``docs/serving/...`` paths name other projects' files)."""
+    missing = []
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        text = doc.read_text()
+        links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+        named = re.findall(r"`((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.md)`", text)
+        named = [n for n in named if n.startswith("../") or "/" not in n]
+        for target in links + named:
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            found = [p.resolve() for p in (doc.parent / target, ROOT / target) if p.exists()]
+            if not any(p.is_relative_to(ROOT) for p in found):  # outside the checkout is not in the repository
+                missing.append(f"{doc.name}: {target}")
+    assert missing == []

@@ -327,5 +327,11 @@ async def test_handshakes_refused_for_the_token_the_origin_and_the_path_each_say
             with pytest.raises(urllib.error.HTTPError) as denied:
                 await asyncio.to_thread(urllib.request.urlopen, running.http + path, timeout=10)
             assert denied.value.code == 401
+        # What a browser cannot read from a refused handshake (only 1006), POST /v1/origin tells it, no
+        # token needed: the same own-origin rule, for the Origin the POST carries.
+        for origin, allowed in ((f"http://localhost:{running.port}", False), (running.http, True)):
+            probe = urllib.request.Request(running.http + "/v1/origin", method="POST", headers={"Origin": origin})
+            with await asyncio.to_thread(urllib.request.urlopen, probe, timeout=10) as reply:
+                assert json.loads(reply.read()) == {"origin": origin, "allowed": allowed}
     finally:
         running.stop()

@@ -79,6 +79,7 @@ def test_held_keys_become_the_references_keyboard_vectors(models: dict[str, Matr
 def test_a_session_needs_its_start_image(models: dict[str, MatrixGameModel]) -> None:
     model = models["universal"]
     assert model.spec.requires_image
+    assert model.spec.to_dict()["takes_prompt"] is False  # no text encoder: a player offers no prompt
     with pytest.raises(ValueError, match="starts a world from a start image: send one \\(80x48 RGB\\)"):
         model.new_state("s", SessionOptions(seed=1))
     with pytest.raises(ValueError, match="start image must be 80x48 RGB"):

@@ -88,6 +88,9 @@ class ModelSpec:
     #: True when a world starts only from a start image (an image-to-world model): a session
     #: without one (``SessionOptions.image``) is refused when it is created.
     requires_image: bool = False
+    #: False for a model that has no use for a prompt (no text encoder: Matrix-Game 2.0): it
+    #: ignores every prompt, so a player shows no prompt field for it.
+    takes_prompt: bool = True
     #: What the model chose at load that its user should hear of (a precision this machine
     #: cannot serve fast, served in float32 instead): the server says each at start-up.
     notes: tuple[str, ...] = ()
@@ -100,7 +103,7 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
         if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
             raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
-        for flag in ("atomic_step", "can_rollback", "requires_image"):
+        for flag in ("atomic_step", "can_rollback", "requires_image", "takes_prompt"):
             if type(getattr(self, flag)) is not bool:
                 raise ValueError(f"ModelSpec.{flag} must be a bool; got {getattr(self, flag)!r}.")
         if not self.fps > 0:
@@ -144,6 +147,7 @@ class ModelSpec:
             "continuous_tracks": list(self.continuous_tracks),
             "can_rollback": self.can_rollback,
             "requires_image": self.requires_image,
+            "takes_prompt": self.takes_prompt,
             "notes": list(self.notes),
         }
 

@@ -1,8 +1,10 @@
 """The HTTP + WebSocket application (Starlette): routes, authentication, origins.
 
-Owns: ``/`` (the browser player) and ``/static``, ``GET /healthz``, ``GET /v1/models``,
-``GET /metrics``, ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime
-video protocol, over the same runtime and sessions); the optional bearer token (header,
+Owns: ``/`` (the browser player), ``/static`` and ``/favicon.ico``, ``GET /healthz``,
+``GET /v1/models``, ``POST /v1/origin`` (whether the request's ``Origin`` may open a socket: a
+browser's handshake refusal reads only as 1006, so the player asks), ``GET /metrics``,
+``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime video protocol, over the
+same runtime and sessions); the optional bearer token (header,
 or the ``bearer.<token>`` WebSocket subprotocol browsers can send), the same for both
 sockets; the origin allow-list; a refused handshake's answer (HTTP 401 for the token, 403 for
 the origin, 404 for a path no socket is at, each with its JSON error). Each ``/v1/world`` socket gets one
@@ -113,6 +115,19 @@ def create_app(
     async def index(request: Request) -> Response:
         return FileResponse(f"{_static_dir()}/index.html", media_type="text/html")
 
+    async def favicon(request: Request) -> Response:
+        return FileResponse(f"{_static_dir()}/favicon.svg", media_type="image/svg+xml")
+
+    async def origin(request: Request) -> Response:
+        """Whether this request's ``Origin`` (a browser sends it on a POST, as on a socket's handshake) is one
+        the sockets take: no token needed, it tells only the caller's own origin's fate."""
+        return JSONResponse(
+            {
+                "origin": request.headers.get("origin"),
+                "allowed": _origin_ok(request, config.allowed_origins),
+            }
+        )
+
     async def healthz(request: Request) -> Response:
         runtime = backend()
         capacity = runtime.capacity()
@@ -207,6 +222,8 @@ def create_app(
             Route("/", index),
             Route("/healthz", healthz),
             Route("/v1/models", models),
+            Route("/v1/origin", origin, methods=["POST"]),
+            Route("/favicon.ico", favicon),
             Route("/metrics", metrics_route),
             WebSocketRoute("/v1/world", world),
             WebSocketRoute("/v1/realtime/video", realtime_video),

@@ -209,6 +209,7 @@ class MatrixGameModel:
             continuous_tracks=tuple(c.track for c in controls if c.track in (KEYS_TRACK, MOUSE_TRACK)),
             can_rollback=rollback_on is not False,
             requires_image=True,
+            takes_prompt=False,  # no text encoder: prompts are ignored
             notes=() if precision_note is None else (precision_note,),
         )
 

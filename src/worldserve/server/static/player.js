@@ -58,6 +58,7 @@
     camera: { dragging: false, x: 0, y: 0, dx: 0, dy: 0, last: { dx: 0, dy: 0 } },
     served: null, // the served model's spec (GET /v1/models), known before a world starts
     startImage: null, // base64 PNG of the chosen start image, at the model's frame size
+    startImageProblem: null, // why the chosen file cannot be the start image (yet), said on Start
     mouse: { dx: 0, dy: 0, last: { yaw: 0, pitch: 0 } }, // pointer-locked movement since the last send
     reconnect: null, // {mode: "resume"|"restart", attempt, deadline, timer} while reconnecting
     reloaded: false, // this page was reloaded in a world: its resume asks for a keyframe and enters it anew
@@ -117,8 +118,20 @@
     $("close").disabled = !inWorld && status !== "queued"; // Close also leaves the waiting line
     $("reset").disabled = !steering;
     $("apply-prompt").disabled = status !== "live" || state.role === "viewer";
+    showStartControls();
+  }
+
+  // A page that joined a world by a share link plays the host's world: no Start (which would leave it
+  // without a word), only an explicit leave. A link not yet joined offers Join, without a new world's fields.
+  function showStartControls() {
+    const joined = state.role === "viewer" || state.role === "controller";
+    $("start-controls").hidden = joined;
+    $("joined").hidden = !joined;
+    if (joined) $("joined-role").textContent = state.role;
+    $("new-world-fields").hidden = Boolean(state.join);
+    $("seed").hidden = Boolean(state.join);
     $("start").textContent = state.join ? "Join" : "Start";
-    $("join-pending").hidden = !state.join;
+    $("join-pending").hidden = !state.join || joined;
   }
 
   // -- worlds: enter, leave --------------------------------------------------------------
@@ -139,16 +152,23 @@
     canvas.height = message.model.height;
     $("screen-box").style.aspectRatio = `${message.model.width} / ${message.model.height}`;
     document.body.dataset.role = role;
-    $("model-name").textContent = `${message.model.name} · ${message.model.width}×${message.model.height} · ${message.model.fps} fps`;
-    $("model-name").title = message.model.description || "";
-    $("weights-warning").hidden = !/random weights/i.test(message.model.description || "");
-    renderPresets(message.model.styles || []);
-    renderControls(message.model);
+    showModel(message.model);
     setStatus("live", role === "host" ? "live" : `live (${role})`);
     notice("");
     if (message.model.description) log(message.model.description);
     startRecording();
     canvas.focus();
+  }
+
+  // The model's name in the header, its warning, presets, prompt field and controls' hints: from the
+  // served model's spec when the page loads (GET /v1/models), from the world's when one is entered.
+  function showModel(spec) {
+    $("model-name").textContent = `${spec.name} · ${spec.width}×${spec.height} · ${spec.fps} fps`;
+    $("model-name").title = spec.description || "";
+    $("weights-warning").hidden = !/random weights/i.test(spec.description || "");
+    $("prompt-controls").hidden = !takesPrompt();
+    renderPresets(spec.styles || []);
+    renderControls();
   }
 
   function leaveWorld() {
@@ -157,6 +177,7 @@
     state.role = null;
     delete document.body.dataset.role;
     showShare(null);
+    showStartControls();
   }
 
   // -- share links ------------------------------------------------------------------------
@@ -293,7 +314,8 @@
   }
 
   function startMessage() {
-    const started = state.started || { prompt: $("prompt").value.trim(), seed: Number($("seed").value) || 0 };
+    const prompt = takesPrompt() ? $("prompt").value.trim() : ""; // a model without prompts is sent none
+    const started = state.started || { prompt, seed: Number($("seed").value) || 0 };
     state.started = started;
     const message = {
       type: "session.start",
@@ -318,7 +340,7 @@
     }
     if (!opened) { // the handshake failed: a refusal (browsers say only 1006) or no server
       diagnose().then((cause) => {
-        if (cause === "down" && reconnecting) nextAttempt();
+        if ((cause === "down" || cause === "transient") && reconnecting) nextAttempt(); // within the grace
         else refused(cause);
       });
       return;
@@ -339,20 +361,29 @@
     if (["live", "failed", "resetting", "connecting", "queued"].includes(state.status)) setStatus("idle", "disconnected");
   }
 
-  // Tell a refused handshake from a server that is down: /healthz needs no token, /v1/models does.
+  // Tell a refused handshake from a server that is down, or a handshake that just failed (the browser says
+  // only 1006 for each): /healthz needs no token, /v1/models does, and POST /v1/origin says whether the
+  // server takes this page's origin (a POST carries the Origin header the socket's handshake did). Only
+  // what the server says is a refusal: anything else is "transient" (retried while resuming).
   async function diagnose() {
     try {
       const health = await fetch("/healthz", { cache: "no-store" });
       if (!health.ok) return "down";
+    } catch (error) {
+      return "down";
+    }
+    try {
       const token = tokenValue();
       const models = await fetch("/v1/models", {
         cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
       });
       if (models.status === 401) return token ? "wrong-token" : "needs-token";
-      return "origin";
+      const origin = await fetch("/v1/origin", { method: "POST", cache: "no-store" });
+      if (origin.ok && (await origin.json()).allowed === false) return "origin";
     } catch (error) {
-      return "down";
+      return "transient";
     }
+    return "transient";
   }
 
   function refused(cause) {
@@ -363,6 +394,7 @@
       "wrong-token": [`wrong token`, `The server refused this token: check it in the Token field and press ${joining} again.`],
       origin: [`refused (origin)`, "The server refused this page's origin (the server's --allow-origin lists the pages it takes)."],
       down: [`cannot reach the server`, "The server does not answer: is it running?"],
+      transient: [`connection failed`, `The connection did not open, though the server answers: press ${joining} to try again.`],
     }[cause];
     setStatus("error", said[0]);
     notice(said[1]);
@@ -1048,24 +1080,33 @@
     return { keys, oneAtATime: Boolean(held && held.maxItems === 1) };
   }
 
-  function renderControls(spec) {
+  function takesPrompt() {
+    const spec = currentSpec();
+    return !spec || spec.takes_prompt !== false; // a spec without the field: a model that takes prompts
+  }
+
+  // The hints under the view, the canvas's label and the H help follow the model's controls: its keys,
+  // and a captured mouse (click, Esc) or a dragged camera.
+  function renderControls() {
     const mouse = Boolean(modelTrack("mouse"));
+    const camera = Boolean(modelTrack("camera"));
     const { keys, oneAtATime } = modelKeys();
-    const standard = !mouse && keys.join() === MOVE_KEYS.join() && modelTrack("camera");
+    const standard = !mouse && keys.join() === MOVE_KEYS.join() && camera;
     const legend = $("controls-legend");
     legend.hidden = Boolean(standard);
     $("default-hint").hidden = !standard;
+    canvas.classList.toggle("mouse-look", mouse);
+    const arrows = keys.some((key) => MOVE_KEYS.includes(key));
+    const look = mouse ? "click to capture the mouse, which turns the camera; Esc frees it"
+      : camera ? "drag to pan" : "";
+    canvas.setAttribute("aria-label", `world view: ${keys.join("/")}${arrows ? " or arrows" : ""}${look ? `, ${look}` : ""}`);
+    renderHelp(keys, oneAtATime, arrows, mouse, camera);
     if (standard) return;
     const keysTrack = modelTrack("keys");
     legend.replaceChildren();
     const line = document.createElement("span");
     line.append("Click the view, then hold ");
-    for (const key of keys) {
-      const kbd = document.createElement("kbd");
-      kbd.textContent = key;
-      kbd.dataset.key = key;
-      line.append(kbd);
-    }
+    for (const key of keys) line.append(kbdOf(key));
     line.append(oneAtATime ? " (one at a time)" : "");
     line.append(mouse ? "; the mouse turns the camera (the click captures it, Esc frees it)." : ".");
     legend.append(line);
@@ -1075,7 +1116,36 @@
       meaning.textContent = ` ${keysTrack.description}`;
       legend.append(meaning);
     }
-    canvas.classList.toggle("mouse-look", mouse);
+  }
+
+  function kbdOf(key) {
+    const kbd = document.createElement("kbd");
+    kbd.textContent = key;
+    kbd.dataset.key = key;
+    return kbd;
+  }
+
+  function renderHelp(keys, oneAtATime, arrows, mouse, camera) {
+    const row = (what, does) => {
+      const tr = document.createElement("tr");
+      const left = document.createElement("td");
+      const right = document.createElement("td");
+      left.append(...what);
+      right.textContent = does;
+      tr.append(left, right);
+      return tr;
+    };
+    const rows = [row([...keys.map(kbdOf), arrows ? " or arrows" : ""], oneAtATime ? "act (hold; one at a time)" : "move (hold)")];
+    if (mouse) {
+      rows.push(row(["click the view"], "capture the mouse: moving it turns the camera"));
+      rows.push(row([kbdOf("Esc")], "free the mouse"));
+    } else if (camera) {
+      rows.push(row(["drag the view"], "pan the camera"));
+    }
+    $("help-model").replaceChildren(...rows);
+    const stick = mouse || camera ? "; right stick: camera" : "";
+    $("help-gamepad").lastElementChild.textContent = `left stick or d-pad: move${stick}`;
+    $("help-touch").lastElementChild.textContent = `the arrow pad: move${camera ? "; drag the view: pan" : ""}`;
   }
 
   function captureMouse() {
@@ -1116,18 +1186,26 @@
     state.mouse.dy = 0;
   }, MOUSE_INTERVAL_MS);
 
+  // The served model, known before a world starts: its spec (GET /v1/models, which may need the token),
+  // or at least its name (GET /healthz needs none) while the token is missing.
   async function learnServedModel() {
     try {
       const token = tokenValue();
       const reply = await fetch("/v1/models", {
         cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
       });
-      if (!reply.ok) return;
+      if (!reply.ok) {
+        const health = await fetch("/healthz", { cache: "no-store" });
+        const name = health.ok ? (await health.json()).model : null;
+        if (name && !state.served && !state.spec) $("model-name").textContent = name;
+        return;
+      }
       const models = (await reply.json()).data || [];
       state.served = models[0] || null;
     } catch (error) {
       return;
     }
+    if (state.served && !state.spec) showModel(state.served);
     const needed = Boolean(state.served && state.served.requires_image);
     $("start-image-row").dataset.required = String(needed);
     $("start-image-label").textContent = needed ? "Start image (this model starts from one)" : "Start image (optional)";
@@ -1136,7 +1214,9 @@
   // The chosen file, fitted to the model's frame size (centre crop, then scaled), as base64 PNG.
   function chooseStartImage(file) {
     state.startImage = null;
+    state.startImageProblem = null;
     if (!file) return;
+    state.startImageProblem = `${file.name} is still being read: press Start again in a moment.`;
     const spec = currentSpec();
     const url = URL.createObjectURL(file);
     const image = new Image();
@@ -1152,18 +1232,26 @@
       const g = fit.getContext("2d");
       g.drawImage(image, (image.naturalWidth - cropW) / 2, (image.naturalHeight - cropH) / 2, cropW, cropH, 0, 0, width, height);
       state.startImage = fit.toDataURL("image/png").split(",")[1];
+      state.startImageProblem = null;
       URL.revokeObjectURL(url);
       log(`start image ${file.name} fitted to ${width}×${height}`);
     };
     image.onerror = () => {
       URL.revokeObjectURL(url);
-      notice(`${file.name} is not an image this browser can read.`);
+      state.startImageProblem = `${file.name} is not an image this browser can read: choose a PNG or JPEG file.`;
+      notice(state.startImageProblem);
     };
     image.src = url;
   }
 
-  // An image-to-world model without a chosen start image: say so here instead of asking the server.
+  // A chosen start image that cannot be used (not an image, still being read), or an image-to-world model
+  // without one: say so here instead of asking the server (or starting without the file chosen).
   function needsStartImage() {
+    if (state.startImageProblem) {
+      notice(state.startImageProblem);
+      $("start-image").focus();
+      return true;
+    }
     if (!(state.served && state.served.requires_image) || state.startImage) return false;
     notice(`${state.served.name} starts a world from an image: choose a start image first.`, "info");
     $("start-image").focus();
@@ -1286,10 +1374,11 @@
   }
   $("share-token").addEventListener("change", () => showShare(state.share));
   $("token").addEventListener("input", () => showShare(state.share));
+  $("token").addEventListener("change", () => { if (!state.served) learnServedModel(); }); // a token server's spec
   $("start-image").addEventListener("change", (event) => chooseStartImage(event.target.files[0]));
   $("apply-prompt").addEventListener("click", (event) => {
     const prompt = $("prompt").value.trim();
-    if (prompt) sendEvent({ prompt }, event.timeStamp);
+    if (prompt && takesPrompt()) sendEvent({ prompt }, event.timeStamp);
     canvas.focus();
   });
   $("prompt").addEventListener("keydown", (event) => {
@@ -1306,10 +1395,18 @@
     stopReconnecting();
     send({ type: "session.close" });
   });
+  $("leave-shared").addEventListener("click", () => { // leaves our membership only (the host's world goes on)
+    stopReconnecting();
+    if (!send({ type: "session.close" })) { // no socket now (e.g. reconnecting): let the world go here
+      closeSocket();
+      leaveWorld();
+      setStatus("idle", "left");
+    }
+    notice("You left the shared world. Choose a seed (and a start image) and press Start for a world of your own.", "info");
+  });
 
   setStatus("idle", "not connected");
   requestAnimationFrame(play);
-  learnServedModel();
 
   // A reload keeps this tab's world: on the way out the page closes its socket with a code of
   // its own (4001, not a clean 1000/1001), so the server parks our place for its resume grace
@@ -1348,6 +1445,7 @@
     $("token").value = fragment.get("auth");
     history.replaceState(null, "", location.pathname + location.search); // not left in the address bar
   }
+  learnServedModel(); // with the link's token, if it brought one
   if (kept && Date.now() - kept.at < (kept.resumeGraceS || 30) * 1000) {
     if (kept.token && !tokenValue()) $("token").value = kept.token;
     Object.assign(state, {
