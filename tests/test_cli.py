@@ -70,7 +70,8 @@ def _journal_lines(model: str = "procedural") -> list[str]:
 
 GOOD_SCRIPT = json.dumps({"chunks": 2, "events": [{"after_chunk": 0, "prompt": "snow"}]})
 
-#: (case id, files to write into the test's directory, arguments ({dir}, {dead} filled in), what stderr names)
+#: (case id, files to write into the test's directory, arguments ({dir}, {dead} filled in), what stderr names ({dir}
+#: filled in too))
 CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("serve-workers-0", {}, ["serve", "--workers", "0"], "--workers: must be at least 1"),
     ("serve-port-99999", {}, ["serve", "--port", "99999"], "--port: a TCP port is 0 to 65535"),
@@ -134,6 +135,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("serve-queue-timeout-0", {}, ["serve", "--queue-timeout-s", "0"], "--queue-timeout-s: must be more than 0"),
     ("serve-ray-connect-0", {}, ["serve", "--ray-connect-timeout-s", "0"], "--ray-connect-timeout-s: must be more"),
     ("inspect-missing", {}, ["inspect", "{dir}/nope.pt"], "no such file or folder"),
+    # A part's file that is no weight file: named as that part, with the file, in the worker's one line.
+    (
+        "serve-broken-vae",
+        {"Wan2.1_VAE.pth": "not a torch file"},
+        ["serve", "--port", "0", "--model", "wan-causal", "--model-option", "vae={dir}/Wan2.1_VAE.pth"],
+        "could not load model 'wan-causal': WeightsError: VAE {dir}/Wan2.1_VAE.pth: not a torch file",
+    ),
+    (
+        "serve-broken-image-encoder",
+        {"clip.pth": ""},
+        ["serve", "--port", "0", "--model", "matrix-game-2", "--model-option", "image_encoder={dir}/clip.pth"],
+        "WeightsError: image encoder {dir}/clip.pth: not a torch file: it is empty (0 bytes); expected Wan's OpenCLIP",
+    ),
 ]
 
 
@@ -153,9 +167,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, str],
     assert "Traceback" not in done.stderr
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"worldserve {filled[0]}: error: "), lines[0]
-    if said == "{cuda_said}":
-        said = _cuda_said()
-    assert said in lines[0], lines[0]
+    expected = _cuda_said() if said == "{cuda_said}" else said.format(**fill)
+    assert expected in lines[0], lines[0]
     assert done.stdout == ""
     assert not (tmp_path / "x.avi").exists()
 

@@ -121,7 +121,7 @@ def test_the_vae_in_wans_original_layout_decodes_as_the_diffusers_model_it_was_m
     torch.save(original, tmp_path / "broken.pth")
     with pytest.raises(
         WeightsError,
-        match=r"broken.pth: VAE file \(original layout\) has 193 keys.*"
+        match=r"broken.pth: the file \(original layout\) has 193 keys.*"
         r"missing \(1\): decoder.head.0.gamma \(8, 1, 1, 1\)",
     ):
         load_vae_weights(tmp_path / "broken.pth", build_vae(TINY), TINY)
@@ -164,7 +164,7 @@ def test_the_text_encoder_loads_from_wans_pth_and_from_a_diffusers_pair(tmp_path
     folder = load_text_encoder(tmp_path / "text_encoder", torch.float32)
     with torch.no_grad():
         assert (folder(ids, mask).last_hidden_state - library).abs().max().item() <= TOL
-    with pytest.raises(WeightsError, match="nonexistent: no such text encoder"):
+    with pytest.raises(WeightsError, match="nonexistent: no such file or folder"):
         load_text_encoder(tmp_path / "nonexistent", torch.float32)
     broken = dict(wan_names)
     broken["blocks.1.ffn.fc1.weight"] = torch.zeros(31, 16)
@@ -214,7 +214,8 @@ def test_errors_name_the_users_key_the_file_the_part_and_the_shapes(tmp_path: Pa
         path = tmp_path / f"broken{index}.safetensors"
         save_file(broken, str(path))
         with pytest.raises(
-            WeightsError, match=rf"broken{index}.safetensors: transformer \(original layout, config tiny\).*{message}"
+            WeightsError,
+            match=rf"^transformer \S+broken{index}.safetensors: the file \(original layout, config tiny\).*{message}",
         ):
             load_model("wan-causal", checkpoint=str(path), **parts)
     checkpoint = str(tmp_path / "sf" / "checkpoints" / "self_forcing_dmd.pt")
@@ -222,7 +223,7 @@ def test_errors_name_the_users_key_the_file_the_part_and_the_shapes(tmp_path: Pa
         load_model("wan-causal", checkpoint=checkpoint, vae=parts["vae"])
     with pytest.raises(WeightsError, match=r"needs its VAE.*vae=random"):
         load_model("wan-causal", checkpoint=checkpoint, text="hashed")
-    with pytest.raises(WeightsError, match="nonexistent: no such text encoder"):
+    with pytest.raises(WeightsError, match=r"^text encoder \S+nonexistent: no such file or folder"):
         load_model(
             "wan-causal",
             checkpoint=checkpoint,
@@ -231,7 +232,8 @@ def test_errors_name_the_users_key_the_file_the_part_and_the_shapes(tmp_path: Pa
             tokenizer=str(tmp_path),
         )
     with pytest.raises(
-        WeightsError, match=r"Wan2.1_VAE.pth: not a Wan2.1 transformer checkpoint: it lacks 'patch_embedding.weight'"
+        WeightsError,
+        match=r"^transformer \S+Wan2.1_VAE.pth: not a Wan2.1 transformer checkpoint: it lacks 'patch_embedding.weight'",
     ):
         load_model("wan-causal", checkpoint=str(wan / "Wan2.1_VAE.pth"), **parts)  # a VAE given as the transformer
     stand_ins = load_model("wan-causal", checkpoint=checkpoint, text="hashed", vae="random", threads=1)

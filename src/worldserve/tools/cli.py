@@ -697,8 +697,11 @@ def _inspect(args: argparse.Namespace) -> int:
     for path in args.paths:
         try:
             print(format_inspection(inspect_path(path, gpu_gib=args.gpu_gib, windows=tuple(args.windows))))
-        except ValueError as error:  # WeightsError included: a file that is no weight file
-            print(f"{path}: {error}", file=sys.stderr)
+        except ValueError as error:  # WeightsError included: a part's file that is no weight file, named
+            from worldserve.models.wancausal.statedict import WeightsError
+
+            itself = isinstance(error, WeightsError) and error.source == path.expanduser().resolve()
+            print(str(error) if itself else f"{path}: {error}", file=sys.stderr)
             status = 1
         print()
     return status

@@ -10,7 +10,8 @@ the configuration the shapes name; the ``worldserve serve`` command line that se
 GPU only where this machine has CUDA; none without a transformer checkpoint); the
 memory per session at each window and how many sessions fit on a GPU of a given size) and
 :func:`format_inspection`. Reads shapes only (safetensors headers, memory-mapped torch files):
-a 28 GB checkpoint is not loaded. Must not know: the runtime, the server.
+a 28 GB checkpoint is not loaded. A part's file that cannot be read is a ``WeightsError`` naming
+the part, the file and what was expected, as the model's loader says it. Must not know: the runtime, the server.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     from worldserve.models.wancausal.checkpoint import WAN_HEAD_DIM, is_diffusers_layout
     from worldserve.models.wancausal.config import CONFIGS
     from worldserve.models.wancausal.families import FAMILIES, family_config, guess_family
-    from worldserve.models.wancausal.files import Parts, find_parts, part_kind
-    from worldserve.models.wancausal.statedict import read_shapes
+    from worldserve.models.wancausal.files import PART_NAMES, Parts, expected, find_parts, part_kind
+    from worldserve.models.wancausal.statedict import part_errors, read_shapes
     from worldserve.models.wancausal.vaeweights import vae_layout_of
 
     path = Path(path).expanduser().resolve()
@@ -112,7 +113,8 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
         if part == "tokenizer":
             info.layout = "tokenizer folder"
             continue
-        shapes, found = read_shapes(where)
+        with part_errors(PART_NAMES[part], where, expected(part)):
+            shapes, found = read_shapes(where)
         info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
         if part == "transformer":
             wrappers = found
@@ -206,7 +208,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
 def _is_matrix_game(path: Path) -> bool:
     """Matrix-Game 2.0's files: a published name, a Matrix-Game Diffusers folder, or action modules in the keys."""
     from worldserve.models.matrixgame.files import DIFFUSERS_FOLDERS, matrix_part_kind
-    from worldserve.models.wancausal.statedict import read_shapes
+    from worldserve.models.wancausal.statedict import WeightsError, read_shapes
 
     if path.is_dir():
         index = path / "model_index.json"
@@ -222,7 +224,10 @@ def _is_matrix_game(path: Path) -> bool:
         return True
     if path.suffix != ".safetensors":
         return False
-    shapes, _ = read_shapes(path)
+    try:
+        shapes, _ = read_shapes(path)
+    except WeightsError:
+        return False  # unreadable: inspected (and its error said) as wan-causal's transformer
     return any(".action_model." in key for key in shapes)
 
 
@@ -231,9 +236,15 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
     from worldserve.models.matrixgame.checkpoint import is_diffusers_layout, model_key, shape_facts, variant_of
     from worldserve.models.matrixgame.clipweights import clip_layout_of
     from worldserve.models.matrixgame.config import SIZES, matrix_config
-    from worldserve.models.matrixgame.files import MatrixParts, find_matrix_parts, matrix_part_kind
+    from worldserve.models.matrixgame.files import (
+        PART_NAMES,
+        MatrixParts,
+        expected,
+        find_matrix_parts,
+        matrix_part_kind,
+    )
     from worldserve.models.wancausal.checkpoint import diffusers_name
-    from worldserve.models.wancausal.statedict import WeightsError, read_shapes
+    from worldserve.models.wancausal.statedict import WeightsError, part_errors, read_shapes
     from worldserve.models.wancausal.vae import decoder_cache_bytes
     from worldserve.models.wancausal.vaeweights import vae_layout_of
 
@@ -259,7 +270,8 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
             continue
         info = PartInfo(part=part, path=where)
         result.parts[part] = info
-        shapes, _ = read_shapes(where)
+        with part_errors(PART_NAMES[part], where, expected(part)):
+            shapes, _ = read_shapes(where)
         info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
         if part == "transformer":
             stripped = {_strip(k): v[0] for k, v in shapes.items()}

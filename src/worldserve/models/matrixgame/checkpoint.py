@@ -14,13 +14,15 @@ from the keyboard's width and whether there is a mouse branch: 4 + mouse univers
 7 without Temple Run; the size from the width; the blocks that carry action modules; the context
 from the ``local_attn_size`` of a ``config.json`` beside the weights), and :func:`load_published`
 (``weights=DIR`` / ``checkpoint=`` ... -> a :class:`LoadedMatrix`, every part loaded strictly;
-errors name the user's key, file and both shapes). Must not know: sessions, the sampler, caches.
+errors name the part, the file, the user's key and both shapes: :func:`loading`). Must not know:
+sessions, the sampler, caches.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,10 +38,10 @@ from worldserve.models.matrixgame.config import (
     get_variant,
     matrix_config,
 )
-from worldserve.models.matrixgame.files import PUBLISHED, MatrixParts, find_matrix_parts
+from worldserve.models.matrixgame.files import PART_NAMES, PUBLISHED, MatrixParts, expected, find_matrix_parts
 from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
 from worldserve.models.wancausal.checkpoint import block_layout, diffusers_name, load_renamed, rename_keys
-from worldserve.models.wancausal.statedict import WeightsError, read_json, read_tensors, weights_digest
+from worldserve.models.wancausal.statedict import WeightsError, part_errors, read_json, read_tensors, weights_digest
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
 __all__ = [
@@ -47,7 +49,9 @@ __all__ = [
     "ShapeFacts",
     "detect",
     "is_diffusers_layout",
+    "load_parts",
     "load_published",
+    "loading",
     "model_key",
     "original_layout",
     "read_matrix_transformer",
@@ -198,7 +202,7 @@ def shape_facts(shapes: Mapping[str, tuple[int, ...]], user_name: Mapping[str, s
     if patch is None or len(patch) != 5:
         raise WeightsError(
             "not a Matrix-Game 2.0 transformer: no patch_embedding.weight of 5 dimensions "
-            f"(keys start: {sorted(names.get(k, k) for k in shapes)[:6]})."
+            f"(keys start: {sorted(names.get(k, k) for k in shapes)[:6]})"
         )
     keyboard = sorted((int(m.group(1)), k) for k in shapes if (m := _KEYBOARD.fullmatch(k)))
     action_layers = tuple(sorted({int(m.group(1)) for k in shapes if ".action_model." in k and (m := _BLOCK.match(k))}))
@@ -228,7 +232,7 @@ def variant_of(facts: ShapeFacts, where: str) -> Variant:
             f"keyboard width {facts.keyboard_dim} ({facts.keyboard_key}){' + mouse' if facts.mouse else ', no mouse'}"
         )
     raise WeightsError(
-        f"{where}: a Matrix-Game 2.0 transformer with {found} is none of the released variants ({released})."
+        f"a Matrix-Game 2.0 transformer with {found} is none of the released variants ({released})", path=where
     )
 
 
@@ -241,15 +245,16 @@ def detect(
     variant = variant_of(facts, state.source)
     if asked_variant is not None and get_variant(asked_variant).name != variant.name:
         raise WeightsError(
-            f"{state.source}: variant={asked_variant} was asked for, but the checkpoint's shapes are the "
+            f"variant={asked_variant} was asked for, but the checkpoint's shapes are the "
             f"{variant.name} variant's (keyboard width {facts.keyboard_dim}, {facts.keyboard_key}; "
-            f"{'a' if facts.mouse else 'no'} mouse branch)."
+            f"{'a' if facts.mouse else 'no'} mouse branch)",
+            path=state.source,
         )
     sizes = [name for name, (wan, _, _) in SIZES.items() if wan.dim == facts.dim]
     size = asked_size or (sizes[0] if sizes else None)
     if size is None:
         known = ", ".join(f"{name}: dim {wan.dim}" for name, (wan, _, _) in SIZES.items())
-        raise WeightsError(f"{state.source}: a transformer of width {facts.dim} matches no known config ({known}).")
+        raise WeightsError(f"a transformer of width {facts.dim} matches no known config ({known})", path=state.source)
     local = state.file_config.get("local_attn_size") if state.file_config else None
     if window is None and isinstance(local, int) and local > 3:
         window = local - 3  # the file's context: local_attn_size frames, the block's own 3 included
@@ -257,6 +262,12 @@ def detect(
     if facts.action_layers and facts.action_layers != config.action.layers:
         config = replace(config, action=replace(config.action, layers=facts.action_layers))
     return config
+
+
+def loading(part: str, path: Path) -> AbstractContextManager[None]:
+    """Errors inside name ``part`` (``transformer``, ``vae``, ``image_encoder``), its file ``path`` and what
+    matrix-game-2 expects there."""
+    return part_errors(PART_NAMES[part], path, expected(part))
 
 
 def _resolve(options: MatrixWeightOptions) -> MatrixParts:
@@ -283,8 +294,9 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
     """The published parts (``weights=DIR`` and/or per-part paths), built and loaded strictly."""
     parts = _resolve(options)
     assert parts.transformer is not None
-    state = read_matrix_transformer(parts.transformer)
-    config = detect(state, options.variant, options.config, options.window)
+    with loading("transformer", parts.transformer):
+        state = read_matrix_transformer(parts.transformer)
+        config = detect(state, options.variant, options.config, options.window)
     variant = get_variant(config.variant)
     if parts.vae is None and options.vae != "random":
         raise WeightsError(
@@ -298,23 +310,16 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
             "weights=DIR holding it; image_encoder=random runs it on random image features instead."
         )
     transformer, vae, encoder = build_random(config, device, seed)
-    load_renamed(  # a key the file lacks is named as the reference names it
-        transformer,
-        state.tensors,
-        state.user_names,
-        original=original_layout(config) if state.layout == "original" else None,
-        where=state.source,
-        part=f"transformer ({state.layout} layout, config {config.name}, {variant.name})",
-    )
-    sources = {"transformer": parts.transformer}
-    layouts = {"transformer": state.layout}
-    if parts.vae is not None:
-        layouts["vae"] = load_vae_weights(parts.vae, vae, config.wan)
-        sources["vae"] = parts.vae
-    if parts.image_encoder is not None:
-        layouts["image_encoder"] = load_image_encoder_weights(parts.image_encoder, encoder, config.name)
-        sources["image_encoder"] = parts.image_encoder
-    return LoadedMatrix(
+    with loading("transformer", parts.transformer):
+        load_renamed(  # a key the file lacks is named as the reference names it
+            transformer,
+            state.tensors,
+            state.user_names,
+            original=original_layout(config) if state.layout == "original" else None,
+            where=state.source,
+            part=f"the file ({state.layout} layout, config {config.name}, {variant.name})",
+        )
+    loaded = LoadedMatrix(
         config=config,
         variant=variant,
         transformer=transformer,
@@ -322,6 +327,21 @@ def load_published(options: MatrixWeightOptions, device: torch.device, seed: int
         image_encoder=encoder,
         dummy=False,
         version=f"{config.name}:{variant.name}:sha256:{weights_digest(parts.transformer)}",
-        sources=sources,
-        layouts=layouts,
+        sources={"transformer": parts.transformer},
+        layouts={"transformer": state.layout},
     )
+    given = {p: path for p in ("vae", "image_encoder") if (path := getattr(parts, p)) is not None}
+    load_parts(loaded, given)
+    return loaded
+
+
+def load_parts(loaded: LoadedMatrix, given: Mapping[str, Path]) -> None:
+    """Load the VAE and image encoder files ``given`` (part -> path) into ``loaded``'s modules, strictly."""
+    config = loaded.config
+    for part, path in given.items():
+        with loading(part, path):
+            if part == "vae":
+                loaded.layouts[part] = load_vae_weights(path, loaded.vae, config.wan)
+            else:
+                loaded.layouts[part] = load_image_encoder_weights(path, loaded.image_encoder, config.name)
+        loaded.sources[part] = path

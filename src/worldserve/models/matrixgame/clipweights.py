@@ -79,7 +79,7 @@ def _from_wan(raw: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]
         if source.endswith("to_qkv.weight") or source.endswith("to_qkv.bias"):
             which = ("q_proj", "k_proj", "v_proj").index(name.split(".")[-2])
             if tensor.shape[0] % 3:
-                raise WeightsError(f"{where}: {source} {tuple(tensor.shape)} does not split into q, k and v.")
+                raise WeightsError(f"{source} {tuple(tensor.shape)} does not split into q, k and v", path=where)
             tensor = tensor.chunk(3, dim=0)[which]
         elif source in ("visual.cls_embedding", "visual.pos_embedding"):
             tensor = tensor.reshape(shape) if tensor.numel() == torch.Size(shape).numel() else tensor
@@ -111,7 +111,7 @@ def load_image_encoder_weights(path: str | Path, model: nn.Module, where_config:
         tensors,
         expected,
         where=str(path),
-        part=f"image encoder ({'Wan OpenCLIP' if layout == 'wan' else 'transformers CLIPVisionModel'} layout, "
+        part=f"the file ({'Wan OpenCLIP' if layout == 'wan' else 'transformers CLIPVisionModel'} layout, "
         f"config {where_config})",
         user_name=lambda key: names.get(key, key),
     )

@@ -5,7 +5,8 @@ Owns: :data:`PUBLISHED` (Skywork/Matrix-Game-2.0's files: ``base_distilled_model
 ``Wan2.1_VAE.pth``, ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth``; FastVideo's
 ``Matrix-Game-2.0-{Base,GTA,TempleRun}-Distilled-Diffusers`` folders: ``transformer/``, ``vae/``,
 ``image_encoder/``), :class:`MatrixParts` and :func:`find_matrix_parts` (the parts under a
-folder, the transformer picked by ``variant`` among several), :func:`matrix_part_kind`. Names
+folder, the transformer picked by ``variant`` among several), :func:`matrix_part_kind`,
+:data:`PART_NAMES` and :func:`expected` (a part's name in errors and what its loader expects). Names
 only: reading the files is the loaders' job. Must not know: torch, the model, sessions.
 """
 
@@ -14,9 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worldserve.models.wancausal.files import single_candidate, walk_published
+from worldserve.models.wancausal.files import expected_from, single_candidate, walk_published
 
-__all__ = ["DIFFUSERS_FOLDERS", "PUBLISHED", "MatrixParts", "find_matrix_parts", "matrix_part_kind"]
+__all__ = [
+    "DIFFUSERS_FOLDERS",
+    "PART_NAMES",
+    "PUBLISHED",
+    "MatrixParts",
+    "expected",
+    "find_matrix_parts",
+    "matrix_part_kind",
+]
 
 #: Published names -> (part, the variant the name implies or None). Folders end in "/".
 PUBLISHED: dict[str, tuple[str, str | None]] = {
@@ -39,6 +48,18 @@ DIFFUSERS_FOLDERS = {
     "Matrix-Game-2.0-TempleRun-Distilled-Diffusers": "templerun",
 }
 _PARTS = ("transformer", "vae", "image_encoder")
+#: Each part's name in an error that a file given for it does not load.
+PART_NAMES = {"transformer": "transformer", "vae": "VAE", "image_encoder": "image encoder"}
+_WHAT = {
+    "transformer": "a Matrix-Game 2.0 transformer",
+    "vae": "Wan2.1's VAE",
+    "image_encoder": "Wan's OpenCLIP image encoder (its vision tower)",
+}
+
+
+def expected(part: str) -> str:
+    """What matrix-game-2's loader expects for ``part``, with the names it is published under."""
+    return expected_from(PUBLISHED, part, _WHAT[part])
 
 
 def matrix_part_kind(path: Path) -> tuple[str, str | None] | None:

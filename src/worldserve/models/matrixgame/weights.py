@@ -6,7 +6,8 @@ Owns: :class:`MatrixWeightOptions` (``weights=DIR``, the per-part overrides ``ch
 the size and variant the checkpoint's shapes name (or the ones asked for) and load every part
 strictly. The rules: a trained checkpoint without its VAE or its image encoder is an error unless
 ``vae=random`` / ``image_encoder=random`` is given (random weights, ``load=dummy``, take both
-stand-ins by default and say so); a variant asked for must be the one the checkpoint's shapes
+stand-ins by default and say so); a ``vae=`` or ``image_encoder=`` file given with random
+transformer weights is loaded all the same; a variant asked for must be the one the checkpoint's shapes
 say. Must not know: sessions, the sampler, caches.
 """
 
@@ -82,7 +83,7 @@ def load_matrix(options: MatrixWeightOptions, device: torch.device, seed: int) -
     variant = get_variant(options.variant or "universal")
     config = matrix_config(size, variant, window=options.window)
     transformer, vae, encoder = build_random(config, device, seed)
-    return LoadedMatrix(
+    loaded = LoadedMatrix(
         config=config,
         variant=variant,
         transformer=transformer,
@@ -91,6 +92,12 @@ def load_matrix(options: MatrixWeightOptions, device: torch.device, seed: int) -
         dummy=True,
         version=f"{size}:{variant.name}:dummy-seed-{seed}",
     )
+    given = {p: Path(v) for p in ("vae", "image_encoder") if (v := getattr(options, p)) not in (None, "random")}
+    if given:  # the files asked for, loaded as with a checkpoint (and their errors said)
+        from worldserve.models.matrixgame.checkpoint import load_parts
+
+        load_parts(loaded, given)
+    return loaded
 
 
 def build_random(

@@ -146,7 +146,7 @@ def rename_keys(
     for key, value in raw.items():
         target = rename(key)
         if target in tensors:
-            raise WeightsError(f"{source}: transformer keys {names[target]!r} and {key!r} both map to {target!r}.")
+            raise WeightsError(f"keys {names[target]!r} and {key!r} both map to {target!r}", path=source)
         tensors[target] = value
         names[target] = key
     return tensors, names
@@ -175,22 +175,23 @@ def merge_lora(state: TransformerState, path: str | Path, alpha: float | None = 
         name = key.removeprefix("base_model.model.").removeprefix("model.")
         match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.default)?\.weight", name)
         if match is None:
-            raise WeightsError(f"{path}: LoRA key {key!r} is not <layer>.lora_A.weight or <layer>.lora_B.weight.")
+            raise WeightsError(f"key {key!r} is not <layer>.lora_A.weight or <layer>.lora_B.weight", path=path)
         pairs.setdefault(match.group(1), {})[match.group(2)] = value
     for layer, pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
-            raise WeightsError(f"{path}: LoRA layer {layer!r} has only lora_{''.join(pair)}.")
+            raise WeightsError(f"layer {layer!r} has only lora_{''.join(pair)}", path=path)
         original = f"{layer}.weight"
         target = original if state.layout == "diffusers" else diffusers_name(original)
         if target not in state.tensors:
-            raise WeightsError(f"{path}: LoRA layer {layer!r} adapts {original!r}, which the checkpoint lacks.")
+            raise WeightsError(f"layer {layer!r} adapts {original!r}, which the transformer lacks", path=path)
         down, up = pair["A"].float(), pair["B"].float()
         rank = down.shape[0]
         weight = state.tensors[target]
         if up.shape[1] != rank or (up.shape[0], down.shape[1]) != tuple(weight.shape):
             raise WeightsError(
-                f"{path}: LoRA layer {layer!r}: B {tuple(up.shape)} @ A {tuple(down.shape)} does not fit "
-                f"{state.user_name(target)} {tuple(weight.shape)}."
+                f"layer {layer!r}: B {tuple(up.shape)} @ A {tuple(down.shape)} does not fit the transformer's "
+                f"{state.user_name(target)} {tuple(weight.shape)}",
+                path=path,
             )
         scale = (alpha if alpha is not None else rank) / rank
         state.tensors[target] = (weight.float() + scale * (up @ down)).to(weight.dtype)
@@ -212,8 +213,9 @@ def _found_config(state: TransformerState) -> dict[str, int]:
     except KeyError as error:
         key = error.args[0]
         raise WeightsError(
-            f"{state.source}: not a Wan2.1 transformer checkpoint: it lacks {state.user_name(key)!r} "
-            f"(keys start: {sorted(state.user_names.values())[:6]})."
+            f"not a Wan2.1 transformer checkpoint: it lacks {state.user_name(key)!r} "
+            f"(keys start: {sorted(state.user_names.values())[:6]})",
+            path=state.source,
         ) from None
     config = state.diffusers_config or {}
     heads = config.get("num_attention_heads", config.get("num_heads"))  # Diffusers' or Wan's own config.json
@@ -244,8 +246,9 @@ def infer_config(state: TransformerState) -> WanCausalConfig:
         if config.dim == found["dim"]:
             return config
     raise WeightsError(
-        f"{state.source}: a transformer of {found} matches no known config "
-        f"({', '.join(f'{name}: dim {c.dim}, {c.num_layers} layers' for name, c in CONFIGS.items())})."
+        f"a transformer of {found} matches no known config "
+        f"({', '.join(f'{name}: dim {c.dim}, {c.num_layers} layers' for name, c in CONFIGS.items())})",
+        path=state.source,
     )
 
 
@@ -259,7 +262,7 @@ def load_transformer(
         state.user_names,
         original=original_layout(config) if state.layout == "original" else None,
         where=state.source,
-        part=f"transformer ({state.layout} layout, config {config.name})",
+        part=f"the file ({state.layout} layout, config {config.name})",
     )
     if state.actions:
         wanted = {k: tuple(v.shape) for k, v in actions.state_dict().items()}
@@ -267,7 +270,7 @@ def load_transformer(
             state.actions,
             wanted,
             where=state.source,
-            part="action embedding",
+            part="its action embedding",
             user_name=lambda k: ACTION_PREFIX + k,
         )
         actions.load_state_dict(state.actions, strict=True)

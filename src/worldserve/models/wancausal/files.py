@@ -4,7 +4,8 @@ Owns: :func:`find_parts` (``weights=DIR``: walks the folder a few levels down an
 transformer checkpoint, the VAE, the text encoder, its tokenizer and a LoRA by their published
 file and folder names, see :data:`PUBLISHED`), :class:`Parts` (what was picked, every candidate
 seen, and the family a checkpoint's published name implies), :func:`part_kind` (what one file or
-folder is, by name), and what any model's finder shares: :func:`walk_published` (the published
+folder is, by name), :data:`PART_NAMES` and :func:`expected` (a part's name in errors and what its
+loader expects there, its published names), and what any model's finder shares: :func:`walk_published` (the published
 files and folders under a folder, a few levels down, in name order) and :func:`single_candidate`
 (a part's one candidate, several being an error), and :func:`find_taehv` (TAEHV's ``taew2_1.pth``,
 :data:`TAEHV_FILE`, under a folder: the optional ``decoder=taehv`` of both Wan models). Names only:
@@ -20,10 +21,13 @@ from pathlib import Path
 from typing import TypeVar
 
 __all__ = [
+    "PART_NAMES",
     "PUBLISHED",
     "TAEHV_FILE",
-    "find_taehv",
     "Parts",
+    "expected",
+    "expected_from",
+    "find_taehv",
     "find_parts",
     "part_kind",
     "single_candidate",
@@ -59,9 +63,36 @@ PUBLISHED: dict[str, tuple[str, str | None]] = {
 }
 #: TAEHV's published decoder for Wan2.1's latents (madebyollin/taehv): used only with ``decoder=taehv``.
 TAEHV_FILE = "taew2_1.pth"
+
+#: Each part's name in an error that a file given for it does not load.
+PART_NAMES = {
+    "transformer": "transformer",
+    "vae": "VAE",
+    "text_encoder": "text encoder",
+    "tokenizer": "tokenizer",
+    "lora": "LoRA",
+}
+_WHAT = {
+    "transformer": "a Wan2.1-family transformer checkpoint",
+    "vae": "Wan2.1's VAE",
+    "text_encoder": "Wan's UMT5 text encoder",
+    "tokenizer": "the UMT5 tokenizer folder",
+    "lora": "LongLive's peft LoRA (<layer>.lora_A.weight and .lora_B.weight)",
+}
 _DIFFUSERS_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder")
 _PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "lora")
 _DEPTH = 4
+
+
+def expected_from(published: dict[str, tuple[str, str | None]], part: str, what: str) -> str:
+    """``what`` and the names ``part`` is published under, as an error says what was expected."""
+    names = [name if not name.endswith("/") else f"a folder {name}" for name, (p, _) in published.items() if p == part]
+    return f"{what}: {', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else f"{what}: {names[0]}"
+
+
+def expected(part: str) -> str:
+    """What wan-causal's loader expects for ``part`` (``vae``, ...), with the names it is published under."""
+    return expected_from(PUBLISHED, part, _WHAT[part])
 
 
 def part_kind(path: Path) -> tuple[str, str | None] | None:

@@ -26,11 +26,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_tensors
+from worldserve.models.wancausal.statedict import WeightsError, check_shapes, one_line, read_tensors
 
-__all__ = ["clean_prompt", "load_text_encoder", "load_tokenizer", "original_t5_layout", "umt5_names"]
+__all__ = ["TOKENIZER_FILES", "clean_prompt", "load_text_encoder", "load_tokenizer", "original_t5_layout", "umt5_names"]
 
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
+#: The files a tokenizer folder holds one of (transformers' fast tokenizer, sentencepiece's model, the config).
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 _SPACE = re.compile(r"\s+")
 
 
@@ -87,8 +89,9 @@ def _original_sizes(raw: Mapping[str, Tensor], where: str) -> dict[str, int]:
         dim_ffn = raw["blocks.0.ffn.fc1.weight"].shape[0]
     except KeyError as error:
         raise WeightsError(
-            f"{where}: text encoder file lacks {error.args[0]!r}: not Wan's T5 layout "
-            f"(models_t5_umt5-xxl-enc-bf16.pth; keys start: {sorted(raw)[:5]})."
+            f"it lacks {error.args[0]!r}: not Wan's T5 layout (models_t5_umt5-xxl-enc-bf16.pth; "
+            f"keys start: {sorted(raw)[:5]})",
+            path=where,
         ) from None
     layers = len({int(m.group(1)) for k in raw if (m := _BLOCK.match(k))})
     return {
@@ -107,7 +110,7 @@ def _from_original(path: Path, dtype: torch.dtype) -> Any:
 
     raw = read_tensors(path, unwrap=False)
     sizes = _original_sizes(raw, str(path))
-    check_shapes(raw, original_t5_layout(**sizes), where=str(path), part="text encoder file (Wan T5 layout)")
+    check_shapes(raw, original_t5_layout(**sizes), where=str(path), part="the file (Wan T5 layout)")
     config = UMT5Config(
         vocab_size=sizes["vocab"],
         d_model=sizes["dim"],
@@ -139,18 +142,21 @@ def load_text_encoder(path: str | Path, dtype: torch.dtype) -> Any:
     """A ``UMT5EncoderModel`` from Wan's ``.pth`` or a transformers folder (``text_encoder/``), local only."""
     path = Path(path)
     if not path.exists():
-        raise WeightsError(f"{path}: no such text encoder file or folder.")
+        raise WeightsError("no such file or folder", path=path)
     if _is_transformers_folder(path):
         from transformers import UMT5EncoderModel
 
         try:
             return UMT5EncoderModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
         except (OSError, ValueError) as error:
-            raise WeightsError(f"{path}: not a loadable transformers UMT5 encoder folder ({error}).") from None
+            raise WeightsError(
+                f"not a loadable transformers UMT5 encoder folder ({one_line(error)})", path=path
+            ) from None
     if path.is_dir():
         raise WeightsError(
-            f"{path}: a text encoder folder needs a transformers config.json (a Diffusers snapshot's text_encoder/); "
-            "or pass Wan's models_t5_umt5-xxl-enc-bf16.pth file."
+            "a folder without a transformers config.json (a Diffusers snapshot's text_encoder/ has one); "
+            "or pass Wan's models_t5_umt5-xxl-enc-bf16.pth file",
+            path=path,
         )
     return _from_original(path, dtype)
 
@@ -160,9 +166,13 @@ def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     path = Path(path)
+    if not path.exists():
+        raise WeightsError("no such folder", path=path)
     if not path.is_dir():
-        raise WeightsError(f"{path}: a tokenizer is a folder (google/umt5-xxl/ or tokenizer/); none is here.")
+        raise WeightsError("a file, not a folder: a tokenizer is a folder (google/umt5-xxl/ or tokenizer/)", path=path)
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise WeightsError(f"a folder with none of {', '.join(TOKENIZER_FILES)}", path=path)
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as error:
-        raise WeightsError(f"{path}: not a loadable tokenizer folder ({error}).") from None
+    except Exception as error:  # transformers and tokenizers raise many kinds (JSON, Rust, sentencepiece)
+        raise WeightsError(f"not a loadable tokenizer folder ({one_line(error)})", path=path) from None

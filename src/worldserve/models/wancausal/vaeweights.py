@@ -138,9 +138,10 @@ def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) 
     else:
         if config.vae_res_blocks != 2 or len(config.vae_dim_mult) != 4:
             raise WeightsError(
-                f"{path}: the original VAE layout is converted by diffusers' convert_wan_vae_to_diffusers, which "
+                "the original VAE layout is converted by diffusers' convert_wan_vae_to_diffusers, which "
                 f"takes the released structure (2 residual blocks, 4 levels); config {config.name} has "
-                f"{config.vae_res_blocks} and {len(config.vae_dim_mult)}."
+                f"{config.vae_res_blocks} and {len(config.vae_dim_mult)}",
+                path=path,
             )
         tensors = {}
         for key, value in raw.items():
@@ -153,7 +154,7 @@ def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) 
         tensors,
         expected,
         where=str(path),
-        part=f"VAE file ({layout} layout)",
+        part=f"the file ({layout} layout)",
         user_name=lambda key: names.get(key, key),
     )
     with torch.no_grad():

@@ -5,7 +5,8 @@ Owns: :class:`WeightOptions` (``weights=DIR``, the per-part overrides ``checkpoi
 ``vae=random``, ``ema=``), :func:`resolve` (the parts found by their published names, the
 per-part options winning; the family a checkpoint's published name implies) and
 :func:`load_weights` (build the diffusers modules of the configuration the checkpoint's
-shapes name, or the one asked for, and load every part strictly). The rules: a trained
+shapes name, or the one asked for, and load every part strictly; every error reading or
+loading a part names the part, its file and what was expected: :func:`loading`). The rules: a trained
 checkpoint without a text encoder is an error unless ``text=hashed`` is given, and without a
 VAE unless ``vae=random`` is given (random weights, ``load=dummy``, take both stand-ins by
 default and say so). Must not know: sessions, the sampler, caches.
@@ -13,6 +14,7 @@ default and say so). Must not know: sessions, the sampler, caches.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +32,12 @@ from worldserve.models.wancausal.checkpoint import (
 )
 from worldserve.models.wancausal.config import WanCausalConfig, get_config
 from worldserve.models.wancausal.families import Family, get_family, guess_family
-from worldserve.models.wancausal.files import Parts, find_parts
-from worldserve.models.wancausal.statedict import WeightsError, weights_digest
-from worldserve.models.wancausal.t5 import load_text_encoder, load_tokenizer
+from worldserve.models.wancausal.files import PART_NAMES, Parts, expected, find_parts
+from worldserve.models.wancausal.statedict import WeightsError, part_errors, weights_digest
+from worldserve.models.wancausal.t5 import TOKENIZER_FILES, load_text_encoder, load_tokenizer
 from worldserve.models.wancausal.vaeweights import load_vae_weights
 
-__all__ = ["LoadedWeights", "WeightOptions", "load_weights", "resolve"]
-
-_TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
+__all__ = ["LoadedWeights", "WeightOptions", "load_weights", "loading", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,13 @@ class WeightOptions:
 
 
 def _tokenizer_in(folder: Path) -> bool:
-    return folder.is_dir() and any((folder / name).exists() for name in _TOKENIZER_FILES)
+    return folder.is_dir() and any((folder / name).exists() for name in TOKENIZER_FILES)
+
+
+def loading(part: str, path: Path) -> AbstractContextManager[None]:
+    """Errors inside name ``part`` (``transformer``, ``vae``, ``text_encoder``, ``tokenizer``, ``lora``),
+    its file ``path`` and what wan-causal expects there."""
+    return part_errors(PART_NAMES[part], path, expected(part))
 
 
 def resolve(options: WeightOptions) -> Parts:
@@ -125,13 +131,17 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
     parts = resolve(options)
     named = options.family or parts.family
     state: TransformerState | None = None
+    inferred: WanCausalConfig | None = None
     if parts.transformer is not None:
         ema = options.ema if options.ema is not None else (get_family(named).ema if named else True)
-        state = read_transformer(parts.transformer, ema=ema)
+        with loading("transformer", parts.transformer):
+            state = read_transformer(parts.transformer, ema=ema)
+            inferred = infer_config(state) if options.config is None else None
         if parts.lora is not None:
-            merge_lora(state, parts.lora, options.lora_alpha)
+            with loading("lora", parts.lora):
+                merge_lora(state, parts.lora, options.lora_alpha)
     if options.config is None:
-        config = infer_config(state) if state is not None else get_config("tiny")
+        config = inferred if inferred is not None else get_config("tiny")
     else:
         config = get_config(options.config) if isinstance(options.config, str) else options.config
     dummy = state is None
@@ -163,14 +173,24 @@ def load_weights(options: WeightOptions, device: torch.device, seed: int, text_d
         autoencoder = build_vae(config)
     action_from_checkpoint = False
     if state is not None:
-        action_from_checkpoint = load_transformer(state, transformer, actions, config)
+        assert parts.transformer is not None
+        with loading("transformer", parts.transformer):
+            action_from_checkpoint = load_transformer(state, transformer, actions, config)
     if parts.vae is not None:
-        load_vae_weights(parts.vae, autoencoder, config)
+        with loading("vae", parts.vae):
+            load_vae_weights(parts.vae, autoencoder, config)
     encoder = tokenizer = None
     if parts.text_encoder is not None:
-        encoder = load_text_encoder(parts.text_encoder, text_dtype)
+        with loading("text_encoder", parts.text_encoder):
+            encoder = load_text_encoder(parts.text_encoder, text_dtype)
+            width = int(encoder.config.d_model)
+            if width != config.text_dim:
+                raise WeightsError(
+                    f"an encoder of {width}-dim states; the transformer (config {config.name}) takes {config.text_dim}"
+                )
         assert parts.tokenizer is not None
-        tokenizer = load_tokenizer(parts.tokenizer)
+        with loading("tokenizer", parts.tokenizer):
+            tokenizer = load_tokenizer(parts.tokenizer)
     if state is None:
         version = f"{config.name}:dummy-seed-{seed}"
     else:
