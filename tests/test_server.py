@@ -447,3 +447,24 @@ def test_a_real_servers_log_lives_in_the_test_runs_own_folder() -> None:
     finally:
         server.stop()
     assert "worldserve: serving procedural (exact) on 1 worker x" in server.log()
+
+
+async def test_just_in_time_makes_no_chunk_ahead_of_playback() -> None:
+    # --lead jit: chunk n's tick goes at the first one's + n periods (never a lead chunk), so it is
+    # never received before n periods after the session started; a lead of one chunk gets it one
+    # period sooner (test_generation_is_paced_to_playback). Slower is a slow machine's right.
+    server = start_server("--model", "procedural", "--lead", "jit")
+    try:
+        async with WorldClient(server.ws) as client:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            info = await client.start(seed=9)
+            period = info.model["frames_per_chunk"] / info.model["fps"]
+            for _ in range(8):
+                chunk = await client.next_chunk(timeout=30)
+                assert loop.time() - began >= chunk.chunk_index * period, (chunk.chunk_index, period)
+            assert chunk.chunk_index == 7
+    finally:
+        server.stop()
+    assert "worldserve: pacing: just in time (a margin of 62 ms) (--lead)" in server.log(), server.log()
+    assert "Traceback" not in server.log()

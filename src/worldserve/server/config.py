@@ -6,6 +6,12 @@ Must not know: sockets, sessions, models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from worldserve.server.pacing import Lead
+
+if TYPE_CHECKING:
+    from worldserve.models.base import ModelSpec
 
 __all__ = ["ServerConfig"]
 
@@ -28,8 +34,11 @@ class ServerConfig:
     idle_timeout: float = 300.0
     #: Generation pauses while this many chunks are un-acked (at most this many are in flight).
     max_lag_chunks: int = 3
-    #: How many chunks generation may run ahead of playback time.
+    #: How many chunks generation may run ahead of playback time; 0: just in time (each chunk's
+    #: tick on its worker's instant, playing ``lead_margin_s`` after it is due to be ready; pacing.py).
     lead_chunks: int = 1
+    #: Just in time: the viewer's slack (seconds; None: one frame of the model).
+    lead_margin_s: float | None = None
     #: Issue each session's ticks at the instants of its worker's chunk clock, so sessions
     #: sharing a worker batch (False: each session paces alone, from its own first chunk).
     chunk_clock: bool = True
@@ -63,6 +72,8 @@ class ServerConfig:
             raise ValueError("idle_timeout must be positive.")
         if self.max_lag_chunks < 1 or self.lead_chunks < 0:
             raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")
+        if self.lead_margin_s is not None and not self.lead_margin_s >= 0:
+            raise ValueError("lead_margin_s must be non-negative.")
         if not self.evict_idle_s > 0:
             raise ValueError("evict_idle_s must be positive.")
         if self.queue_max is not None and self.queue_max < 0:
@@ -75,3 +86,9 @@ class ServerConfig:
             raise ValueError("replay_chunks must be at least max_lag_chunks.")
         if not self.realtime_start_timeout_s > 0 or not self.realtime_stall_timeout_s > 0:
             raise ValueError("realtime_start_timeout_s and realtime_stall_timeout_s must be positive.")
+
+    def lead_for(self, spec: ModelSpec) -> Lead:
+        """The pacing lead for a world of ``spec``'s model."""
+        if self.lead_chunks:
+            return Lead(self.lead_chunks)
+        return Lead(0, 1.0 / spec.fps if self.lead_margin_s is None else self.lead_margin_s)

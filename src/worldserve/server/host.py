@@ -1,8 +1,8 @@
 """One world on the server and the connections attached to it: resume and multiplayer.
 
-Owns, per session: the session itself, the paced generation task (moved here unchanged
-from the connection: at most ``lead_chunks`` ahead of real time, paused while the
-controlling connections lag ``max_lag_chunks`` chunks), the session's chunk ``seq``,
+Owns, per session: the session itself, the paced generation task (when each tick goes and
+when its chunk plays is :class:`~.pacing.Pacer`'s: ``lead_chunks`` ahead of real time, or just
+in time; paused while the controlling connections lag ``max_lag_chunks`` chunks), the session's chunk ``seq``,
 frame encoding (once per chunk, shared by every member; frames a worker already encoded
 as this world's media and quality are used as they are), a replay buffer of the last
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
@@ -58,6 +58,7 @@ from worldserve.server.messages import (
     SessionFailed,
 )
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.pacing import Pacer
 from worldserve.session import (
     EventAcceptance,
     EventAcceptanceStatus,
@@ -285,6 +286,8 @@ class WorldHost:
         self._next_sid = 0
         self._failure_key: tuple[int, str | None, str | None] | None = None
         self._generator: asyncio.Task[None] | None = None
+        #: Playback pacing (pacing.py): when each tick goes, when its chunk plays, late chunks.
+        self.pacer = Pacer(backend.spec.chunk_seconds, config.lead_for(backend.spec), session.epoch)
         self._stopping = False
         self._wake = asyncio.Event()
         self._started_at = clock()
@@ -711,11 +714,7 @@ class WorldHost:
 
     async def _generate(self, session: Session[Chunk]) -> None:
         """Produce chunks paced to playback, with client backpressure, until stopped."""
-        period = self._backend.spec.chunk_seconds
-        lead = self._config.lead_chunks
-        anchor: float | None = None  # when chunk 0 of this epoch was ready
-        produced = 0  # chunks of this epoch so far
-        epoch = session.epoch
+        pacer = self.pacer
         while not self._stopping:
             if session.status is not SessionStatus.ACTIVE:
                 await self._wait(None)  # failed: wait for a reset (or close)
@@ -723,21 +722,13 @@ class WorldHost:
             if self._held_back():
                 await self._wait(None)  # backpressure: the controllers lag, or none is connected
                 continue
-            if session.epoch != epoch:
-                epoch, anchor, produced = session.epoch, None, 0
-            want: float | None = None  # playback pacing: chunk k starts `lead` periods before it is due
-            due: float | None = None  # when chunk k plays: chunk 0's commit + k periods
-            if anchor is not None:
-                want = anchor + (produced - lead) * period
-                behind = self._clock() - want
-                if behind > period:  # fell behind real time: re-anchor playback
-                    anchor += behind
-                    want += behind
-                due = want + lead * period
-            target = self._tick_target(session, want, eager=0 < produced <= lead, due=due)
+            if session.epoch != pacer.epoch:
+                pacer.restart(session.epoch)
+            plan = pacer.plan(self._clock())  # playback pacing (pacing.py): when to tick, when it plays
+            target = self._tick_target(session, plan.want, eager=plan.eager, due=plan.due)
             if target > self._clock():
                 await self._wait(target - self._clock())
-                if self._stopping or session.epoch != epoch:
+                if self._stopping or session.epoch != pacer.epoch:
                     continue
                 if self._clock() < target:
                     continue  # woken early (an ack): wait out the rest
@@ -758,9 +749,10 @@ class WorldHost:
                 continue
             chunk_epoch = session.epoch
             finished = self._clock()
-            if anchor is None or chunk_epoch != epoch:
-                epoch, anchor, produced = chunk_epoch, finished, 0
-            produced += 1
+            late_before = pacer.late
+            pacer.made(chunk_epoch, started, finished)
+            if pacer.late > late_before:
+                self._metrics.late_chunks.inc()
             await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
 
     async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:

@@ -186,6 +186,11 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.late_chunks = Counter(
+            "worldserve_late_chunks",
+            "Chunks ready after their playout instant (--lead jit: the viewer stalled, and playback moved later).",
+            registry=self.registry,
+        )
         self.sessions_resumed = Counter(
             "worldserve_sessions_resumed", "Members that resumed after a dropped connection.", registry=self.registry
         )

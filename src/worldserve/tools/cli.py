@@ -153,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="on: sessions on one worker issue ticks at shared instants, so they batch; off: each session paces alone",
     )
     serve.add_argument(
+        "--lead",
+        type=_lead_chunks,
+        default=1,
+        metavar="jit|N",
+        help="how far generation runs ahead of playback: N whole chunks, or jit (just in time: each tick on its "
+        "worker's instant, its chunk played one frame after it is due to be ready; a key answered about a chunk "
+        "sooner, a slow step seen as a stall; docs/capacity.md, 'Lead')",
+    )
+    serve.add_argument(
         "--resume-grace-s",
         type=non_negative_float,
         default=30.0,
@@ -323,6 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
 # -- serve ---------------------------------------------------------------------------------
 
 
+def _lead_chunks(text: str) -> int:
+    """``--lead``: ``jit`` is 0 chunks (just in time), else a positive number of chunks."""
+    if text == "jit":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be jit or a number of chunks; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be jit or at least 1 chunk; got {text!r}")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from worldserve.server.config import ServerConfig
 
@@ -335,6 +357,7 @@ def _serve(args: argparse.Namespace) -> int:
             event_burst=args.event_burst,
             idle_timeout=args.idle_timeout,
             max_lag_chunks=args.max_lag_chunks,
+            lead_chunks=args.lead,
             chunk_clock=args.chunk_clock == "on",
             resume_grace_s=args.resume_grace_s,
             replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
@@ -423,7 +446,7 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
-    print(startup_summary(runtime), file=sys.stderr, flush=True)
+    print(startup_summary(runtime, config), file=sys.stderr, flush=True)
 
     @asynccontextmanager
     async def started() -> AsyncIterator[Runtime]:
@@ -462,9 +485,10 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
     return 0 if server.started else 1
 
 
-def startup_summary(runtime: Any) -> str:
+def startup_summary(runtime: Any, server: Any) -> str:
     """What the server chose and the user should know before the first world: the model, the
-    precision it serves in, each worker's compute threads and why, and the model's own notes."""
+    precision it serves in, each worker's compute threads and why, the pacing lead, and the
+    model's own notes."""
     spec, config = runtime.spec, runtime.config
     threads, why = config.worker_threads()
     threads_said = (
@@ -475,6 +499,7 @@ def startup_summary(runtime: Any) -> str:
         f"worldserve: serving {spec.name} ({spec.precision or 'default precision'}) on {workers} x {threads_said} "
         f"({why}; --threads-per-worker N to change)"
     ]
+    lines.append(f"worldserve: pacing: {server.lead_for(spec).describe()} (--lead)")
     lines += [f"worldserve: note: {note}" for note in spec.notes]
     return "\n".join(lines)
 

@@ -1,0 +1,121 @@
+"""One world's playback pacing: when its next tick should go, and when that chunk plays.
+
+Owns: :class:`Lead` (how far ahead of playback a world generates: ``chunks`` whole periods,
+today's rule, or ``jit``: just in time) and :class:`Pacer`, one session's pacing state per
+epoch (the playout anchor, chunks made, late chunks), which :class:`~.host.WorldHost` asks
+before every tick (:meth:`Pacer.plan`) and tells after every commit (:meth:`Pacer.made`).
+
+The two leads, with C the chunk period and G the step (tick issued -> chunk committed):
+
+- ``chunks=N`` (N >= 1): chunk k is wanted N periods before it plays; the N chunks right
+  after the first go at once (``eager``: they build the lead). A key waits for the next
+  tick (C/2 on average), then behind the N chunks made before it: about (N + 1/2) C + G
+  from key to screen, and a step may be up to N C late before anyone sees it.
+- ``jit``: no chunk is made ahead. Chunk k's tick goes at the first chunk's tick + k C (the
+  worker's chunk-clock instants, so batching is unchanged) and plays one *margin* after it
+  is due to be ready: the first chunk's commit + ``margin_s`` + k C. A key then waits C/2 +
+  G + the margin. A chunk that still comes after its playout instant stalls the viewer by
+  that much; the pacer moves the playout anchor by the same amount (the lead grows only
+  as far as that step's jitter demanded) and counts it. A viewer that fell more than one
+  period behind (a stall of the whole world) is re-anchored as with ``chunks``.
+
+Pure: the caller passes the time. Must not know: asyncio, sockets, sessions, the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Lead", "Pacer", "TickPlan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """How far ahead of playback a world generates: ``chunks`` periods, or just in time (``chunks`` 0)."""
+
+    #: Whole chunk periods made ahead of playback; 0: just in time (``margin_s`` instead).
+    chunks: int = 1
+    #: ``jit``: how long after a chunk is due to be ready it plays (the viewer's jitter slack).
+    margin_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 0:
+            raise ValueError(f"lead chunks must be a non-negative integer; got {self.chunks!r}.")
+        if not self.margin_s >= 0:
+            raise ValueError(f"lead margin must be non-negative seconds; got {self.margin_s!r}.")
+
+    @property
+    def jit(self) -> bool:
+        return self.chunks == 0
+
+    def describe(self) -> str:
+        if self.jit:
+            return f"just in time (a margin of {self.margin_s * 1000:.0f} ms)"
+        return f"{self.chunks} chunk{'s' if self.chunks != 1 else ''} ahead"
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """When the next tick should go (None: as soon as the worker's clock allows: the first of an
+    epoch), when its chunk plays (None: not known yet), and whether it builds the lead (eager)."""
+
+    want: float | None
+    due: float | None
+    eager: bool
+
+
+class Pacer:
+    """One session's pacing through its epochs (a reset starts a new one: its first chunk anchors it)."""
+
+    __slots__ = ("_anchor", "_first_tick", "epoch", "late", "lead", "period", "produced", "stalled_s")
+
+    def __init__(self, period: float, lead: Lead, epoch: int = 0) -> None:
+        if not period > 0:
+            raise ValueError(f"period must be positive; got {period!r}.")
+        self.period = float(period)
+        self.lead = lead
+        self.epoch = epoch
+        self.produced = 0  # chunks of this epoch so far
+        self._anchor: float | None = None  # when chunk 0 of this epoch plays
+        self._first_tick = 0.0  # jit: when chunk 0's tick went (the grid of later ticks)
+        #: jit: chunks committed after their playout instant, and the seconds they stalled playback.
+        self.late = 0
+        self.stalled_s = 0.0
+
+    def restart(self, epoch: int) -> None:
+        """A new epoch (reset): the next chunk anchors playback again."""
+        self.epoch, self._anchor, self.produced = epoch, None, 0
+
+    def plan(self, now: float) -> TickPlan:
+        """The next tick's plan; re-anchors playback first if the world fell a period behind."""
+        if self._anchor is None:
+            return TickPlan(None, None, eager=False)
+        period, lead = self.period, self.lead
+        if lead.jit:
+            want = self._first_tick + self.produced * period
+            due = self._anchor + self.produced * period
+        else:
+            due = self._anchor + self.produced * period
+            want = due - lead.chunks * period
+        behind = now - want
+        if behind > period:  # fell behind real time (held back, a slow step): re-anchor playback
+            self._anchor += behind
+            self._first_tick += behind
+            want += behind
+            due += behind
+        eager = not lead.jit and 0 < self.produced <= lead.chunks
+        return TickPlan(want, due, eager)
+
+    def made(self, epoch: int, started: float, finished: float) -> None:
+        """A chunk of ``epoch`` committed: its tick went at ``started``, its chunk was ready at ``finished``."""
+        if self._anchor is None or epoch != self.epoch:
+            self.epoch, self.produced = epoch, 0
+            self._first_tick = started
+            self._anchor = finished + (self.lead.margin_s if self.lead.jit else 0.0)
+        elif self.lead.jit:
+            due = self._anchor + self.produced * self.period
+            if finished > due:  # the viewer waited for it: playback goes on that much later
+                self.late += 1
+                self.stalled_s += finished - due
+                self._anchor += finished - due
+        self.produced += 1
