@@ -69,12 +69,14 @@ def test_tinyworld_runtimes_benchmark_smoke() -> None:
 @pytest.mark.timeout(90)
 def test_capacity_benchmark_smoke() -> None:
     command = [sys.executable, "bench/capacity.py", "--model", "procedural", "--duration", "1.5", "--stagger", "0.5"]
-    command += ["--start", "1", "--max-clients", "2", "--sides", "on", "--server-arg", "--gather-wait-ms 10"]
+    command += ["--start", "1", "--max-clients", "2", "--sides", "on", "jit", "--server-arg", "--gather-wait-ms 10"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=80, check=False)
     assert done.returncode == 0, done.stderr
     assert ", --gather-wait-ms 10," in done.stdout.splitlines()[0]  # passed on to the server
     assert re.search(r"sessions held at <= 1 % late chunks: \d+", done.stdout), done.stdout
     assert re.search(r"\| on \| \d+ \| [\d.]+ \|", done.stdout), done.stdout
+    assert "chunk clock on, --lead jit:" in done.stdout
+    assert re.search(r"\| jit \| \d+ \| [\d.]+ \|", done.stdout), done.stdout
 
 
 @pytest.mark.timeout(120)
