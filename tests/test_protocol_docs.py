@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -551,3 +552,29 @@ async def test_metric_families_each_sum_and_the_clock_period_goes_with_the_last_
         assert sum(settled.values()) == accepted  # the close settled the rest (applied or dropped)
     finally:
         running.stop()
+
+
+async def test_a_chunks_times_are_the_servers_instants_in_the_documented_order(server: RunningServer) -> None:
+    """Protocol (Key-to-photon timing): a chunk's `times` has one `accepted_ms` per applied event,
+    in order, and accepted <= tick <= dispatched <= stepped <= encoded <= sent, on the server's
+    CLOCK_MONOTONIC (this host's: the test's ``time.monotonic`` reads the same clock)."""
+    wire = await Wire.open(server)
+    await wire.start(seed=8)
+    await wire.until("chunk", seq=0)
+    applied: list[int] = []
+    for event_id, held in ((1, ("W",)), (2, ("W", "D"))):  # one at a time: a queued key set replaces the last
+        before = time.monotonic() * 1000.0
+        assert (await wire.reply(keys_event(event_id, *held)))["type"] == "input.accepted"
+        while event_id not in applied:
+            chunk = await wire.until("chunk")
+            times = chunk["times"]
+            assert times["clock"] == "monotonic"
+            assert len(times["accepted_ms"]) == len(chunk["applied_event_ids"])
+            instants = [times[name] for name in ("tick_ms", "dispatched_ms", "stepped_ms", "encoded_ms", "sent_ms")]
+            assert instants == sorted(instants), times
+            for accepted in times["accepted_ms"]:
+                assert before <= accepted <= times["tick_ms"], times
+            applied += chunk["applied_event_ids"]
+    assert applied == [1, 2]
+    assert times["sent_ms"] <= time.monotonic() * 1000.0
+    await wire.close()

@@ -125,7 +125,9 @@ class ClientChunk:
     timings: dict[str, float]
     batch_size: int
     applied_latency_ms: tuple[float, ...]  # server-side, acceptance -> commit, per applied event
-    received_at: float
+    received_at: float  # time.monotonic() when its frames were decoded (ready to show)
+    arrived_at: float | None = None  # time.monotonic() when its last binary message arrived (before decoding)
+    times: dict[str, Any] | None = None  # the server's instants (the header's `times`), None from older servers
 
 
 def keys(*held: str) -> ControlInput:
@@ -548,6 +550,7 @@ class WorldClient:
             if not isinstance(payload, bytes):
                 raise WorldClientError("expected a binary frame after a chunk header.")
             payloads.append(payload)
+        arrived_at = time.monotonic()
         height, width = info["height"], info["width"]
         if info["media"] == "raw":
             frames = np.stack([np.frombuffer(p, dtype=np.uint8).reshape(height, width, 3) for p in payloads])
@@ -566,6 +569,8 @@ class WorldClient:
             batch_size=header.get("batch_size", 1),
             applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
             received_at=time.monotonic(),
+            arrived_at=arrived_at,
+            times=header.get("times"),
         )
 
     def _decode_h264(self, payload: bytes, init_bytes: int) -> npt.NDArray[np.uint8]:

@@ -53,6 +53,7 @@ from worldserve.server.messages import (
     ChunkFrames,
     ChunkMessage,
     ChunkSkipped,
+    ChunkTimes,
     InputDropped,
     SessionClosed,
     SessionFailed,
@@ -148,8 +149,9 @@ class Member:
     sid_of: dict[int, int] = field(default_factory=dict)  # pending: wire id -> session id
     wire_of: dict[int, int] = field(default_factory=dict)  # pending: session id -> wire id
     recent: OrderedDict[int, None] = field(default_factory=OrderedDict)  # wire ids accepted lately
-    # seq -> its ids applied in that chunk, and their latencies; kept until acked (or told in chunk.skipped)
-    applied: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+    # seq -> its ids applied in that chunk, their latencies and their acceptance instants (server clock, s);
+    # kept until acked (or told in chunk.skipped)
+    applied: dict[int, tuple[list[int], list[float], list[float]]] = field(default_factory=dict)
     held: list[tuple[BaseModel, ...]] = field(default_factory=list)  # notices while parked
     skipped_from: int | None = None
     needs_key: bool = True  # H.264: it cannot decode a chunk that does not start with an IDR frame
@@ -184,13 +186,16 @@ class _Made:
     payloads: tuple[bytes, ...]
     keyframe: bool = False  # H.264: the fragment starts with an IDR frame ...
     init: bytes = b""  # ... and this is its stream's init segment
+    #: the server's instants (its clock, s): tick issued, dispatched to the worker, stepped, encoded
+    instants: tuple[float, float, float, float] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(len(payload) for payload in self.payloads)
 
-    def for_member(self, member: Member) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
-        """The header and binary messages ``member`` gets; None while it waits for a keyframe (H.264).
+    def for_member(self, member: Member, now: float) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
+        """The header and binary messages ``member`` gets (handed over at ``now``, the server's clock);
+        None while it waits for a keyframe (H.264).
 
         An H.264 member gets the init segment in front of the fragment when the chunk starts a
         stream it has not begun (its first, or its first after a gap, or a new encoder's)."""
@@ -206,7 +211,18 @@ class _Made:
             frames = frames.model_copy(
                 update={"sizes": [len(payloads[0])], "keyframe": self.keyframe, "init_bytes": len(self.init) * fresh}
             )
-        event_ids, latencies = member.applied.get(self.seq, ([], []))
+        event_ids, latencies, accepted = member.applied.get(self.seq, ([], [], []))
+        times = None
+        if self.instants is not None:
+            tick, dispatched, stepped, encoded = self.instants
+            times = ChunkTimes(
+                accepted_ms=[at * 1000.0 for at in accepted],
+                tick_ms=tick * 1000.0,
+                dispatched_ms=dispatched * 1000.0,
+                stepped_ms=stepped * 1000.0,
+                encoded_ms=encoded * 1000.0,
+                sent_ms=now * 1000.0,
+            )
         header = ChunkMessage(
             seq=self.seq + member.seq_base,
             epoch=self.epoch,
@@ -217,6 +233,7 @@ class _Made:
             timings=self.timings,
             batch_size=self.batch_size,
             applied_latency_ms=latencies,
+            times=times,
         )
         return header, payloads
 
@@ -405,7 +422,7 @@ class WorldHost:
                 continue
             if made.seq > missing_from:
                 member.needs_key = True  # a gap: an H.264 stream can go on only from an IDR frame
-            sent = made.for_member(member)
+            sent = made.for_member(member, self._clock())
             if sent is None:
                 continue  # withheld (H.264, waiting for a keyframe): reported as skipped with the gap
             if made.seq > missing_from:
@@ -759,26 +776,40 @@ class WorldHost:
         tick_seconds = committed - started
         metadata = chunk.metadata
         encoded, encode_s = await self._encoded(chunk)
+        # Key-to-photon's server part, as consecutive instants: the engine's durations placed
+        # back from the commit (its round trip ends there; a worker's encoding ends it).
+        stepped = committed - chunk.encode_s
+        dispatched = min(stepped, committed - chunk.roundtrip_s)
+        dispatched = max(started, dispatched)
+        stepped = max(dispatched, stepped)
+        encoded_at = max(committed, self._clock())
         payloads = encoded.payloads
         if encoded.keyframe:
             self._keyframe_asked = False
         self._seq += 1
         seq = self._seq
-        latency = {
-            sid: (committed - self._accepted_at.pop(sid, committed)) * 1000.0 for sid in metadata.applied_event_ids
-        }
+        # each applied event's acceptance (unknown: taken as the tick's, 0 ms of latency as before)
+        known = {sid: self._accepted_at.pop(sid, None) for sid in metadata.applied_event_ids}
+        accepted_at = {sid: started if at is None else at for sid, at in known.items()}
         for member in self.members:
-            wires, latencies = [], []
+            wires, latencies, accepted = [], [], []
             for sid in metadata.applied_event_ids:
                 wire = member.wire_of.pop(sid, None)
                 if wire is not None:
                     member.sid_of.pop(wire, None)
                     member.floor = max(member.floor, wire)
                     wires.append(wire)
-                    latencies.append(latency[sid])
+                    at = known[sid]
+                    latencies.append(0.0 if at is None else (committed - at) * 1000.0)
+                    accepted.append(accepted_at[sid])
             if wires:
-                member.applied[seq] = (wires, latencies)
+                member.applied[seq] = (wires, latencies, accepted)
         self._metrics.chunk_latency.observe(tick_seconds)
+        for at in accepted_at.values():
+            self._metrics.k2p_wait_tick.observe(max(0.0, started - at))
+        self._metrics.k2p_queue.observe(dispatched - started)
+        self._metrics.k2p_step.observe(stepped - dispatched)
+        self._metrics.k2p_encode.observe(encoded_at - stepped)
         made = _Made(
             seq=seq,
             epoch=epoch,
@@ -802,6 +833,7 @@ class WorldHost:
             payloads=payloads,
             keyframe=encoded.keyframe,
             init=encoded.init,
+            instants=(started, dispatched, stepped, encoded_at),
         )
         self._replay.append(made)
         for member in self.members:
@@ -854,7 +886,7 @@ class WorldHost:
             self._skip(member, made)
             member.needs_key = True  # H.264: the chunk after the gap cannot be decoded
             return
-        sent = made.for_member(member)
+        sent = made.for_member(member, self._clock())
         if sent is None:  # H.264: it must start at an IDR frame; one is asked for
             self._skip(member, made)
             member.acked_seq = max(member.acked_seq, made.seq)  # a withheld chunk never holds generation back

@@ -32,6 +32,7 @@ __all__ = [
     "ChunkFrames",
     "ChunkMessage",
     "ChunkSkipped",
+    "ChunkTimes",
     "ClientMessage",
     "ClientMessageError",
     "ControlModel",
@@ -385,6 +386,29 @@ class ChunkFrames(_Outgoing):
     )
 
 
+class ChunkTimes(_Outgoing):
+    """Where one chunk's time went on the server, as instants of the server's monotonic clock (ms).
+
+    Consecutive instants, so each part is a difference: ``accepted_ms`` (per applied event) ->
+    ``tick_ms`` waiting for the tick that took it; ``tick_ms`` -> ``dispatched_ms`` the step's
+    queue (snapshot, waiting in the engine for company or a worker); ``dispatched_ms`` ->
+    ``stepped_ms`` the model's step (the batch's round trip to the worker, its encoding left
+    out); ``stepped_ms`` -> ``encoded_ms`` encoding (the worker's for its batch and/or the
+    server's); ``encoded_ms`` -> ``sent_ms`` handing the chunk to this connection."""
+
+    clock: Literal["monotonic"] = Field(
+        default="monotonic",
+        description="The server's clock: CLOCK_MONOTONIC of its host (ms), comparable with a client on the same "
+        "host; elsewhere only differences mean something.",
+    )
+    accepted_ms: list[float] = Field(description="Per applied event, in order: when the server accepted it.")
+    tick_ms: float = Field(description="The tick that made this chunk was issued (its events snapshot).")
+    dispatched_ms: float = Field(description="Its batch was dispatched to the worker.")
+    stepped_ms: float = Field(description="The model's step was done (before any worker encoding).")
+    encoded_ms: float = Field(description="The frames were encoded as this world's media.")
+    sent_ms: float = Field(description="The chunk was handed to this connection's writer.")
+
+
 class ChunkMessage(_ServerMessage):
     """Header of one generated chunk; ``len(frames.sizes)`` binary messages follow it."""
 
@@ -404,6 +428,11 @@ class ChunkMessage(_ServerMessage):
     batch_size: int = Field(description="Sessions in the model step that produced this chunk.")
     applied_latency_ms: list[float] = Field(
         description="Per applied event, in order: from its acceptance to this chunk's commit, on the server."
+    )
+    times: ChunkTimes | None = Field(
+        default=None,
+        description="Key-to-photon, the server's part: the instants of this chunk's way through the server "
+        "(optional: a client may ignore it).",
     )
 
 

@@ -1,7 +1,8 @@
 """Prometheus metrics of one server (prometheus-client), in a registry of its own.
 
 Owns: the server's own instruments (sessions started/active, time to first chunk,
-chunk latency, frames sent and their bytes by media, resumes, joins, skipped chunks, the
+chunk latency, key-to-photon's server parts (wait for the tick, queue, model step,
+encode), frames sent and their bytes by media, resumes, joins, skipped chunks, the
 process's CPU time, error replies by code -- the client's fault and the server's in two
 families -- and session failures by code; the ``/v1/realtime/video`` route's sessions and
 errors) and a collector that reads, at scrape time, the control plane's counters and
@@ -189,6 +190,31 @@ class ServerMetrics:
         self.late_chunks = Counter(
             "worldserve_late_chunks",
             "Chunks ready after their playout instant (--lead jit: the viewer stalled, and playback moved later).",
+            registry=self.registry,
+        )
+        # Key-to-photon, the server's parts (the same instants each chunk message's `times` carries).
+        self.k2p_wait_tick = Histogram(
+            "worldserve_k2p_wait_tick_seconds",
+            "Per applied event: from its acceptance to the issue of the tick that took it.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.k2p_queue = Histogram(
+            "worldserve_k2p_queue_seconds",
+            "Per chunk: from its tick's issue to its dispatch to a worker (waiting for company or a worker).",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.k2p_step = Histogram(
+            "worldserve_k2p_step_seconds",
+            "Per chunk: the model's step, dispatch to result (its batch's round trip, a worker's encoding left out).",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.k2p_encode = Histogram(
+            "worldserve_k2p_encode_seconds",
+            "Per chunk: encoding its frames as the world's media (the worker's for its batch and/or the server's).",
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.sessions_resumed = Counter(

@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = command(
         "bench",
         "drive N concurrent clients against a server; print a table",
-        "Load test: N clients start sessions, steer them, and check every event's fate.",
+        "Load test: N clients start sessions, steer them, and check every event's fate; the tables report "
+        "frames played, late chunks and key-to-photon (each event's send to its chunk's first frame played, "
+        "and its parts: docs/latency.md).",
     )
     bench.add_argument("--url", type=_ws_url, default="ws://127.0.0.1:8000/v1/world", help="the server's WebSocket")
     bench.add_argument("--clients", type=positive_int, default=32, help="concurrent sessions (closed loop)")

@@ -14,7 +14,10 @@ of one chunk period plus one chunk's compute. With
 viewers goes first, so one table compares the server's CPU time per chunk and the
 frames/s of both sides, read from the server's ``/metrics``); with ``drop_resume``,
 every client loses its socket mid-run and resumes, and the books must still close
-(0 lost, 0 applied twice across the resumes).
+(0 lost, 0 applied twice across the resumes). And key-to-photon: per applied event, from
+its send to the playout instant of the first frame of the chunk that applied it, split
+into its parts (the server's from the chunk's ``times``, mapped to this client's clock)
+with a check per chunk that the parts sum to the total within one frame.
 
 Must not know: the server's internals (it is a plain client over the socket).
 """
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import math
+import os
 import random
 import statistics
 import time
@@ -38,15 +44,20 @@ __all__ = [
     "TABLE_NOTES",
     "BenchResult",
     "CapacityStep",
+    "K2P_PARTS",
     "ClientReport",
+    "KeyToPhoton",
     "ServerSample",
     "ViewerReport",
     "check_server",
     "find_capacity",
+    "clock_offset",
     "format_capacity_table",
+    "format_k2p_table",
     "format_table",
     "format_viewers_table",
     "held",
+    "playout_instants",
     "playout_lateness",
     "run_bench",
     "run_viewers_bench",
@@ -57,6 +68,77 @@ LATE_LIMIT = 0.01
 
 _HELD_CHOICES = ((), ("W",), ("A",), ("S",), ("D",), ("W", "D"), ("S", "A"))
 _PROMPTS = ("islands", "desert dunes", "deep forest", "snowy tundra")
+
+
+#: Key-to-photon's parts, in order (each ends where the next begins): the input's way to the
+#: server; waiting for the tick that takes it; the step's queue; the model's step; encoding;
+#: the server handing the chunk to the connection; the way back (until its last byte is in);
+#: decoding; and the wait behind frames already queued in the player (until its playout).
+K2P_PARTS = ("up", "wait_tick", "queue", "model", "encode", "handoff", "down", "decode", "playout")
+
+
+@dataclass(frozen=True)
+class KeyToPhoton:
+    """One applied event's instants: ``sent``, ``arrived``, ``decoded``, ``shown`` on the client's
+    clock (time.monotonic); ``accepted`` .. ``handed`` on the server's (its chunk's ``times``, s)."""
+
+    sent: float
+    accepted: float
+    tick: float
+    dispatched: float
+    stepped: float
+    encoded: float
+    handed: float
+    arrived: float
+    decoded: float
+    shown: float
+    frame: float  # one frame of the model, seconds
+
+    @property
+    def total(self) -> float:
+        return self.shown - self.sent
+
+    def parts(self, offset: float) -> dict[str, float]:
+        """The parts in seconds, the server's instants moved to the client's clock (server - ``offset``)."""
+        instants = (
+            self.sent,
+            self.accepted - offset,
+            self.tick - offset,
+            self.dispatched - offset,
+            self.stepped - offset,
+            self.encoded - offset,
+            self.handed - offset,
+            self.arrived,
+            self.decoded,
+            self.shown,
+        )
+        return {name: end - begin for name, begin, end in zip(K2P_PARTS, instants[:-1], instants[1:], strict=True)}
+
+    def sums(self, offset: float) -> bool:
+        """The parts add up to the total within one frame."""
+        return abs(sum(self.parts(offset).values()) - self.total) <= self.frame
+
+
+def clock_offset(samples: list[KeyToPhoton], same_clock: bool) -> float:
+    """The server's clock minus the client's: 0 when both read one host's CLOCK_MONOTONIC, else
+    estimated NTP-style from the fastest one-way trips (assumed equal both ways): half the
+    difference of the least (accepted - sent) and the least (arrived - handed)."""
+    if same_clock or not samples:
+        return 0.0
+    up = min(sample.accepted - sample.sent for sample in samples)
+    down = min(sample.arrived - sample.handed for sample in samples)
+    return (up - down) / 2.0
+
+
+def _same_host(url: str) -> bool:
+    """The server is this machine (a loopback address): its monotonic clock is ours."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -89,6 +171,7 @@ class ClientReport:
     seq_gaps: int = 0  # chunks missing from the seq sequence (across resumes too)
     arrivals: list[float] = field(default_factory=list)  # when each chunk arrived (client clock)
     started_at: float | None = None  # when this client began (after its start offset)
+    k2p: list[KeyToPhoton] = field(default_factory=list)  # per applied event of this client's
 
     @property
     def late(self) -> tuple[int, float]:
@@ -139,6 +222,26 @@ class BenchResult:
     viewers_per_session: int = 0
     server: tuple[ServerSample, ServerSample] | None = None  # before, after
     arrivals: str = "all at once"
+    same_clock: bool = True  # the server is on this host: one monotonic clock for both sides
+    load: tuple[float, float] | None = None  # this host's 1-minute load average at the start and the end
+
+    @property
+    def k2p(self) -> list[KeyToPhoton]:
+        return [sample for report in self.reports for sample in report.k2p]
+
+    @property
+    def offset(self) -> float:
+        """The server's clock minus the client's (see :func:`clock_offset`)."""
+        return clock_offset(self.k2p, self.same_clock)
+
+
+def playout_instants(arrivals: list[float], period: float) -> list[float]:
+    """When a player shows each chunk's first frame (the model of :func:`playout_lateness`):
+    chunk 0 on arrival, chunk *k* one period after chunk *k-1*, or on its arrival if later."""
+    shown: list[float] = []
+    for arrival in arrivals:
+        shown.append(arrival if not shown else max(arrival, shown[-1] + period))
+    return shown
 
 
 def playout_lateness(arrivals: list[float], period: float) -> tuple[int, float]:
@@ -264,9 +367,11 @@ async def _run_client(
             connected = asyncio.Event()
             connected.set()
             last_seq: int | None = None
+            frame = 1.0 / float(info.model["fps"])
+            shown_last: float | None = None  # the playout instant of the last chunk (playout_instants, online)
 
             async def consume() -> None:
-                nonlocal last_seq
+                nonlocal last_seq, shown_last
                 while True:
                     try:
                         chunk = await client.next_chunk()
@@ -277,6 +382,10 @@ async def _run_client(
                         continue
                     progress.set()
                     report.arrivals.append(chunk.received_at)
+                    shown = chunk.received_at
+                    if shown_last is not None:
+                        shown = max(shown, shown_last + report.chunk_period)
+                    shown_last = shown
                     if last_seq is not None and chunk.seq > last_seq + 1:
                         report.seq_gaps += chunk.seq - last_seq - 1
                     last_seq = chunk.seq
@@ -296,6 +405,26 @@ async def _run_client(
                         applied[event_id] += 1
                         if event_id in sent_at:
                             report.latencies.append(chunk.received_at - sent_at[event_id])
+                    times = chunk.times
+                    if times is not None and chunk.arrived_at is not None:
+                        for event_id, accepted_ms in zip(chunk.applied_event_ids, times["accepted_ms"], strict=False):
+                            if event_id not in sent_at:
+                                continue
+                            report.k2p.append(
+                                KeyToPhoton(
+                                    sent=sent_at[event_id],
+                                    accepted=accepted_ms / 1000.0,
+                                    tick=times["tick_ms"] / 1000.0,
+                                    dispatched=times["dispatched_ms"] / 1000.0,
+                                    stepped=times["stepped_ms"] / 1000.0,
+                                    encoded=times["encoded_ms"] / 1000.0,
+                                    handed=times["sent_ms"] / 1000.0,
+                                    arrived=chunk.arrived_at,
+                                    decoded=chunk.received_at,
+                                    shown=shown,
+                                    frame=frame,
+                                )
+                            )
 
             consumer = asyncio.create_task(consume())
             event_id = 0
@@ -405,6 +534,7 @@ async def run_bench(
         offsets = [rng.uniform(0.0, stagger) if stagger > 0 else 0.0 for _ in range(clients)]
         arrivals = f"staggered: uniform offsets in [0, {stagger:g}] s" if stagger > 0 else "all at once"
     before = await asyncio.to_thread(_read_sample, url, token)
+    load_before = _load()
     viewer_reports: list[ViewerReport] = []
     reports = await asyncio.gather(
         *(
@@ -433,7 +563,16 @@ async def run_bench(
         viewers_per_session=viewers,
         server=None if before is None or after is None else (before, after),
         arrivals=arrivals,
+        same_clock=_same_host(url),
+        load=None if load_before is None or (load_after := _load()) is None else (load_before, load_after),
     )
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def held(result: BenchResult, limit: float = LATE_LIMIT) -> bool:
@@ -638,7 +777,39 @@ def format_table(result: BenchResult) -> str:
     said = next((message for r in reports for message in r.error_messages), None)
     if said is not None:
         lines.append(f"first error: {said[:300]}")
-    lines += ["", *TABLE_NOTES]
+    lines += ["", format_k2p_table(result), "", *TABLE_NOTES]
+    return "\n".join(lines)
+
+
+def format_k2p_table(result: BenchResult) -> str:
+    """Key-to-photon: p50 / p95 / p99 of the total and of each part (ms), and the per-chunk sum check."""
+    samples = result.k2p
+    offset = result.offset
+    parts = [sample.parts(offset) for sample in samples]
+    columns = [("total", [sample.total for sample in samples])]
+    columns += [(name, [part[name] for part in parts]) for name in K2P_PARTS]
+    width = max(len("key-to-photon ms"), *(len(name) + 2 for name, _ in columns))
+    lines = [
+        f"{'key-to-photon ms':<{width}}  {'p50':>8}  {'p95':>8}  {'p99':>8}",
+        f"{'-' * width}  {'-' * 8}  {'-' * 8}  {'-' * 8}",
+    ]
+    for index, (name, values) in enumerate(columns):
+        label = name if index == 0 else f"  {name}"
+        cells = [_percentile(values, q) * 1000 for q in (0.5, 0.95, 0.99)]
+        lines.append(f"{label:<{width}}  " + "  ".join("-".rjust(8) if math.isnan(c) else f"{c:8.1f}" for c in cells))
+    mismatched = sum(1 for sample in samples if not sample.sums(offset))
+    clock = (
+        "one clock (the server is on this host: CLOCK_MONOTONIC both sides)"
+        if result.same_clock
+        else f"the server's clock mapped by an estimated offset of {offset * 1000:.1f} ms (fastest trips, "
+        "assumed equal each way)"
+    )
+    lines.append(
+        f"events measured: {len(samples)}; parts summing to the total within a frame: "
+        f"{len(samples) - mismatched} ({mismatched} off); clock: {clock}"
+    )
+    if result.load is not None:
+        lines.append(f"load average (1 min) at start / end: {result.load[0]:.2f} / {result.load[1]:.2f}")
     return "\n".join(lines)
 
 
@@ -663,6 +834,11 @@ TABLE_NOTES = (
     "compute, so accepted->applied p99 should stay under period + compute p50.",
     "bound, per event: the same without the compute, per event: p99 of (accepted->applied minus the "
     "tick time of the chunk that applied it) against one chunk period.",
+    "key-to-photon: from an event's send to the playout of the first frame of the chunk that applied it "
+    "(chunk 0 plays when decoded, each next one a chunk period after the one before, or when decoded if "
+    "later); up: to the server's acceptance; wait_tick: to the tick that took it; queue: to its dispatch "
+    "to a worker; model: the step; encode: the frames; handoff: to this connection's writer; down: to the "
+    "chunk's last byte here; decode; playout: waiting behind the frames already queued to play.",
 )
 
 
