@@ -121,3 +121,12 @@ def test_docs_name_only_files_that_exist() -> None:
             if not any(p.is_relative_to(ROOT) for p in found):  # outside the checkout is not in the repository
                 missing.append(f"{doc.name}: {target}")
     assert missing == []
+
+
+@pytest.mark.timeout(120)
+def test_leads_benchmark_smoke() -> None:
+    command = [sys.executable, "bench/leads.py", "--models", "procedural", "--clients", "1", "--duration", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
+    assert done.returncode == 0, done.stderr
+    for lead in ("1", "jit"):  # both leads, one row each, with a measured key-to-photon
+        assert re.search(rf"\| procedural \| {lead} \| 1 \(1 played\) \| \d+ / \d+ / \d+ \|", done.stdout), done.stdout

@@ -242,6 +242,7 @@ async def test_a_resume_with_keyframe_starts_the_h264_stream_again(server: Runni
         skipped_to = last["seq"]
         if following["type"] == "chunk.skipped":  # the chunks made before the IDR frame, if any
             assert following["from_seq"] == last["seq"] + 1
+            assert following["reason"] == "keyframe", following
             skipped_to = following["to_seq"]
             following = await host.next()
         assert following["type"] == "chunk"
@@ -297,7 +298,7 @@ async def test_a_resume_gets_chunk_skipped_first_then_the_buffered_chunks(server
     last = resumed["seq"]
     skipped = await again.next()
     assert skipped["type"] == "chunk.skipped", skipped
-    assert (skipped["from_seq"], skipped["to_seq"]) == (0, last - 8)
+    assert (skipped["from_seq"], skipped["to_seq"], skipped["reason"]) == (0, last - 8, "resume")
     chunks = [await again.next() for _ in range(8)]
     assert [m["type"] for m in chunks] == ["chunk"] * 8
     assert [m["seq"] for m in chunks] == list(range(last - 7, last + 1))

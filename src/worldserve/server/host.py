@@ -108,6 +108,10 @@ class WorldBackend(Protocol):
         ...
 
 
+#: Why chunks were not sent to a member (``chunk.skipped``'s ``reason``).
+SkipReason = Literal["lagged", "keyframe", "resume"]
+
+
 class Role(StrEnum):
     HOST = "host"  # started the world; it ends with the host
     CONTROLLER = "controller"  # joined; may send events and reset
@@ -154,6 +158,7 @@ class Member:
     applied: dict[int, tuple[list[int], list[float], list[float]]] = field(default_factory=dict)
     held: list[tuple[BaseModel, ...]] = field(default_factory=list)  # notices while parked
     skipped_from: int | None = None
+    skipped_reason: SkipReason = "lagged"  # why the chunks from ``skipped_from`` on were not sent
     needs_key: bool = True  # H.264: it cannot decode a chunk that does not start with an IDR frame
     stream_init: bytes = b""  # H.264: the init segment it was sent last
     failure_reported: tuple[int, str | None, str | None] | None = None
@@ -238,13 +243,15 @@ class _Made:
         return header, payloads
 
 
-def _skipped(member: Member, first: int, last: int) -> ChunkSkipped:
+def _skipped(member: Member, first: int, last: int, reason: SkipReason) -> ChunkSkipped:
     """The notice of chunks ``first``..``last`` not sent to ``member``, with its own events they applied."""
     applied: list[int] = []
     for seq in sorted(member.applied):
         if first <= seq <= last:
             applied.extend(member.applied.pop(seq)[0])
-    return ChunkSkipped(from_seq=first + member.seq_base, to_seq=last + member.seq_base, applied_event_ids=applied)
+    return ChunkSkipped(
+        from_seq=first + member.seq_base, to_seq=last + member.seq_base, applied_event_ids=applied, reason=reason
+    )
 
 
 def _backlog(member: Member) -> int:
@@ -417,6 +424,7 @@ class WorldHost:
         if outlet is None:
             return 0
         missing_from = last_seq + 1
+        withheld = False  # the gap holds chunks withheld for a keyframe (its reason), not only unbuffered ones
         for made in self._replay:
             if made.seq <= last_seq:
                 continue
@@ -424,9 +432,11 @@ class WorldHost:
                 member.needs_key = True  # a gap: an H.264 stream can go on only from an IDR frame
             sent = made.for_member(member, self._clock())
             if sent is None:
+                withheld = True
                 continue  # withheld (H.264, waiting for a keyframe): reported as skipped with the gap
             if made.seq > missing_from:
-                outlet.post((_skipped(member, missing_from, made.seq - 1),))
+                outlet.post((_skipped(member, missing_from, made.seq - 1, "keyframe" if withheld else "resume"),))
+                withheld = False
                 self._metrics.chunks_skipped.inc(made.seq - missing_from)
             outlet.post((sent[0],), sent[1])
             self._count_sent(made)
@@ -435,7 +445,7 @@ class WorldHost:
             replayed += 1
         if missing_from <= self._seq:  # older than the replay buffer, and nothing newer buffered
             member.needs_key = True
-            outlet.post((_skipped(member, missing_from, self._seq),))
+            outlet.post((_skipped(member, missing_from, self._seq, "keyframe" if withheld else "resume"),))
             member.acked_seq = max(member.acked_seq, self._seq)
             member.sent_seq = self._seq
         if member.needs_key and self._seq >= 0:
@@ -883,26 +893,26 @@ class WorldHost:
             return  # parked: the replay buffer keeps it for a resume
         lag = max(member.sent_seq - member.acked_seq, outlet.backlog)
         if member.role is Role.VIEWER and lag >= self._config.max_lag_chunks:
-            self._skip(member, made)
+            self._skip(member, made, "lagged")
             member.needs_key = True  # H.264: the chunk after the gap cannot be decoded
             return
         sent = made.for_member(member, self._clock())
         if sent is None:  # H.264: it must start at an IDR frame; one is asked for
-            self._skip(member, made)
+            self._skip(member, made, "keyframe")
             member.acked_seq = max(member.acked_seq, made.seq)  # a withheld chunk never holds generation back
             member.sent_seq = made.seq
             self._want_keyframe()
             return
         if member.skipped_from is not None:
-            outlet.post((_skipped(member, member.skipped_from, made.seq - 1),))
+            outlet.post((_skipped(member, member.skipped_from, made.seq - 1, member.skipped_reason),))
             member.skipped_from = None
         outlet.post((sent[0],), sent[1])
         member.sent_seq = made.seq
         self._count_sent(made)
 
-    def _skip(self, member: Member, made: _Made) -> None:
+    def _skip(self, member: Member, made: _Made, reason: SkipReason) -> None:
         if member.skipped_from is None:
-            member.skipped_from = made.seq
+            member.skipped_from, member.skipped_reason = made.seq, reason
         self._metrics.chunks_skipped.inc()
 
 

@@ -357,6 +357,11 @@ class ChunkSkipped(_ServerMessage):
     applied_event_ids: list[int] = Field(
         default_factory=list, description="This connection's events that the skipped chunks applied."
     )
+    reason: Literal["lagged", "keyframe", "resume"] = Field(
+        description="Why: lagged (a viewer max_lag_chunks behind), keyframe (H.264: this connection's stream "
+        "starts at the next IDR frame, asked for at once: a late joiner, a resume with keyframe: true), resume "
+        "(made while this connection was away and no longer buffered)."
+    )
 
 
 class InputAccepted(_ServerMessage):

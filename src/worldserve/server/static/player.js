@@ -25,6 +25,13 @@
   const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 5000]; // then 5 s between tries
   const RESTART_GIVE_UP_MS = 10 * 60 * 1000; // after a server restart, wait this long for it at most
 
+  // chunk.skipped's reason, as the log says it (docs/protocol.md).
+  const SKIPPED_BECAUSE = {
+    lagged: "this view lagged",
+    keyframe: "waiting for the stream's next keyframe",
+    resume: "made while this view was away",
+  };
+
   const state = {
     ws: null,
     spec: null,
@@ -524,7 +531,7 @@
         break;
       case "chunk.skipped":
         state.lastSeq = Math.max(state.lastSeq, message.to_seq);
-        log(`chunks ${message.from_seq}–${message.to_seq} skipped (this view lagged)`);
+        log(`chunks ${message.from_seq}–${message.to_seq} skipped (${SKIPPED_BECAUSE[message.reason] || message.reason})`);
         break;
       case "chunk":
         state.header = message;

@@ -1,0 +1,151 @@
+"""Key-to-photon and late chunks with a lead of one chunk vs just in time, side by side in one run.
+
+For each model and each lead (``worldserve serve --lead 1`` and ``--lead jit``), starts a server
+on a free port and drives it with ``worldserve bench``'s client (``run_bench``) at each client
+count, in alternation, then prints one table: key-to-photon p50 / p95 / p99 (an event's send to
+the first frame of the chunk that applied it playing at the model's rate; docs/latency.md),
+its ``wait_tick``, ``model`` and ``playout`` parts (p50), the late chunks a player at the
+model's rate saw, the mean batch, and the admission refusals.
+
+Usage: ``python bench/leads.py [--models procedural tinyworld] [--leads 1 jit] [--clients 1 4]
+[--duration 15] [--media jpeg] [--rounds 1]``. The server and its clients share this
+machine's cores: the load average at each run's start is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from worldserve.tools.loadtest import BenchResult, run_bench
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start(model: str, lead: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = _free_port()
+    log = Path(tempfile.mkstemp(prefix=f"leads-{model}-{lead}-", suffix=".log")[1])
+    command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning"]
+    command += ["--model", model, "--lead", lead, *extra]
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path}
+        )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return process, port, log
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
+
+
+def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    log.unlink(missing_ok=True)
+
+
+def _ms(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000:.0f}"
+
+
+def row(model: str, lead: str, clients: int, result: BenchResult, load: float) -> str:
+    samples = result.k2p
+    parts = [sample.parts(result.offset) for sample in samples]
+    total = [sample.total for sample in samples]
+    reports = [r for r in result.reports if r.chunks > 1]
+    late = [r.late_ratio * 100 for r in reports]
+    batch = [size for r in result.reports for size in r.batch_sizes]
+    refused = sum(r.errors.get("admission_refused", 0) for r in result.reports)
+    late_said = f"{statistics.mean(late):.2f} / {max(late):.2f}" if late else "-"
+    return (
+        f"| {model} | {lead} | {clients} ({len(reports)} played) | {_ms(total, 0.5)} / {_ms(total, 0.95)} / "
+        f"{_ms(total, 0.99)} | {_ms([p['wait_tick'] for p in parts], 0.5)} | {_ms([p['model'] for p in parts], 0.5)} | "
+        f"{_ms([p['playout'] for p in parts], 0.5)} | {late_said} | "
+        f"{statistics.mean(batch) if batch else math.nan:.2f} | {refused} | {len(samples)} | {load:.1f} |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["procedural", "tinyworld"])
+    parser.add_argument("--leads", nargs="+", default=["1", "jit"], help="--lead values to compare")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds of each run")
+    parser.add_argument("--media", default="jpeg", choices=["raw", "jpeg", "h264"])
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each (model, lead, clients), alternated")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARGS", help="more serve arguments")
+    args = parser.parse_args()
+    extra = [word for text in args.server_arg for word in text.split()]
+    print(
+        f"leads bench: models {', '.join(args.models)}, leads {', '.join(args.leads)}, media {args.media}, "
+        f"{args.duration:g} s per run, {os.cpu_count()} CPUs ({platform.machine()}); server and clients on this host"
+    )
+    print()
+    print(
+        "| model | lead | clients | key-to-photon p50 / p95 / p99 ms | wait_tick p50 | model p50 | playout p50 "
+        "| late % (mean / worst) | mean batch | refused | events | load |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for model in args.models:
+        servers = {lead: _start(model, lead, extra) for lead in args.leads}
+        try:
+            for _ in range(args.rounds):
+                for clients in args.clients:
+                    for lead in args.leads:  # the leads alternate: the same minute's machine for both
+                        port = servers[lead][1]
+                        load = os.getloadavg()[0]
+                        result = asyncio.run(
+                            run_bench(
+                                f"ws://127.0.0.1:{port}/v1/world",
+                                clients=clients,
+                                duration=args.duration,
+                                media=args.media,
+                                settle=3.0,
+                            )
+                        )
+                        print(row(model, lead, clients, result, load), flush=True)
+        finally:
+            for process, _, log in servers.values():
+                _stop(process, log)
+    print()
+    print(
+        "key-to-photon: an event's send to the first frame of the chunk that applied it playing (a player at the "
+        "model's rate: chunk 0 when decoded, each next one a period later, or when decoded if later); late %: "
+        "chunks that came after their playout instant; refused: sessions admission turned away (no headroom); "
+        "events: applied events measured; load: the 1-minute load average as the run began."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
