@@ -44,3 +44,4 @@ bench: venv
 	$(BIN)/python bench/tinyworld.py
 	$(BIN)/python bench/capacity.py
 	$(BIN)/python bench/media.py
+	$(BIN)/python bench/leads.py

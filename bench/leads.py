@@ -103,12 +103,19 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of each run")
     parser.add_argument("--media", default="jpeg", choices=["raw", "jpeg", "h264"])
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (model, lead, clients), alternated")
+    parser.add_argument(
+        "--slack-frames",
+        type=float,
+        default=1.0,
+        help="the clients' players show their first chunk this many frames after it arrives (a jitter buffer)",
+    )
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARGS", help="more serve arguments")
     args = parser.parse_args()
     extra = [word for text in args.server_arg for word in text.split()]
     print(
         f"leads bench: models {', '.join(args.models)}, leads {', '.join(args.leads)}, media {args.media}, "
-        f"{args.duration:g} s per run, {os.cpu_count()} CPUs ({platform.machine()}); server and clients on this host"
+        f"{args.duration:g} s per run, players starting {args.slack_frames:g} frame(s) after the first chunk, "
+        f"{os.cpu_count()} CPUs ({platform.machine()}); server and clients on this host"
     )
     print()
     print(
@@ -131,6 +138,7 @@ def main() -> int:
                                 duration=args.duration,
                                 media=args.media,
                                 settle=3.0,
+                                playout_slack_frames=args.slack_frames,
                             )
                         )
                         print(row(model, lead, clients, result, load), flush=True)
@@ -140,7 +148,8 @@ def main() -> int:
     print()
     print(
         "key-to-photon: an event's send to the first frame of the chunk that applied it playing (a player at the "
-        "model's rate: chunk 0 when decoded, each next one a period later, or when decoded if later); late %: "
+        "model's rate: chunk 0 --slack-frames after it is decoded, each next one a period later, or when decoded "
+        "if later); late %: "
         "chunks that came after their playout instant; refused: sessions admission turned away (no headroom); "
         "events: applied events measured; load: the 1-minute load average as the run began."
     )

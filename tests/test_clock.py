@@ -292,6 +292,10 @@ def test_playout_lateness_reanchors_after_a_stall() -> None:
     # 1.6 is 0.1 late (playback stalls, then goes on from 1.6): 1.8 fine (due 1.85), 2.1 due 2.1, 2.2 fine
     assert late == 1
     assert stall == pytest.approx(0.1)
+    # a jitter buffer's start: the player shows chunk 0 a frame (62.5 ms) after it arrives, so a
+    # chunk up to that much later than one period after the one before is on time
+    assert playout_lateness([1.0, 1.3, 1.55], PERIOD) == (1, pytest.approx(0.05))
+    assert playout_lateness([1.0, 1.3, 1.55], PERIOD, slack=0.0625) == (0, 0.0)
 
 
 def test_eight_staggered_sessions_with_noisy_steps_batch_and_play_on_time() -> None:

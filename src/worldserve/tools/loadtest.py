@@ -172,11 +172,12 @@ class ClientReport:
     arrivals: list[float] = field(default_factory=list)  # when each chunk arrived (client clock)
     started_at: float | None = None  # when this client began (after its start offset)
     k2p: list[KeyToPhoton] = field(default_factory=list)  # per applied event of this client's
+    playout_slack: float = 0.0  # its player shows chunk 0 this long after it arrives (seconds)
 
     @property
     def late(self) -> tuple[int, float]:
         """Chunks that arrived after their playout instant, and the total stall (seconds)."""
-        return playout_lateness(self.arrivals, self.chunk_period)
+        return playout_lateness(self.arrivals, self.chunk_period, self.playout_slack)
 
     @property
     def played_fps(self) -> float | None:
@@ -235,26 +236,27 @@ class BenchResult:
         return clock_offset(self.k2p, self.same_clock)
 
 
-def playout_instants(arrivals: list[float], period: float) -> list[float]:
+def playout_instants(arrivals: list[float], period: float, slack: float = 0.0) -> list[float]:
     """When a player shows each chunk's first frame (the model of :func:`playout_lateness`):
-    chunk 0 on arrival, chunk *k* one period after chunk *k-1*, or on its arrival if later."""
+    chunk 0 ``slack`` after its arrival (a jitter buffer's start; 0: on arrival), chunk *k* one
+    period after chunk *k-1*, or on its arrival if later."""
     shown: list[float] = []
     for arrival in arrivals:
-        shown.append(arrival if not shown else max(arrival, shown[-1] + period))
+        shown.append(arrival + slack if not shown else max(arrival, shown[-1] + period))
     return shown
 
 
-def playout_lateness(arrivals: list[float], period: float) -> tuple[int, float]:
+def playout_lateness(arrivals: list[float], period: float, slack: float = 0.0) -> tuple[int, float]:
     """A player's view of chunk arrival times: how many came late, and the stall they caused.
 
-    Chunk 0 plays on arrival; chunk *k* is due one period after chunk *k-1*'s playout. A
-    chunk that arrives after it is due stalls playback until it arrives, and playback goes
-    on from there (re-anchored).
+    Chunk 0 plays ``slack`` after it arrives (0: on arrival); chunk *k* is due one period after
+    chunk *k-1*'s playout. A chunk that arrives after it is due stalls playback until it
+    arrives, and playback goes on from there (re-anchored).
     """
     if not arrivals or period <= 0:
         return 0, 0.0
     late, stall = 0, 0.0
-    due = arrivals[0]
+    due = arrivals[0] + slack
     for arrival in arrivals[1:]:
         due += period
         if arrival > due:
@@ -346,6 +348,7 @@ async def _run_client(
     viewer_reports: list[ViewerReport] | None = None,
     delay: float = 0.0,
     media: str = "raw",
+    playout_slack_frames: float = 0.0,
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -368,6 +371,7 @@ async def _run_client(
             connected.set()
             last_seq: int | None = None
             frame = 1.0 / float(info.model["fps"])
+            report.playout_slack = playout_slack_frames * frame
             shown_last: float | None = None  # the playout instant of the last chunk (playout_instants, online)
 
             async def consume() -> None:
@@ -382,7 +386,7 @@ async def _run_client(
                         continue
                     progress.set()
                     report.arrivals.append(chunk.received_at)
-                    shown = chunk.received_at
+                    shown = chunk.received_at + (report.playout_slack if shown_last is None else 0.0)
                     if shown_last is not None:
                         shown = max(shown, shown_last + report.chunk_period)
                     shown_last = shown
@@ -509,6 +513,7 @@ async def run_bench(
     session_seconds: float | None = None,
     seed: int = 0,
     media: str = "raw",
+    playout_slack_frames: float = 0.0,
 ) -> BenchResult:
     """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
@@ -518,6 +523,9 @@ async def run_bench(
     seconds and each lives ``session_seconds`` (default: ``duration``). ``viewers`` join
     each session; with ``drop_resume`` every client loses its socket once and resumes.
     ``media``: how the sessions' frames travel (raw, jpeg or h264; clients decode them all).
+    ``playout_slack_frames``: each client's player shows its first chunk this many frames after it
+    arrives (a jitter buffer's start; 0: on arrival), which the late-chunk and key-to-photon
+    figures then count from.
     """
     rng = random.Random(seed)
     lifetime = session_seconds if session_seconds is not None else duration
@@ -550,6 +558,7 @@ async def run_bench(
                 viewer_reports=viewer_reports,
                 delay=offset,
                 media=media,
+                playout_slack_frames=playout_slack_frames,
             )
             for index, offset in enumerate(offsets)
         )
