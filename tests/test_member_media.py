@@ -24,7 +24,7 @@ from worldserve.client import ClientChunk, WorldClient, WorldError
 from worldserve.media import EncodedFrames, FrameEncoding, decode_frames
 from worldserve.models import SessionOptions, load_model
 from worldserve.protocol import TickRequest
-from worldserve.runtime import ModelRunner
+from worldserve.runtime import ModelRunner, Runtime
 from worldserve.runtime.messages import TickOutput
 
 
@@ -216,3 +216,32 @@ async def test_an_unknown_media_on_join_is_refused() -> None:
             await asyncio.sleep(0)
     finally:
         running.stop()
+
+
+async def test_the_runtime_keeps_a_sessions_extra_media_across_a_reset() -> None:
+    """``Runtime.set_extra_encodings`` reaches the session's worker (its next chunk carries the media)
+    and is kept in the session's options: the chunks after a reset still carry it."""
+    h264, jpeg = FrameEncoding.for_media("h264"), FrameEncoding.for_media("jpeg")
+    async with Runtime("procedural", executor="multiprocess", workers=1) as runtime:
+        session = await runtime.create_session(seed=4, encoding=h264)
+        first = await session.next_chunk()
+        assert isinstance(first.frames, EncodedFrames)
+        assert first.frames.alternates == ()
+        assert runtime.set_extra_encodings(session.session_id, (jpeg,))
+        chunk = await session.next_chunk()
+        assert isinstance(chunk.frames, EncodedFrames)
+        assert set(chunk.frames.versions()) == {"h264", "jpeg"}
+        await session.reset()
+        chunk = await session.next_chunk()
+        assert isinstance(chunk.frames, EncodedFrames)
+        assert chunk.frames.keyframe
+        assert set(chunk.frames.versions()) == {"h264", "jpeg"}
+        world = _truth(4, 1)
+        assert (
+            np.abs(decode_frames(chunk.frames.versions()["jpeg"]).astype(np.int16) - world[0]).mean() < JPEG_MEAN_ERROR
+        )
+        assert runtime.set_extra_encodings(session.session_id, ())
+        chunk = await session.next_chunk()
+        assert isinstance(chunk.frames, EncodedFrames)
+        assert chunk.frames.alternates == ()
+        await runtime.close_session(session.session_id)
