@@ -16,7 +16,12 @@
    tick beyond the model's step (the worker's encoding, the bytes' trip back to the server,
    the commit) plus receiving (wall time, over localhost) and decoding (CPU time) the chunk
    at the client -- and the difference to raw.
-3. **Viewers**: ``worldserve bench --viewers`` with ``--media h264``, and the same with JPEG.
+3. **Members in several media** (per frame size): an H.264 world whose members also asked for
+   JPEG, then JPEG and raw, through the code a worker runs (a ``ModelRunner`` with the
+   session's ``extra_encodings``, each chunk encoded once per media): the bytes per chunk that
+   cross from the worker to the server, by media, and the runner's encode time per chunk
+   (``StepReport.encode_s``, wall time, one encode thread; the median, the lower of two runs).
+4. **Viewers**: ``worldserve bench --viewers`` with ``--media h264``, and the same with JPEG.
 
 Usage: ``python bench/media.py [--seconds 8] [--sizes 48x48 832x480] [--viewers 4]
 [--clients 2] [--smoke]`` (``--smoke``: a few chunks, 48x48 only, for the test suite).
@@ -229,6 +234,72 @@ def per_size_table(width: int, height: int, chunks_count: int, fps: float, frame
     )
 
 
+# -- a world whose members use several media ------------------------------------------------
+
+
+def several_media_once(
+    width: int, height: int, chunks_count: int, extra: tuple[FrameEncoding, ...]
+) -> tuple[dict[str, float], float]:
+    """One scripted H.264 session through a runner that also encodes ``extra``: mean bytes per
+    chunk by media, and the median encode ms per chunk (without the first chunk's warm-up)."""
+    from worldserve.models.base import SessionOptions
+    from worldserve.runtime import ModelRunner
+    from worldserve.runtime.messages import TickOutput
+
+    runner = ModelRunner(ProceduralModel(width=width, height=height))
+    runner.admit("bench", SessionOptions(seed=5, prompt="islands", encoding=FrameEncoding("h264", 65)))
+    runner.set_extra_encodings("bench", extra)
+    sizes: dict[str, list[int]] = {}
+    encode_ms = []
+    for index in range(chunks_count):
+        prompt, controls = script(index)
+        report = runner.step([TickRequest("bench", f"bench-{index}", index, prompt=prompt, controls=controls)])
+        (result,) = report.results
+        assert isinstance(result, TickOutput)
+        assert isinstance(result.frames, EncodedFrames)
+        for media, version in result.frames.versions().items():
+            sizes.setdefault(media, []).append(version.nbytes)
+        encode_ms.append(report.encode_s * 1000)
+    runner.close_ar_diffusion_session("bench")
+    steady = encode_ms[1:] if len(encode_ms) > 1 else encode_ms
+    return {media: statistics.mean(values) for media, values in sizes.items()}, statistics.median(steady)
+
+
+def several_media_table(width: int, height: int, chunks_count: int) -> None:
+    jpeg, raw = FrameEncoding.for_media("jpeg"), FrameEncoding.for_media("raw")
+    table = [
+        [
+            "media in use",
+            "kB per chunk, worker -> server",
+            "of it h264 / jpeg / raw kB",
+            "x h264 only",
+            "worker encode ms/chunk",
+            "x h264 only",
+        ]
+    ]
+    base_bytes = base_ms = 0.0
+    for label, extra in (("h264 only", ()), ("h264 + jpeg", (jpeg,)), ("h264 + jpeg + raw", (jpeg, raw))):
+        runs = [several_media_once(width, height, chunks_count, extra) for _ in range(2)]
+        sizes = runs[0][0]  # the bytes are the same each run
+        encode_ms = min(run[1] for run in runs)  # the machine is shared: the others' load only ever adds
+        total = sum(sizes.values())
+        if not extra:
+            base_bytes, base_ms = total, encode_ms
+        parts = " / ".join(f"{sizes[m] / 1000:.1f}" if m in sizes else "-" for m in ("h264", "jpeg", "raw"))
+        table.append(
+            [
+                label,
+                f"{total / 1000:.1f}",
+                parts,
+                f"{total / base_bytes:.1f}",
+                f"{encode_ms:.2f}",
+                f"{encode_ms / base_ms:.1f}" if base_ms > 0 else "-",
+            ]
+        )
+    print(f"\n### Members in several media, {width}x{height} ({chunks_count} chunks, one runner)\n")
+    print_table(table)
+
+
 # -- end to end, through a real server -------------------------------------------------------
 
 
@@ -399,6 +470,8 @@ def main() -> int:
     )
     for width, height in sizes:
         per_size_table(width, height, chunks, fps, frames_per_chunk)
+    for width, height in sizes:
+        several_media_table(width, height, chunks)
     end_to_end_table([(w, h) for w, h in sizes], max(6, chunks))
     viewers_tables(args.clients, args.viewers, max(1.5, args.seconds))
     return 0

@@ -190,3 +190,29 @@ def test_without_media_source_extensions_the_player_falls_back_to_jpeg(server: R
         still = World(SEED).render(0, 0, SIZE, SIZE, "islands")
         for f in drawn(page)[-4:]:
             assert psnr(f.pixels, still) >= H264_PSNR_DB
+
+
+def test_a_viewer_without_media_source_extensions_watches_an_h264_world_in_jpeg(server: RunningServer) -> None:
+    """The host plays H.264; a share link opened where MSE is missing joins with ``media: "jpeg"``
+    and draws the same world's frames (JPEG), while the host's page goes on playing H.264."""
+    with open_page(server, query="", recorder=RECORDER) as host:
+        host.fill("#seed", str(SEED))
+        host.click("#start")
+        wait_for(host, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+        assert host.evaluate("() => window.worldserve.media") == "h264"
+        link = host.evaluate("() => window.worldserve.shareLinks")["viewer"]
+        assert host.context.browser is not None
+        viewer = host.context.browser.new_page()
+        viewer.add_init_script("window.MediaSource = undefined;" + RECORDER)
+        viewer.goto(link)
+        wait_for(viewer, "window.worldserve.status === 'live' && window.worldserve.displayed > 8")
+        assert viewer.evaluate("() => [window.worldserve.role, window.worldserve.media]") == ["viewer", "jpeg"]
+        headers = viewer.evaluate("() => window.__h264Test.chunks")
+        assert headers
+        assert {header["frames"]["media"] for header in headers} == {"jpeg"}
+        still = World(SEED).render(0, 0, SIZE, SIZE, "islands")
+        for f in drawn(viewer)[-4:]:
+            assert psnr(f.pixels, still) >= H264_PSNR_DB
+        wait_for(host, "window.worldserve.displayed > 16")
+        assert host.evaluate("() => window.worldserve.media") == "h264"
+        assert {header["frames"]["media"] for header in host.evaluate("() => window.__h264Test.chunks")} == {"h264"}

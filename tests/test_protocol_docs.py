@@ -153,6 +153,42 @@ async def test_a_viewers_chunk_cancel_is_not_controller(server: RunningServer) -
     await host.close()
 
 
+async def test_each_member_is_sent_its_own_media(server: RunningServer) -> None:
+    """Protocol (each member's media): `session.join {media}` picks what that member is sent;
+    `session.joined.media` names it, and so does each of its chunks' `frames.media` (JPEG: one binary
+    per frame), while the host goes on getting the world's H.264; `session.resume {media}` changes it."""
+    host = await Wire.open(server)
+    started = await host.start(seed=3, options={"media": "h264"}, share={"viewers": True})
+    assert started["media"] == "h264"
+    playing = asyncio.create_task(host.until("never"))  # the host reads (and acks) on
+    viewer = await Wire.open(server)
+    joined = await viewer.reply(
+        {"type": "session.join", "session_id": started["session_id"], "token": started["share"]["viewer"],
+         "role": "viewer", "media": "jpeg"}
+    )  # fmt: skip
+    assert (joined["type"], joined["media"]) == ("session.joined", "jpeg"), joined
+    for _ in range(2):
+        chunk = await viewer.until("chunk")
+        assert chunk["frames"]["media"] == "jpeg"
+        assert len(chunk["frames"]["sizes"]) == chunk["frames"]["count"]
+    viewer.drop()
+    viewer = await Wire.open(server)
+    resumed = await viewer.reply(
+        {"type": "session.resume", "session_id": started["session_id"], "token": joined["resume_token"],
+         "last_seq": chunk["seq"], "media": "raw"}
+    )  # fmt: skip
+    assert (resumed["type"], resumed["media"]) == ("session.resumed", "raw"), resumed
+    chunk = await viewer.until("chunk")
+    assert chunk["frames"]["media"] == "raw"
+    assert chunk["frames"]["sizes"] == [48 * 48 * 3] * chunk["frames"]["count"]
+    await viewer.close()
+    playing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await playing
+    assert {m["frames"]["media"] for m in host.seen if m["type"] == "chunk"} == {"h264"}
+    await host.close()  # a clean close: the world ends (the read cancelled may have stopped mid-chunk)
+
+
 async def test_resume_and_join_on_a_connection_with_a_session_are_session_exists(server: RunningServer) -> None:
     """Protocol (errors): `session_exists` answers `session.resume` and `session.join` on a connection whose
     session is open, as it answers a second `session.start`."""

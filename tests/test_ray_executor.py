@@ -163,6 +163,25 @@ async def test_ray_workers_hand_back_the_bytes_the_server_would_have_made(nodes:
             assert np.array_equal(second.array(), made[1])
 
 
+async def test_an_actor_encodes_the_extra_media_a_session_is_given(nodes: Nodes) -> None:
+    """``set_extra_encodings`` reaches a Ray actor like ``request_keyframe``: the session's next
+    chunk comes back in both media (the H.264 stream and, as its alternate, JPEG), then in H.264 alone."""
+    async with Runtime("procedural", workers=1, **RAY) as rt:
+        session = await rt.create_session(seed=3, encoding=FrameEncoding.for_media("h264"))
+        await session.next_chunk()
+        assert rt.set_extra_encodings(session.session_id, (FrameEncoding("jpeg", 75),))
+        chunk = await session.next_chunk()
+        assert isinstance(chunk.frames, EncodedFrames)
+        (alternate,) = chunk.frames.alternates
+        truth = Truth(3)
+        truth.next(None, ())
+        assert list(alternate.payloads) == encode_frames(truth.next(None, ()), "jpeg", 75)
+        assert rt.set_extra_encodings(session.session_id, ())
+        chunk = await session.next_chunk()
+        assert isinstance(chunk.frames, EncodedFrames)
+        assert chunk.frames.alternates == ()
+
+
 async def test_a_killed_actor_fails_only_its_sessions_and_is_replaced(nodes: Nodes) -> None:
     async with Runtime("procedural", workers=2, **RAY) as rt:
         executor = rt.engine.executor

@@ -260,7 +260,12 @@ class WorldClient:
             self._chunks.put_nowait(item)
 
     async def resume(
-        self, session: SessionInfo | None = None, *, last_seq: int | None = None, keyframe: bool | None = None
+        self,
+        session: SessionInfo | None = None,
+        *,
+        last_seq: int | None = None,
+        keyframe: bool | None = None,
+        media: str | None = None,
     ) -> SessionInfo:
         """Reconnect and take this client's session back after :meth:`drop` (or a lost connection).
 
@@ -273,6 +278,7 @@ class WorldClient:
         client taking a session over never has); the chunks before it come as ``chunk.skipped``.
         A client taking a session over numbers its events from 1: ids the earlier client used are
         ``stale_event`` or ``duplicate``, so pass ``event_id`` above them to :meth:`send_event`.
+        ``media``: be sent "raw", "jpeg" or "h264" from now on (``None``: as before).
         Raises :class:`WorldError` ``resume_refused`` once the grace period is over.
         """
         if session is not None:
@@ -283,8 +289,10 @@ class WorldClient:
         info = self.session
         if info is None or info.resume_token is None:
             raise WorldClientError("no resumable session (start or join one; the server may have resume off).")
+        if media is not None and media != info.media:
+            self._h264 = None  # another media: an H.264 stream starts over for this client
         if keyframe is None:
-            keyframe = info.media == "h264" and (self._h264 is None or not self._h264.ready)
+            keyframe = (media or info.media) == "h264" and (self._h264 is None or not self._h264.ready)
         if self._ws is not None:
             await self.drop()
         await self.connect()
@@ -296,13 +304,19 @@ class WorldClient:
         }
         if keyframe:
             message["keyframe"] = True
+        if media is not None:
+            message["media"] = media
         reply = await self._request(message)
-        self.session = replace(info, role=reply["role"])
+        self.session = replace(info, role=reply["role"], media=reply["media"])
         return self.session
 
-    async def join(self, session_id: str, token: str, *, role: str = "viewer") -> SessionInfo:
-        """Open a shared world (``role``: ``viewer`` or ``controller``) with a token from its host."""
-        reply = await self._request({"type": "session.join", "session_id": session_id, "token": token, "role": role})
+    async def join(self, session_id: str, token: str, *, role: str = "viewer", media: str | None = None) -> SessionInfo:
+        """Open a shared world (``role``: ``viewer`` or ``controller``) with a token from its host;
+        ``media``: be sent "raw", "jpeg" or "h264" (``None``: the world's media, its host's)."""
+        message: dict[str, Any] = {"type": "session.join", "session_id": session_id, "token": token, "role": role}
+        if media is not None:
+            message["media"] = media
+        reply = await self._request(message)
         self.last_seq = int(reply["seq"])
         self.session = SessionInfo(
             session_id=reply["session_id"],

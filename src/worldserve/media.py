@@ -2,7 +2,8 @@
 
 Owns: :class:`FrameEncoding` (the media, quality and, for H.264, bitrate cap a session asked
 for), :class:`EncodedFrames` (one chunk's frames as payloads: one per frame for JPEG and raw,
-one fMP4 fragment for H.264, with the stream's init segment on a keyframe),
+one fMP4 fragment for H.264, with the stream's init segment on a keyframe; a chunk wanted in
+several media carries the others as ``alternates``),
 :class:`FrameEncoder` (one session's encoder: JPEG and raw are stateless, H.264 is a stream
 with its own state, :class:`~worldserve.h264.H264Encoder`), :func:`encode_frames`
 (``uint8 [frames, height, width, 3]`` -> JPEG via Pillow, whose libjpeg-turbo output is
@@ -19,7 +20,7 @@ import). Must not know: sockets, sessions, workers.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -99,6 +100,9 @@ class EncodedFrames:
     (``moof`` + ``mdat``) holding ``frame_count`` frames; ``keyframe`` says it starts with
     an IDR frame, and then ``init`` holds the stream's init segment (``ftyp`` + ``moov``), which
     a receiver that starts there (or starts again) needs first.
+
+    ``alternates``: the same chunk in other media (a world whose members asked for several:
+    encoded once per media, not once per member); :meth:`versions` lists them all by media.
     """
 
     encoding: FrameEncoding
@@ -108,6 +112,14 @@ class EncodedFrames:
     frame_count: int | None = None
     keyframe: bool = False
     init: bytes = b""
+    alternates: tuple[EncodedFrames, ...] = ()
+
+    def versions(self) -> dict[str, EncodedFrames]:
+        """This chunk by media: itself and its ``alternates`` (each without alternates of its own)."""
+        found = {self.encoding.media: replace(self, alternates=())}
+        for other in self.alternates:
+            found.setdefault(other.encoding.media, replace(other, alternates=()))
+        return found
 
     @property
     def count(self) -> int:
@@ -116,8 +128,9 @@ class EncodedFrames:
 
     @property
     def nbytes(self) -> int:
-        """The payloads' bytes and any init segment (what crosses a machine boundary)."""
-        return sum(len(payload) for payload in self.payloads) + len(self.init)
+        """The payloads' bytes and any init segment, alternates included (what crosses a machine boundary)."""
+        own = sum(len(payload) for payload in self.payloads) + len(self.init)
+        return own + sum(other.nbytes for other in self.alternates)
 
 
 def encode_frames(frames: npt.NDArray[np.uint8], media: str, quality: int = 90) -> list[bytes]:

@@ -161,13 +161,22 @@ class SessionOptions:
     ``encoding`` is for the runner, not the model (models ignore it): when set, the
     runner encodes the session's frames (JPEG or raw bytes) right after ``model.step`` and
     hands back only those payloads (so only compressed bytes cross machines); ``None``
-    hands back the ``uint8`` arrays.
+    hands back the ``uint8`` arrays. ``extra_encodings``: other media the session's frames are
+    wanted in as well (members of one world that asked for another media than its host's),
+    each encoded once per chunk and handed back as the payloads' ``alternates``; only with an
+    ``encoding``, one per media, none of them the ``encoding``'s media.
     """
 
     prompt: str | None = None
     seed: int = 0
     image: bytes | None = field(default=None, repr=False)
     encoding: FrameEncoding | None = None
+    extra_encodings: tuple[FrameEncoding, ...] = ()
+
+    @property
+    def encodings(self) -> tuple[FrameEncoding, ...]:
+        """Every encoding the runner makes of each chunk: ``encoding`` first, then ``extra_encodings``."""
+        return () if self.encoding is None else (self.encoding, *self.extra_encodings)
 
     def __post_init__(self) -> None:
         if self.prompt is not None and not isinstance(self.prompt, str):
@@ -178,6 +187,14 @@ class SessionOptions:
             raise ValueError("SessionOptions.image must be raw RGB bytes or None.")
         if self.encoding is not None and not isinstance(self.encoding, FrameEncoding):
             raise ValueError("SessionOptions.encoding must be a FrameEncoding or None.")
+        extra = self.extra_encodings
+        if not isinstance(extra, tuple) or not all(isinstance(item, FrameEncoding) for item in extra):
+            raise ValueError("SessionOptions.extra_encodings must be a tuple of FrameEncoding.")
+        if extra and self.encoding is None:
+            raise ValueError("SessionOptions.extra_encodings need an encoding.")
+        media = [item.media for item in self.encodings]
+        if len(set(media)) != len(media):
+            raise ValueError(f"SessionOptions: one encoding per media; got {media}.")
 
     def check_image(self, spec: ModelSpec) -> None:
         """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size, and there is one

@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from worldserve.errors import CancelUnsupportedError, ChunkCancelledError, NothingToCancelError, SessionExistsError
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
-from worldserve.media import EncodedFrames
+from worldserve.media import EncodedFrames, FrameEncoding
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.protocol import ChunkMetadata, TickRequest
 from worldserve.runtime.admission import Admission
@@ -46,7 +46,7 @@ from worldserve.runtime.gathering import Gathering
 from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, StepReport, TickOutput
 from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
-from worldserve.runtime.runner import ADMIT, REQUEST_KEYFRAME_RPC, STEP
+from worldserve.runtime.runner import ADMIT, REQUEST_KEYFRAME_RPC, SET_EXTRA_ENCODINGS_RPC, STEP
 from worldserve.runtime.scheduler import BatchQueue, Queued
 from worldserve.session import SessionStateError
 
@@ -55,7 +55,7 @@ __all__ = ["Engine", "EngineConfig"]
 _log = logging.getLogger(__name__)
 
 #: Runner methods only the engine may call (they would bypass batching, affinity and admission).
-_ENGINE_ONLY = frozenset({STEP, ADMIT, ROLLBACK_SESSION_RPC, REQUEST_KEYFRAME_RPC})
+_ENGINE_ONLY = frozenset({STEP, ADMIT, ROLLBACK_SESSION_RPC, REQUEST_KEYFRAME_RPC, SET_EXTRA_ENCODINGS_RPC})
 
 
 def _optional_positive(value: float | None, name: str) -> None:
@@ -386,7 +386,27 @@ class Engine:
         if not self._executor.is_alive(route.worker):
             return False
         future = self._executor.call(route.worker, REQUEST_KEYFRAME_RPC, (session_id,))
-        future.add_done_callback(_log_keyframe_failure)
+        future.add_done_callback(_log_media_failure)
+        return True
+
+    def set_extra_encodings(self, session_id: str, encodings: tuple[FrameEncoding, ...]) -> bool:
+        """Have the session's chunks encoded in these other media too (``SessionOptions.extra_encodings``).
+
+        Kept in the session's options (a reset or a re-admission on another worker encodes
+        them too) and sent to its worker, which applies it before its next step, so the chunk
+        after the one being made, at the latest, carries them. Returns at once; ``False``
+        when the session is unknown or its chunks are not encoded by its worker (no
+        ``encoding``).
+        """
+        route = self._router.find(session_id)
+        if self._state != "running" or route is None or route.options.encoding is None:
+            return False
+        route.options = replace(route.options, extra_encodings=tuple(encodings))
+        if route.worker is not None and self._executor.is_alive(route.worker):
+            future = self._executor.call(
+                route.worker, SET_EXTRA_ENCODINGS_RPC, (session_id, route.options.extra_encodings)
+            )
+            future.add_done_callback(_log_media_failure)
         return True
 
     def _on_rollback_done(self, done: asyncio.Future[Any]) -> None:
@@ -735,9 +755,9 @@ class Engine:
         )
 
 
-def _log_keyframe_failure(done: asyncio.Future[Any]) -> None:
+def _log_media_failure(done: asyncio.Future[Any]) -> None:
     if not done.cancelled() and done.exception() is not None:
-        _log.warning("a keyframe request failed: %r", done.exception())
+        _log.warning("a keyframe or media request to a worker failed: %r", done.exception())
 
 
 def _fresh(error: BaseException) -> BaseException:

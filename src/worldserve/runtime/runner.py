@@ -16,8 +16,13 @@ holds their compressed payloads instead of raw arrays (the time is reported as
 own :class:`~worldserve.media.FrameEncoder` (for H.264, the session's one stream: kept
 across a reset, which starts with an IDR frame; a cancelled chunk is rolled out of it too;
 ``request_keyframe`` starts its next chunk with an IDR frame, for a viewer that needs to
-start there). With ``encode_threads`` > 1 a batch's chunks are encoded in parallel (Pillow
-and PyAV release the GIL while they encode), so the encoding adds less to the step.
+start there). A session whose options also carry ``extra_encodings`` (members of its world
+asked for other media) has one encoder per media, each chunk encoded once in each and
+handed back as one :class:`~worldserve.media.EncodedFrames` with the others as its
+``alternates``; ``set_extra_encodings`` changes that set as members come and go (an
+encoder whose media is no longer wanted is dropped, and stops costing anything). With
+``encode_threads`` > 1 a batch's encodings (every chunk in every media) run in parallel
+(Pillow and PyAV release the GIL while they encode), so the encoding adds less to the step.
 
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
@@ -36,13 +41,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from worldserve.errors import ErrorCode
-from worldserve.media import EncodedFrames, FrameEncoder
+from worldserve.media import EncodedFrames, FrameEncoder, FrameEncoding
 from worldserve.models.base import ModelSpec, RollbackModel, SessionOptions, WorldModel
 from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
@@ -55,7 +61,7 @@ from worldserve.runtime.messages import (
     TickOutput,
 )
 
-__all__ = ["ADMIT", "REQUEST_KEYFRAME_RPC", "RUNNER_RPC_METHODS", "STEP", "ModelRunner"]
+__all__ = ["ADMIT", "REQUEST_KEYFRAME_RPC", "RUNNER_RPC_METHODS", "SET_EXTRA_ENCODINGS_RPC", "STEP", "ModelRunner"]
 
 _log = logging.getLogger(__name__)
 
@@ -65,6 +71,8 @@ STEP = "step"
 ADMIT = "admit"
 #: Start a session's next chunk with an IDR frame (:meth:`ModelRunner.request_keyframe`).
 REQUEST_KEYFRAME_RPC = "request_keyframe"
+#: Change the other media a session's chunks are encoded in (:meth:`ModelRunner.set_extra_encodings`).
+SET_EXTRA_ENCODINGS_RPC = "set_extra_encodings"
 
 #: Methods an engine may call on a runner (anything else answers ``supported: False``).
 RUNNER_RPC_METHODS = frozenset(
@@ -77,6 +85,7 @@ RUNNER_RPC_METHODS = frozenset(
         "residency",
         ROLLBACK_SESSION_RPC,
         REQUEST_KEYFRAME_RPC,
+        SET_EXTRA_ENCODINGS_RPC,
     }
 )
 
@@ -84,14 +93,14 @@ _MAX_TOMBSTONES = 4096
 
 
 class _Resident:
-    __slots__ = ("encoder", "next_chunk", "options", "state", "undo")
+    __slots__ = ("encoders", "next_chunk", "options", "state", "undo")
 
     def __init__(self, state: Any, options: SessionOptions) -> None:
         self.state = state
         self.options = options
         self.next_chunk = 0
         self.undo: tuple[int, Any] | None = None  # (chunk index of the last step, the model's snapshot before it)
-        self.encoder: FrameEncoder | None = None  # made on its first encoded chunk
+        self.encoders: dict[str, FrameEncoder] = {}  # by media; each made on its first chunk
 
 
 class ModelRunner:
@@ -200,7 +209,7 @@ class ModelRunner:
         except Exception:  # the state is dropped either way
             _log.exception("model %r failed to release session %r's state", self._spec.name, session_id)
         resident.state = None
-        resident.encoder = None  # a step may still be encoding with it; it is freed with its last reference
+        resident.encoders = {}  # a step may still be encoding with them; each is freed with its last reference
 
     def resident_sessions(self) -> tuple[str, ...]:
         return tuple(self._resident)
@@ -222,14 +231,14 @@ class ModelRunner:
         resident = self._resident.pop(session_id, None)
         if resident is not None:
             # The session's frames go on as one stream (a viewer keeps its decoder), from an IDR frame.
-            encoder, resident.encoder = resident.encoder, None
+            encoders, resident.encoders = resident.encoders, {}
             self._release(session_id, resident)
             fresh = self._resident[session_id] = _Resident(
                 self._new_state(session_id, resident.options), resident.options
             )
-            if encoder is not None:
+            for encoder in encoders.values():
                 encoder.keyframe()
-                fresh.encoder = encoder
+            fresh.encoders = encoders
         return True
 
     def request_keyframe(self, session_id: str) -> bool:
@@ -238,8 +247,23 @@ class ModelRunner:
         resident = self._resident.get(session_id)
         if resident is None:
             return False
-        if resident.encoder is not None:
-            resident.encoder.keyframe()
+        for encoder in resident.encoders.values():
+            encoder.keyframe()
+        return True
+
+    def set_extra_encodings(self, session_id: str, encodings: tuple[FrameEncoding, ...]) -> bool:
+        """Encode the session's chunks in these other media too, from its next step on (see
+        ``SessionOptions.extra_encodings``): a media added gets its encoder on its first chunk
+        (H.264: starting a stream with an IDR frame), one left out is dropped. ``False`` if the
+        session is not here (its options, where the engine keeps them, say it for a re-admission)."""
+        resident = self._resident.get(session_id)
+        if resident is None:
+            return False
+        resident.options = replace(resident.options, extra_encodings=tuple(encodings))
+        wanted = {encoding.media: encoding for encoding in resident.options.encodings}
+        for media, encoder in list(resident.encoders.items()):
+            if media not in wanted or not wanted[media].same_bytes(encoder.encoding):
+                del resident.encoders[media]
         return True
 
     def close_ar_diffusion_session(self, session_id: str) -> bool:
@@ -269,8 +293,8 @@ class ModelRunner:
             self._drop(session_id)
             return False
         resident.next_chunk = chunk_index
-        if resident.encoder is not None:  # the undone chunk was encoded but never delivered
-            resident.encoder.rollback(self._spec.frames_per_chunk)
+        for encoder in resident.encoders.values():  # the undone chunk was encoded but never delivered
+            encoder.rollback(self._spec.frames_per_chunk)
         return True
 
     # -- ticks ---------------------------------------------------------------------------
@@ -296,7 +320,7 @@ class ModelRunner:
                 runnable.append((index, sid, checked, tick))
         # Taken before the step: a session whose tick closes it still has its last chunk encoded.
         encoders = {
-            index: (sid, self._session_encoder(resident))
+            index: (sid, self._session_encoders(resident))
             for index, sid, resident, _ in runnable
             if resident.options.encoding is not None
         }
@@ -309,25 +333,33 @@ class ModelRunner:
         encode_s = self._encode(results, encoders) if encoders else 0.0
         return StepReport(tuple(result for result in results if result is not None), self._compute_s, encode_s)
 
-    def _session_encoder(self, resident: _Resident) -> FrameEncoder:
-        if resident.encoder is None:
-            assert resident.options.encoding is not None
-            spec = self._spec
-            resident.encoder = FrameEncoder(resident.options.encoding, spec.width, spec.height, spec.fps)
-        return resident.encoder
+    def _session_encoders(self, resident: _Resident) -> tuple[FrameEncoder, ...]:
+        """The session's encoders, its ``encoding``'s first (each made on its first chunk)."""
+        spec = self._spec
+        made = []
+        for encoding in resident.options.encodings:
+            encoder = resident.encoders.get(encoding.media)
+            if encoder is None:
+                encoder = resident.encoders[encoding.media] = FrameEncoder(encoding, spec.width, spec.height, spec.fps)
+            made.append(encoder)
+        return tuple(made)
 
     def _encode(
-        self, results: list[TickOutput | TickFailure | None], encoders: dict[int, tuple[str, FrameEncoder]]
+        self,
+        results: list[TickOutput | TickFailure | None],
+        encoders: dict[int, tuple[str, tuple[FrameEncoder, ...]]],
     ) -> float:
         """Replace the outputs of sessions with an encoding by their encoded frames; the seconds it took.
 
-        A chunk that fails to encode fails its own tick (``bad_output``, its state released:
-        the chunk was computed but cannot be delivered); the batch's other chunks go on."""
+        Each chunk is encoded once per encoder (media) of its session; all the batch's
+        encodings run in the pool. A chunk that fails to encode in any of them fails its own
+        tick (``bad_output``, its state released: the chunk was computed but cannot be
+        delivered); the batch's other chunks go on."""
         jobs: list[tuple[int, str, npt.NDArray[np.uint8], FrameEncoder]] = []
-        for index, (sid, encoder) in encoders.items():
+        for index, (sid, session_encoders) in encoders.items():
             output = results[index]
             if isinstance(output, TickOutput) and isinstance(output.frames, np.ndarray):
-                jobs.append((index, sid, output.frames, encoder))
+                jobs.extend((index, sid, output.frames, encoder) for encoder in session_encoders)
         began = time.perf_counter()
         if self._encode_threads > 1 and len(jobs) > 1:
             if self._encoder is None:
@@ -335,20 +367,28 @@ class ModelRunner:
             encoded = list(self._encoder.map(_try_encode, jobs))
         else:
             encoded = [_try_encode(job) for job in jobs]
+        made: dict[int, list[EncodedFrames]] = {}
         for (index, sid, _, encoder), frames in zip(jobs, encoded, strict=True):
             output = results[index]
-            assert isinstance(output, TickOutput)
+            if not isinstance(output, TickOutput):
+                continue  # another of its encodings failed already
             if isinstance(frames, Exception):
                 media = encoder.encoding.media
                 _log.error("encoding session %r's chunk as %s failed: %r", sid, media, frames)
                 self._drop(sid)
+                made.pop(index, None)
                 results[index] = TickFailure(
                     ErrorCode.BAD_OUTPUT,
                     f"chunk {output.metadata.chunk_index} of session {sid!r} could not be encoded as "
                     f"{media}: {frames}; reset the session to go on.",
                 )
             else:
-                results[index] = TickOutput(frames, output.metadata)
+                made.setdefault(index, []).append(frames)
+        for index, versions in made.items():
+            output = results[index]
+            assert isinstance(output, TickOutput)
+            first, *others = versions
+            results[index] = TickOutput(replace(first, alternates=tuple(others)), output.metadata)
         return time.perf_counter() - began
 
     def _admit_tick(self, tick: TickRequest) -> _Resident | TickFailure:

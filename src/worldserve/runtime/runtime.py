@@ -186,6 +186,13 @@ class Runtime:
         <worldserve.runtime.engine.Engine.request_keyframe>`)."""
         return self.engine.request_keyframe(session_id)
 
+    def set_extra_encodings(self, session_id: str, encodings: tuple[FrameEncoding, ...]) -> bool:
+        """Have the session's worker encode its chunks in these other media too (members of its
+        world asked for them); returns at once. ``False`` when its worker does not encode its
+        chunks (the caller then encodes them; see :meth:`Engine.set_extra_encodings
+        <worldserve.runtime.engine.Engine.set_extra_encodings>`)."""
+        return self.engine.set_extra_encodings(session_id, tuple(encodings))
+
     def capacity(self) -> Capacity:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
         return self.engine.capacity()

@@ -457,7 +457,7 @@ class Connection:
             return
         host = self._hosts.get(message.session_id)
         role = Role(message.role)
-        member = None if host is None else host.join(message.token, role, self, self._seq_base)
+        member = None if host is None else host.join(message.token, role, self, self._seq_base, media=message.media)
         if host is None or member is None:
             await self._error(
                 ErrorCode.JOIN_REFUSED, "cannot join: unknown session or wrong token.", message_id=message.id
@@ -470,7 +470,7 @@ class Connection:
                 session_id=host.session_id,
                 role="controller" if role is Role.CONTROLLER else "viewer",
                 model=self._backend.spec.to_dict(),
-                media=wire_media(host.media),
+                media=wire_media(member.media),
                 max_pending_events=host.session.max_pending_events,
                 max_lag_chunks=self._config.max_lag_chunks,
                 seq=host.seq + member.seq_base,
@@ -494,7 +494,9 @@ class Connection:
                 message_id=message.id,
             )
             return
-        last_seq = host.resume(member, message.last_seq - member.seq_base, self, keyframe=message.keyframe)
+        last_seq = host.resume(
+            member, message.last_seq - member.seq_base, self, keyframe=message.keyframe, media=message.media
+        )
         self._member = member
         self.post(
             (
@@ -503,7 +505,7 @@ class Connection:
                     session_id=host.session_id,
                     role=member.role.value,
                     model=self._backend.spec.to_dict(),
-                    media=wire_media(host.media),
+                    media=wire_media(member.media),
                     max_pending_events=host.session.max_pending_events,
                     max_lag_chunks=self._config.max_lag_chunks,
                     seq=host.seq + member.seq_base,

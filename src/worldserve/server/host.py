@@ -2,13 +2,16 @@
 
 Owns, per session: the session itself, the paced generation task (when each tick goes and
 when its chunk plays is :class:`~.pacing.Pacer`'s: ``lead_chunks`` ahead of real time, or just
-in time; paused while the controlling connections lag ``max_lag_chunks`` chunks), the session's chunk ``seq``,
-frame encoding (once per chunk, shared by every member; frames a worker already encoded
-as this world's media and quality are used as they are), a replay buffer of the last
+in time; paused while the controlling connections lag ``max_lag_chunks`` chunks), the session's
+chunk ``seq``, frame encoding (once per chunk and media in use, shared by every member of that
+media: each member picks its media on join or resume, the host's is the world's; the world tells
+the runtime which other media are in use, :meth:`WorldBackend.set_extra_encodings`, so
+a worker that encodes makes each once, and frames a worker already encoded in a wanted
+media and quality are used as they are), a replay buffer of the last
 ``replay_chunks`` chunks, and its :class:`Member` s: the host, controllers and viewers,
 each with its own event-id mapping (wire ids are per member; the session sees one
 increasing sequence), its ack state, its resume token, and what it missed while parked.
-For H.264 (one stream per world, encoded once for everyone) it also owns where each member
+For H.264 (one stream per world, encoded once for its H.264 members) it also owns where each member
 stands in that stream: a member that has not received the stream's start (it joined late,
 skipped chunks as a lagging viewer, or resumed past a gap) gets nothing until a chunk that
 starts with an IDR frame, sent with the init segment in front; the world asks the encoder
@@ -44,7 +47,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel
 
 from worldserve.errors import ChunkCancelledError, ErrorCode, InvalidEventError, StaleEventError
-from worldserve.media import EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
+from worldserve.media import MEDIA, EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.metrics import Capacity
@@ -95,6 +98,12 @@ class WorldBackend(Protocol):
         ``False`` when it cannot be asked (the world then encodes, or the stream starts anew)."""
         ...
 
+    def set_extra_encodings(self, session_id: str, encodings: tuple[FrameEncoding, ...]) -> bool:
+        """Have the session's worker encode its chunks in these media too, besides its own
+        encoding (members asked for them); ``False`` when its worker does not encode (the world
+        encodes them itself)."""
+        ...
+
     def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
         """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
         ...
@@ -143,6 +152,7 @@ class Member:
     host: WorldHost
     role: Role
     resume_token: str
+    media: str = "jpeg"  # what it is sent: its choice on join or resume (the host's: the world's)
     outlet: Outlet | None = None
     gone: bool = False  # left, or the world ended
     seq_base: int = 0  # wire seq = session seq + seq_base (a connection's seq never repeats)
@@ -178,43 +188,59 @@ class Member:
 
 
 @dataclass(frozen=True, slots=True)
-class _Made:
-    """One chunk as the world made it: encoded once, shared by every member's header."""
+class _Version:
+    """One chunk in one media: what each member of that media is sent."""
 
-    seq: int
-    epoch: int
-    chunk_index: int
-    request_id: str
     frames: ChunkFrames
-    timings: dict[str, float]
-    batch_size: int
     payloads: tuple[bytes, ...]
     keyframe: bool = False  # H.264: the fragment starts with an IDR frame ...
     init: bytes = b""  # ... and this is its stream's init segment
-    #: the server's instants (its clock, s): tick issued, dispatched to the worker, stepped, encoded
-    instants: tuple[float, float, float, float] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(len(payload) for payload in self.payloads)
 
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """One chunk as the world made it: encoded once per media in use, shared by every member's header."""
+
+    seq: int
+    epoch: int
+    chunk_index: int
+    request_id: str
+    versions: dict[str, _Version]  # by media
+    timings: dict[str, float]
+    batch_size: int
+    #: the server's instants (its clock, s): tick issued, dispatched to the worker, stepped, encoded
+    instants: tuple[float, float, float, float] | None = None
+
     def for_member(self, member: Member, now: float) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
-        """The header and binary messages ``member`` gets (handed over at ``now``, the server's clock);
-        None while it waits for a keyframe (H.264).
+        """The header and binary messages ``member`` gets, in its media (handed over at ``now``, the
+        server's clock); None while it waits for a keyframe (H.264), or when the chunk was not made
+        in its media (it asked just now).
 
         An H.264 member gets the init segment in front of the fragment when the chunk starts a
         stream it has not begun (its first, or its first after a gap, or a new encoder's)."""
-        frames, payloads = self.frames, self.payloads
+        version = self.versions.get(member.media)
+        if version is None:
+            member.needs_key = member.needs_key or member.media == "h264"  # a gap in its stream
+            return None
+        frames, payloads = version.frames, version.payloads
         if frames.media == "h264":
-            fresh = self.keyframe and (member.needs_key or member.stream_init != self.init)
+            fresh = version.keyframe and (member.needs_key or member.stream_init != version.init)
             if member.needs_key and not fresh:
                 return None
             if fresh:
                 member.needs_key = False
-                member.stream_init = self.init
-                payloads = (self.init + payloads[0],)
+                member.stream_init = version.init
+                payloads = (version.init + payloads[0],)
             frames = frames.model_copy(
-                update={"sizes": [len(payloads[0])], "keyframe": self.keyframe, "init_bytes": len(self.init) * fresh}
+                update={
+                    "sizes": [len(payloads[0])],
+                    "keyframe": version.keyframe,
+                    "init_bytes": len(version.init) * fresh,
+                }
             )
         event_ids, latencies, accepted = member.applied.get(self.seq, ([], [], []))
         times = None
@@ -297,8 +323,9 @@ class WorldHost:
         self._registry = registry
         self._clock = clock
         self.media = media
-        self._encoding = FrameEncoding.for_media(media, quality, bitrate_kbps)  # what members are sent
-        self._encoder: FrameEncoder | None = None  # for frames a worker did not encode
+        self._encoding = FrameEncoding.for_media(media, quality, bitrate_kbps)  # what the host is sent
+        self._encoders: dict[str, FrameEncoder] = {}  # by media: for frames a worker did not encode
+        self._extra: tuple[str, ...] = ()  # the other media in use, as the runtime was last told
         self._keyframe_asked = False  # H.264: an IDR frame is on its way (asked, not yet seen)
         self.viewer_token = _token() if share_viewers else None
         self.controller_token = _token() if share_controllers else None
@@ -333,11 +360,12 @@ class WorldHost:
 
     # -- members -------------------------------------------------------------------
 
-    def _add(self, role: Role, outlet: Outlet, seq_base: int) -> Member:
+    def _add(self, role: Role, outlet: Outlet, seq_base: int, media: str | None = None) -> Member:
         member = Member(
             self,
             role,
             _token(),
+            media=self.media if media is None else media,
             outlet=outlet,
             seq_base=seq_base,
             joined_seq=self._seq,
@@ -356,15 +384,21 @@ class WorldHost:
     def start(self) -> None:
         self._generator = asyncio.create_task(self._generate(self.session), name=f"generate-{self.session_id}")
 
-    def join(self, token: str, role: Role, outlet: Outlet, seq_base: int = 0) -> Member | None:
-        """A new viewer or controller, or None when ``token`` does not grant ``role``."""
+    def join(
+        self, token: str, role: Role, outlet: Outlet, seq_base: int = 0, *, media: str | None = None
+    ) -> Member | None:
+        """A new viewer or controller, or None when ``token`` does not grant ``role``; ``media``:
+        what it is sent (``None``: the world's, the host's media)."""
+        if media is not None and media not in MEDIA:
+            raise ValueError(f"unknown media {media!r}; expected one of {list(MEDIA)}.")
         viewer_ok = _matches(self.viewer_token, token) or _matches(self.controller_token, token)
         allowed = _matches(self.controller_token, token) if role is Role.CONTROLLER else viewer_ok
         if self.closed or not allowed or role is Role.HOST:
             return None
         self._metrics.members_joined.labels(role=role.value).inc()
-        member = self._add(role, outlet, seq_base)
-        if self._seq >= 0:
+        member = self._add(role, outlet, seq_base, media)
+        self._sync_media()
+        if self._seq >= 0 and member.media == "h264":
             self._want_keyframe()  # it starts at the stream's next IDR frame (H.264)
         return member
 
@@ -376,13 +410,18 @@ class WorldHost:
                 found = member
         return None if self.closed else found
 
-    def resume(self, member: Member, last_seq: int, outlet: Outlet, *, keyframe: bool = False) -> int:
+    def resume(
+        self, member: Member, last_seq: int, outlet: Outlet, *, keyframe: bool = False, media: str | None = None
+    ) -> int:
         """Rebind ``member`` to ``outlet``; the caller replies, then :meth:`replay` from the seq returned.
 
         ``last_seq`` (session seq) is clamped to what the member could have received. ``keyframe``:
         the connection has no decoder state (H.264): its stream starts again at an IDR frame, as
-        a late joiner's does, gap or not.
+        a late joiner's does, gap or not. ``media``: what it is sent from now on (``None``: as
+        before); another media than before starts like a late joiner's (an H.264 stream at an IDR frame).
         """
+        if media is not None and media not in MEDIA:
+            raise ValueError(f"unknown media {media!r}; expected one of {list(MEDIA)}.")
         if member.outlet is not None and member.outlet is not outlet:
             member.outlet.detach()
         if member.expiry is not None:
@@ -396,6 +435,11 @@ class WorldHost:
         member.skipped_from = None
         if keyframe:
             member.needs_key = True
+        if media is not None and media != member.media:
+            member.media = media
+            member.needs_key = True
+            member.stream_init = b""
+            self._sync_media()
         self._metrics.sessions_resumed.inc()
         self._in_use()
         return last
@@ -410,9 +454,13 @@ class WorldHost:
         for made in self._replay:
             if made.seq <= last_seq:
                 continue
+            version = made.versions.get(member.media)
+            if version is None:
+                contiguous = False  # not made in its media: a gap
+                continue
             contiguous = contiguous and made.seq == expected
             expected = made.seq + 1
-            if self._encoding.stateful and not contiguous and not made.keyframe and count == 0:
+            if member.media == "h264" and not contiguous and not version.keyframe and count == 0:
                 continue
             count += 1
         return count
@@ -439,7 +487,7 @@ class WorldHost:
                 withheld = False
                 self._metrics.chunks_skipped.inc(made.seq - missing_from)
             outlet.post((sent[0],), sent[1])
-            self._count_sent(made)
+            self._count_sent(made.versions[member.media])
             missing_from = made.seq + 1
             member.sent_seq = made.seq
             replayed += 1
@@ -448,7 +496,7 @@ class WorldHost:
             outlet.post((_skipped(member, missing_from, self._seq, "keyframe" if withheld else "resume"),))
             member.acked_seq = max(member.acked_seq, self._seq)
             member.sent_seq = self._seq
-        if member.needs_key and self._seq >= 0:
+        if member.needs_key and self._seq >= 0 and member.media == "h264":
             self._want_keyframe()
         held, member.held = member.held, []
         for messages in held:
@@ -517,6 +565,7 @@ class WorldHost:
             member.expiry = None
         with contextlib.suppress(ValueError):
             self.members.remove(member)
+        self._sync_media()
         self._wake.set()
         self._unattended()
 
@@ -652,8 +701,8 @@ class WorldHost:
     async def reset(self) -> None:
         """Reset the world (a controller asked); raises as ``Session.reset`` does."""
         await self.session.reset()
-        if self._encoder is not None:
-            self._encoder.keyframe()  # the new epoch starts with an IDR frame, as a worker's encoder does
+        for encoder in self._encoders.values():
+            encoder.keyframe()  # the new epoch starts with an IDR frame, as a worker's encoder does
         for member in self.members:
             if member.outlet is not None:  # nothing of the old epoch counts as lag any more
                 member.acked_seq = member.sent_seq = self._seq
@@ -793,8 +842,7 @@ class WorldHost:
         dispatched = max(started, dispatched)
         stepped = max(dispatched, stepped)
         encoded_at = max(committed, self._clock())
-        payloads = encoded.payloads
-        if encoded.keyframe:
+        if "h264" in encoded and encoded["h264"].keyframe:
             self._keyframe_asked = False
         self._seq += 1
         seq = self._seq
@@ -825,13 +873,7 @@ class WorldHost:
             epoch=epoch,
             chunk_index=metadata.chunk_index,
             request_id=metadata.request_id,
-            frames=ChunkFrames(
-                count=encoded.count,
-                media=wire_media(self.media),
-                width=encoded.width,
-                height=encoded.height,
-                sizes=[len(payload) for payload in payloads],
-            ),
+            versions={media: _version(frames) for media, frames in encoded.items()},
             timings={
                 "tick_ms": tick_seconds * 1000.0,
                 "queued_ms": chunk.queued_s * 1000.0,
@@ -840,9 +882,6 @@ class WorldHost:
                 "encode_ms": encode_s * 1000.0,
             },
             batch_size=chunk.batch_size,
-            payloads=payloads,
-            keyframe=encoded.keyframe,
-            init=encoded.init,
             instants=(started, dispatched, stepped, encoded_at),
         )
         self._replay.append(made)
@@ -852,29 +891,77 @@ class WorldHost:
             self._first_chunk_sent = True
             self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)
 
-    async def _encoded(self, chunk: Chunk) -> tuple[EncodedFrames, float]:
-        """The chunk's frames in this world's encoding, and the time spent encoding them: a
-        worker's payloads as they are when they match (its time, for its batch), else encoded
-        here in a thread (frames a worker encoded otherwise are decoded first)."""
-        wanted = self._encoding
+    def _media_in_use(self) -> list[str]:
+        """The media members use (parked ones too: they may resume), the host's first."""
+        used = [self.media]
+        for member in self.members:
+            if not member.gone and member.media not in used:
+                used.append(member.media)
+        return used
+
+    def _wanted(self, media: str) -> FrameEncoding:
+        """How ``media`` is encoded here: the host's as it asked, another at its default quality."""
+        return self._encoding if media == self.media else FrameEncoding.for_media(media)
+
+    def _sync_media(self) -> None:
+        """Members came or went: tell the runtime which other media to encode, and drop this
+        world's own encoders of media no member uses any more."""
+        used = self._media_in_use()
+        for media in [media for media in self._encoders if media not in used]:
+            del self._encoders[media]  # an encode in flight may hold it still; freed with its last reference
+        extra = tuple(used[1:])
+        if extra == self._extra or self.closed:
+            return
+        self._extra = extra
+        try:
+            self._backend.set_extra_encodings(self.session_id, tuple(self._wanted(media) for media in extra))
+        except Exception:
+            log.exception("asking for media %s for session %s failed", list(extra), self.session_id)
+
+    async def _encoded(self, chunk: Chunk) -> tuple[dict[str, EncodedFrames], float]:
+        """The chunk's frames in each media in use, and the time spent encoding them: a worker's
+        payloads as they are when they match (its time, for its batch), else encoded here in a
+        thread (frames a worker encoded otherwise are decoded first). A media a member asked
+        for just now that the worker did not make yet is made here only from raw payloads
+        (exact); else it is left out and its members skip the chunk (the worker makes it from
+        its next chunk on: a chunk or two)."""
         frames = chunk.frames
-        if isinstance(frames, EncodedFrames) and frames.encoding.same_bytes(wanted):
-            return frames, chunk.encode_s
-        began = time.perf_counter()
-        if isinstance(frames, EncodedFrames):
-            frames = await asyncio.to_thread(decode_frames, frames)
-        if self._encoder is None:
-            spec = self._backend.spec
-            self._encoder = FrameEncoder(wanted, spec.width, spec.height, spec.fps)
-        encoded = await asyncio.to_thread(self._encoder.encode, frames)
-        return encoded, time.perf_counter() - began
+        made = frames.versions() if isinstance(frames, EncodedFrames) else {}
+        for media in made:
+            self._metrics.chunk_encodings.labels(media=media).inc()
+        encoded: dict[str, EncodedFrames] = {}
+        arrays = frames if not isinstance(frames, EncodedFrames) else None
+        spent = 0.0
+        for media in self._media_in_use():
+            wanted = self._wanted(media)
+            ready = made.get(media)
+            if ready is not None and ready.encoding.same_bytes(wanted):
+                encoded[media] = ready
+                continue
+            began = time.perf_counter()
+            if arrays is None:
+                # The host's media from other payloads; another media only from exact (raw) ones, else
+                # its members skip this chunk (the worker makes it from its next chunk on).
+                source = made.get("raw") if media != self.media else next(iter(made.values()))
+                if source is None:
+                    continue
+                arrays = await asyncio.to_thread(decode_frames, source)
+            encoder = self._encoders.get(media)
+            if encoder is None or not encoder.encoding.same_bytes(wanted):
+                spec = self._backend.spec
+                encoder = self._encoders[media] = FrameEncoder(wanted, spec.width, spec.height, spec.fps)
+            encoded[media] = await asyncio.to_thread(encoder.encode, arrays)
+            self._metrics.chunk_encodings.labels(media=media).inc()
+            spent += time.perf_counter() - began
+        return encoded, (chunk.encode_s if made else 0.0) + spent
 
     def _want_keyframe(self) -> None:
         """H.264: a member waits for an IDR frame; ask for one unless one is already on its way."""
-        if not self._encoding.stateful or self._keyframe_asked:
+        if "h264" not in self._media_in_use() or self._keyframe_asked:
             return
-        if self._encoder is not None:  # this world encodes its own frames
-            self._encoder.keyframe()
+        encoder = self._encoders.get("h264")
+        if encoder is not None:  # this world encodes its own H.264 stream
+            encoder.keyframe()
             self._keyframe_asked = True
             return
         try:
@@ -882,9 +969,9 @@ class WorldHost:
         except Exception:
             log.exception("asking for a keyframe for session %s failed", self.session_id)
 
-    def _count_sent(self, made: _Made) -> None:
-        self._metrics.frames_sent.inc(made.frames.count)
-        self._metrics.media_bytes_sent.labels(media=made.frames.media).inc(made.nbytes)
+    def _count_sent(self, version: _Version) -> None:
+        self._metrics.frames_sent.inc(version.frames.count)
+        self._metrics.media_bytes_sent.labels(media=version.frames.media).inc(version.nbytes)
 
     def _deliver(self, member: Member, made: _Made) -> None:
         """Post a chunk to a connected member; a viewer ``max_lag_chunks`` behind skips it instead."""
@@ -897,23 +984,36 @@ class WorldHost:
             member.needs_key = True  # H.264: the chunk after the gap cannot be decoded
             return
         sent = made.for_member(member, self._clock())
-        if sent is None:  # H.264: it must start at an IDR frame; one is asked for
+        if sent is None:  # H.264: it must start at an IDR frame (one is asked for); or not made in its media yet
             self._skip(member, made, "keyframe")
             member.acked_seq = max(member.acked_seq, made.seq)  # a withheld chunk never holds generation back
             member.sent_seq = made.seq
-            self._want_keyframe()
+            if member.media == "h264":
+                self._want_keyframe()
             return
         if member.skipped_from is not None:
             outlet.post((_skipped(member, member.skipped_from, made.seq - 1, member.skipped_reason),))
             member.skipped_from = None
         outlet.post((sent[0],), sent[1])
         member.sent_seq = made.seq
-        self._count_sent(made)
+        self._count_sent(made.versions[member.media])
 
     def _skip(self, member: Member, made: _Made, reason: SkipReason) -> None:
         if member.skipped_from is None:
             member.skipped_from, member.skipped_reason = made.seq, reason
         self._metrics.chunks_skipped.inc()
+
+
+def _version(encoded: EncodedFrames) -> _Version:
+    """One media's payloads of a chunk, with the header fields every member of that media shares."""
+    frames = ChunkFrames(
+        count=encoded.count,
+        media=wire_media(encoded.encoding.media),
+        width=encoded.width,
+        height=encoded.height,
+        sizes=[len(payload) for payload in encoded.payloads],
+    )
+    return _Version(frames, encoded.payloads, encoded.keyframe, encoded.init)
 
 
 def wire_media(media: str) -> Literal["jpeg", "raw", "h264"]:

@@ -182,6 +182,11 @@ class SessionResume(_ClientMessage):
         "device): start its stream again at an IDR frame with the init segment in front; the chunks before it "
         "are reported in chunk.skipped. Other media ignore it (every frame decodes alone).",
     )
+    media: Media | None = Field(
+        default=None,
+        description="What this member is sent from now on (absent: as before); another media than before "
+        "starts like a late joiner's (H.264: at the next IDR frame).",
+    )
 
 
 class SessionJoin(_ClientMessage):
@@ -191,6 +196,12 @@ class SessionJoin(_ClientMessage):
     session_id: _SESSION_ID
     token: _TOKEN
     role: Literal["viewer", "controller"]
+    media: Media | None = Field(
+        default=None,
+        description="What this member is sent (absent: the world's media, its host's): e.g. jpeg for a viewer "
+        "that cannot decode the host's H.264. The world encodes each chunk once per media its members use, "
+        "at that media's default quality (the host's media at the host's).",
+    )
 
 
 class InputEvent(_ClientMessage):

@@ -240,8 +240,16 @@ class ServerMetrics:
             ["media"],
             registry=self.registry,
         )
+        self.chunk_encodings = Counter(
+            "worldserve_chunk_encodings",
+            "Chunks encoded, by media: once per media a world's members use (not once per member), "
+            "counted as the world receives them from its worker or encodes them itself.",
+            ["media"],
+            registry=self.registry,
+        )
         for media in ("jpeg", "raw", "h264"):
             self.media_bytes_sent.labels(media=media)
+            self.chunk_encodings.labels(media=media)
         self.realtime_sessions_started = Counter(
             "worldserve_realtime_video_sessions_started",
             "Sessions started over /v1/realtime/video (also counted in worldserve_sessions_started).",

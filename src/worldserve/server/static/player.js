@@ -303,7 +303,9 @@
         if (state.reloaded) resume.keyframe = true; // no decoder after a reload: the stream must start again
         send(resume);
       } else if (mode === "join") {
-        send({ type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role });
+        const join = { type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role };
+        if (!h264Playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
+        send(join);
       } else {
         send(startMessage());
       }
