@@ -76,7 +76,7 @@ def test_capacity_benchmark_smoke() -> None:
     assert re.search(r"sessions held at <= 1 % late chunks: \d+", done.stdout), done.stdout
     assert re.search(r"\| on \| \d+ \| [\d.]+ \|", done.stdout), done.stdout
     assert "chunk clock on, --lead jit:" in done.stdout
-    assert re.search(r"\| jit \| \d+ \| [\d.]+ \|", done.stdout), done.stdout
+    assert re.search(r"\| jit \| \d+ \| ", done.stdout), done.stdout  # held or not: a 1.5 s run decides nothing
 
 
 @pytest.mark.timeout(120)
