@@ -22,32 +22,18 @@ import argparse
 import asyncio
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
+from servers import start_server
 from worldserve.tools.loadtest import CapacityStep, find_capacity, format_capacity_table
 
 #: What each side runs: the chunk clock on or off (a lead of one chunk), or on with --lead jit.
 _SIDES = {"on": "chunk clock on", "off": "chunk clock off", "jit": "chunk clock on, --lead jit"}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    port = _free_port()
-    log = Path(tempfile.mkstemp(prefix=f"capacity-{side}-", suffix=".log")[1])
-    command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning"]
-    command += ["--model", args.model, "--workers", str(args.workers)]
+def _server_args(args: argparse.Namespace, side: str) -> list[str]:
+    command = ["--model", args.model, "--workers", str(args.workers)]
     command += ["--chunk-clock", "on", "--lead", "jit"] if side == "jit" else ["--chunk-clock", side]
     for option in args.model_option:
         command += ["--model-option", option]
@@ -55,31 +41,7 @@ def _start_server(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen
         command += ["--threads-per-worker", str(args.threads_per_worker)]
     for extra in args.server_arg:
         command += extra.split()
-    with log.open("wb") as out:
-        # bench/ on the path: models such as timed_model:TimedModel live here
-        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path}
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return process, port, log
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    return command
 
 
 def _summary(capacity: int, steps: list[CapacityStep]) -> tuple[str, str, str]:
@@ -101,10 +63,10 @@ def _summary(capacity: int, steps: list[CapacityStep]) -> tuple[str, str, str]:
 
 
 async def _side(args: argparse.Namespace, side: str) -> tuple[int, list[CapacityStep]]:
-    process, port, log = _start_server(args, side)
+    server = start_server(_server_args(args, side), f"capacity-{side}", timeout=120.0)
     try:
         return await find_capacity(
-            f"ws://127.0.0.1:{port}/v1/world",
+            server.url,
             start=args.start,
             max_clients=args.max_clients,
             duration=args.duration,
@@ -112,8 +74,7 @@ async def _side(args: argparse.Namespace, side: str) -> tuple[int, list[Capacity
             seed=args.seed,
         )
     finally:
-        _stop(process)
-        log.unlink(missing_ok=True)
+        server.stop()
 
 
 def main() -> int:

@@ -20,55 +20,9 @@ import math
 import os
 import platform
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
+from servers import start_server
 from worldserve.tools.loadtest import BenchResult, run_bench
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _start(model: str, lead: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], int, Path]:
-    port = _free_port()
-    log = Path(tempfile.mkstemp(prefix=f"leads-{model}-{lead}-", suffix=".log")[1])
-    command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning"]
-    command += ["--model", model, "--lead", lead, *extra]
-    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path}
-        )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return process, port, log
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    log.unlink(missing_ok=True)
 
 
 def _ms(values: list[float], q: float) -> str:
@@ -124,16 +78,18 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for model in args.models:
-        servers = {lead: _start(model, lead, extra) for lead in args.leads}
+        servers = {
+            lead: start_server(["--model", model, "--lead", lead, *extra], f"leads-{model}-{lead}")
+            for lead in args.leads
+        }
         try:
             for _ in range(args.rounds):
                 for clients in args.clients:
                     for lead in args.leads:  # the leads alternate: the same minute's machine for both
-                        port = servers[lead][1]
                         load = os.getloadavg()[0]
                         result = asyncio.run(
                             run_bench(
-                                f"ws://127.0.0.1:{port}/v1/world",
+                                servers[lead].url,
                                 clients=clients,
                                 duration=args.duration,
                                 media=args.media,
@@ -143,8 +99,8 @@ def main() -> int:
                         )
                         print(row(model, lead, clients, result, load), flush=True)
         finally:
-            for process, _, log in servers.values():
-                _stop(process, log)
+            for server in servers.values():
+                server.stop()
     print()
     print(
         "key-to-photon: an event's send to the first frame of the chunk that applied it playing (a player at the "

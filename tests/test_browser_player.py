@@ -104,8 +104,11 @@ def test_two_drops_in_a_row_both_resume(browser: Browser, server: RunningServer)
         assert page.evaluate("() => window.worldserve.sessionId") == session_id
         log = page.evaluate("() => window.worldserve.statusLog")
         assert log.count("reconnecting") == 2, log
-        # The same world, every frame once and in order across both drops.
-        assert_in_chunk_order(recording.drawn())
+        # The same world, every chunk once and in order across both drops. Not every frame: the
+        # chunks a resume re-sends can put the <video> more than a second behind the live edge on a
+        # busy machine, where the player jumps to it by design (mseTick) and passes frames over
+        # (seen once with every core busy).
+        assert_in_chunk_order(recording.drawn(), whole_chunks=False)
 
 
 def test_a_reload_goes_on_in_the_same_world_from_a_fresh_h264_start(browser: Browser, server: RunningServer) -> None:

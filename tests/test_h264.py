@@ -256,9 +256,13 @@ async def test_a_late_viewer_and_a_resumed_connection_get_a_playable_stream(serv
         viewer = WorldClient(server.ws)
         await viewer.connect()
         await viewer.join(info.session_id, info.viewer_token)
+        joined_seq = viewer.last_seq
         # The viewer's first chunk starts with an IDR frame and the init segment; it plays from there.
         hosted = await _decoded_like_the_world(host, truth, 4)
         seen = [await viewer.next_chunk(timeout=30) for _ in range(2)]
+        # ... and it is asked for at the join: the chunk in flight then, at most, is withheld, so the
+        # viewer waits at most two steps, however slow they are (a black view of ~4.5 s was two slow steps)
+        assert seen[0].seq <= joined_seq + 2, (joined_seq, seen[0].seq, viewer.skipped)
         by_seq = {chunk.seq: chunk for chunk in hosted}
         for chunk in seen:
             if chunk.seq in by_seq:
