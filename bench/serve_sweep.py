@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from capacity import _free_port, _stop
+from servers import free_port, stop_process
 from worldserve.client import WorldClient
 from worldserve.tools.loadtest import ClientReport, run_bench
 
@@ -81,7 +81,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds the last chunks may take to arrive")
     parser.add_argument("--log", type=Path, default=Path("serve_sweep.log"))
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/world"
     options = " ".join(f"{o}" for o in args.model_option)
     print(f"{args.model} through a real server ({options}); server log: {args.log}")
@@ -113,7 +113,7 @@ def main() -> int:
             result = asyncio.run(run_bench(url, clients=clients, duration=args.duration, settle=args.settle))
             print(_row(clients, result.reports, model_fps), flush=True)
     finally:
-        _stop(process)
+        stop_process(process)
     return 0
 
 
