@@ -180,17 +180,28 @@ def test_a_published_state_dict_loads_key_by_key_and_a_wrong_one_is_refused(tmp_
     torch.save(wrong, tmp_path / "wrong.pth")
     with pytest.raises(
         WeightsError,
-        match=r"wrong\.pth: TAEHV decoder .*decoder\.20\.weight: expected \(8, 8, 3, 3\), found \(8, 9, 3, 3\)",
+        match=r"^TAEHV decoder \S*wrong\.pth: the file has .*decoder\.20\.weight: expected \(8, 8, 3, 3\), "
+        r"found \(8, 9, 3, 3\); expected madebyollin's TAEHV",
     ):
         load_taehv_weights(tmp_path / "wrong.pth", TaehvDecoder(4, SMALL))
     extra = {**published, "decoder.99.weight": torch.zeros(1)}
     torch.save(extra, tmp_path / "extra.pth")
-    with pytest.raises(WeightsError, match=r"extra\.pth: TAEHV decoder .*not in the model \(1\): decoder\.99\.weight"):
+    with pytest.raises(
+        WeightsError, match=r"^TAEHV decoder \S*extra\.pth: the file has .*not in the model \(1\): decoder\.99\.weight"
+    ):
         load_taehv_weights(tmp_path / "extra.pth", TaehvDecoder(4, SMALL))
     missing = {k: v for k, v in published.items() if k != "decoder.3.conv.2.bias"}
     torch.save(missing, tmp_path / "missing.pth")
-    with pytest.raises(WeightsError, match=r"missing\.pth: TAEHV decoder .*missing \(1\): decoder\.3\.conv\.2\.bias"):
+    with pytest.raises(
+        WeightsError, match=r"^TAEHV decoder \S*missing\.pth: the file has .*missing \(1\): decoder\.3\.conv\.2\.bias"
+    ):
         load_taehv_weights(tmp_path / "missing.pth", TaehvDecoder(4, SMALL))
+    # a file that is not a torch file is named as the TAEHV decoder too, with what was expected (issue 30 item 2)
+    (tmp_path / "garbage.pth").write_text("not a torch file")
+    with pytest.raises(
+        WeightsError, match=r"^TAEHV decoder \S*garbage\.pth: not a torch file .*; expected madebyollin's TAEHV"
+    ):
+        load_taehv_weights(tmp_path / "garbage.pth", TaehvDecoder(4, SMALL))
 
 
 def test_the_decoder_option_is_taehv_or_vae_and_a_folder_s_file_is_used_only_with_taehv(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_tensors
+from worldserve.models.wancausal.statedict import WeightsError, check_shapes, part_errors, read_tensors
 
 __all__ = [
     "PUBLISHED_WIDTHS",
@@ -40,6 +40,8 @@ PUBLISHED_WIDTHS = (256, 128, 64, 64)
 #: The published decoder's temporal grow per group (the first group's is disabled for Wan2.1).
 _TIME_GROW = (1, 2, 2)
 _PART = "TAEHV decoder"
+#: What ``taehv=`` is expected to be, as every load error of it says.
+_EXPECTED = "madebyollin's TAEHV decoder for Wan2.1's latents: taew2_1.pth (or .safetensors)"
 
 #: One session's decoder state: per memory block, the last frame it saw ([C, H, W]) or None.
 TaehvCache = list[Any]
@@ -201,18 +203,19 @@ def load_taehv_weights(path: str | Path, module: TaehvDecoder) -> None:
     shape, nothing extra but the encoder's keys; a temporal grow stored for stride 2 where the model's is
     stride 1 keeps its last frame's channels, as the published loader does. Errors name the part and the file."""
     path = Path(path)
-    tensors = read_tensors(path)
-    found = {key: value for key, value in tensors.items() if not key.startswith("encoder.")}
-    expected = expected_shapes(module)
-    for index, layer in enumerate(module.decoder):
-        key = f"decoder.{index}.conv.weight"
-        if isinstance(layer, _Grow) and key in found:
-            rows = expected[key][0]
-            if found[key].shape[0] > rows and found[key].shape[1:] == expected[key][1:]:
-                found[key] = found[key][-rows:]
-    check_shapes(found, expected, where=str(path), part=_PART)
-    state = {key.removeprefix("decoder."): value for key, value in found.items()}
-    try:
-        module.decoder.load_state_dict(state, strict=True)
-    except RuntimeError as error:  # pragma: no cover - check_shapes has named every mismatch already
-        raise WeightsError(f"{path}: {_PART}: {error}") from None
+    with part_errors(_PART, path, _EXPECTED):
+        tensors = read_tensors(path)
+        found = {key: value for key, value in tensors.items() if not key.startswith("encoder.")}
+        expected = expected_shapes(module)
+        for index, layer in enumerate(module.decoder):
+            key = f"decoder.{index}.conv.weight"
+            if isinstance(layer, _Grow) and key in found:
+                rows = expected[key][0]
+                if found[key].shape[0] > rows and found[key].shape[1:] == expected[key][1:]:
+                    found[key] = found[key][-rows:]
+        check_shapes(found, expected, where=str(path), part="the file")
+        state = {key.removeprefix("decoder."): value for key, value in found.items()}
+        try:
+            module.decoder.load_state_dict(state, strict=True)
+        except RuntimeError as error:  # pragma: no cover - check_shapes has named every mismatch already
+            raise WeightsError(str(error), path=path) from None
