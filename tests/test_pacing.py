@@ -76,6 +76,10 @@ def test_a_late_chunk_moves_playback_by_its_lateness_and_is_counted() -> None:
     assert (pacer.late, pacer.stalled_s) == (1, pytest.approx(0.03))
     assert made[3][2] - made[3][0] == pytest.approx(0.04 + F + 0.03)  # the lead grew by what it demanded
     assert made[4][1] <= made[4][2]
+    direct = Pacer(C, Lead(0, F))  # what the host counts in worldserve_late_chunks
+    assert direct.made(0, 1.0, 1.04) is False
+    assert direct.made(0, 1.25, 1.29) is False  # due 1.04 + F + C = 1.3525
+    assert direct.made(0, 1.5, 1.65) is True  # due 1.6025: 47.5 ms late
 
 
 def test_a_world_held_back_more_than_a_period_is_re_anchored_and_a_reset_starts_over() -> None:

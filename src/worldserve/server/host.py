@@ -825,9 +825,7 @@ class WorldHost:
                 continue
             chunk_epoch = session.epoch
             finished = self._clock()
-            late_before = pacer.late
-            pacer.made(chunk_epoch, started, finished)
-            if pacer.late > late_before:
+            if pacer.made(chunk_epoch, started, finished):
                 self._metrics.late_chunks.inc()
             await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
 

@@ -106,16 +106,20 @@ class Pacer:
         eager = not lead.jit and 0 < self.produced <= lead.chunks
         return TickPlan(want, due, eager)
 
-    def made(self, epoch: int, started: float, finished: float) -> None:
-        """A chunk of ``epoch`` committed: its tick went at ``started``, its chunk was ready at ``finished``."""
+    def made(self, epoch: int, started: float, finished: float) -> bool:
+        """A chunk of ``epoch`` committed: its tick went at ``started``, its chunk was ready at ``finished``.
+        True when it was late (``jit``: ready after its playout instant; the viewer stalled)."""
+        late = False
         if self._anchor is None or epoch != self.epoch:
             self.epoch, self.produced = epoch, 0
             self._first_tick = started
             self._anchor = finished + (self.lead.margin_s if self.lead.jit else 0.0)
         elif self.lead.jit:
             due = self._anchor + self.produced * self.period
-            if finished > due:  # the viewer waited for it: playback goes on that much later
+            late = finished > due
+            if late:  # the viewer waited for it: playback goes on that much later
                 self.late += 1
                 self.stalled_s += finished - due
                 self._anchor += finished - due
         self.produced += 1
+        return late
