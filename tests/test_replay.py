@@ -27,10 +27,12 @@ from worldserve.tools.cli import main
 from worldserve.tools.replay import replay
 
 
-async def _play(url: str) -> tuple[str, list[dict[str, Any]], np.ndarray]:
-    """Play a scripted session over a raw socket; return its id, chunk headers and every frame received."""
-    headers: list[dict[str, Any]] = []
-    frames: list[np.ndarray] = []
+async def _play(url: str) -> tuple[str, list[dict[str, Any]], np.ndarray, int]:
+    """Play a scripted session over a raw socket; return its id, the headers and frames of the chunks a
+    player shows (one that a later chunk superseded, a preemption, is left out) and how many were superseded."""
+    received = 0
+    superseded = 0
+    shown: list[tuple[dict[str, Any], list[np.ndarray]]] = []
     script = {
         2: {"controls": [keys("D").to_dict()]},
         4: {"prompt": "snowy tundra", "controls": [keys("W", "A").to_dict()]},
@@ -48,22 +50,31 @@ async def _play(url: str) -> tuple[str, list[dict[str, Any]], np.ndarray]:
             if message["type"] == "session.started":
                 session_id = message["session_id"]
             elif message["type"] == "chunk":
-                headers.append(message)
+                received += 1
+                if message.get("supersedes") is not None:
+                    kept = [entry for entry in shown if entry[0]["seq"] != message["supersedes"]]
+                    assert len(kept) == len(shown) - 1, "supersedes names a chunk that was sent"
+                    assert shown[-1][0]["seq"] == message["supersedes"], "only the last chunk sent is superseded"
+                    assert shown[-1][0]["chunk_index"] == message["chunk_index"]
+                    shown, superseded = kept, superseded + 1
+                frames: list[np.ndarray] = []
                 for _ in range(message["frames"]["count"]):
                     raw = await asyncio.wait_for(ws.recv(), 30)
                     assert isinstance(raw, bytes)
                     frames.append(np.frombuffer(raw, np.uint8).reshape(48, 48, 3))
+                shown.append((message, frames))
                 await ws.send(json.dumps({"type": "chunk.ack", "seq": message["seq"]}))
-                step = script.get(len(headers))
+                step = script.get(received)
                 if step is not None and step.get("reset"):
                     await ws.send(json.dumps({"type": "session.reset"}))
                 elif step is not None:
                     event_id += 1
                     await ws.send(json.dumps({"type": "input.event", "event_id": event_id, **step}))
-                if len(headers) == 12:
+                if received == 12:
                     await ws.send(json.dumps({"type": "session.close"}))
             elif message["type"] == "session.closed":
-                return session_id, headers, np.stack(frames)
+                headers = [header for header, _ in shown]
+                return session_id, headers, np.stack([frame for _, frames in shown for frame in frames]), superseded
             elif message["type"] == "error":
                 raise AssertionError(message)
 
@@ -72,13 +83,14 @@ async def test_a_recorded_live_session_replays_frame_for_frame(tmp_path: Path) -
     journals = tmp_path / "journals"
     running = start_server("--model", "procedural", "--record-dir", str(journals))
     try:
-        session_id, headers, frames = await _play(running.ws)
+        session_id, headers, frames, superseded = await _play(running.ws)
     finally:
         running.stop()
     path = journals / f"{session_id}.jsonl"
     journal = read_journal(path)
     start, chunks = journal.start, journal.chunks
     assert journal.complete  # a close line, nothing cut off
+    assert journal.retracted == superseded  # a preemption's undone chunk is in the journal as undone
     assert (start.model, start.options.seed, start.options.prompt) == ("procedural", 11, "islands")
     assert [chunk.chunk_index for chunk in chunks] == [header["chunk_index"] for header in headers]
     # The journal keeps the session's own event ids (a connection's wire ids are mapped to them).

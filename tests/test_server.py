@@ -466,5 +466,5 @@ async def test_just_in_time_makes_no_chunk_ahead_of_playback() -> None:
             assert chunk.chunk_index == 7
     finally:
         server.stop()
-    assert "worldserve: pacing: just in time (a margin of 62 ms) (--lead)" in server.log(), server.log()
+    assert "worldserve: pacing: just in time (a margin of 62 ms) (--lead), input preempts" in server.log(), server.log()
     assert "Traceback" not in server.log()

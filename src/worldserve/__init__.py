@@ -88,6 +88,7 @@ __all__ = [
     "SessionStatus",
     "StaleEventError",
     "TickCanceller",
+    "TickRetracter",
     "TickConsumer",
     "TickRequest",
     "WorkerLifecycle",

@@ -128,6 +128,9 @@ class ClientChunk:
     received_at: float  # time.monotonic() when its frames were decoded (ready to show)
     arrived_at: float | None = None  # time.monotonic() when its last binary message arrived (before decoding)
     times: dict[str, Any] | None = None  # the server's instants (the header's `times`), None from older servers
+    #: A preemption: the seq of the chunk received before that this one replaces (same chunk index; drop
+    #: what is left of that one unplayed). None for every other chunk.
+    supersedes: int | None = None
 
 
 def keys(*held: str) -> ControlInput:
@@ -585,6 +588,7 @@ class WorldClient:
             received_at=time.monotonic(),
             arrived_at=arrived_at,
             times=header.get("times"),
+            supersedes=header.get("supersedes"),
         )
 
     def _decode_h264(self, payload: bytes, init_bytes: int) -> npt.NDArray[np.uint8]:

@@ -73,6 +73,7 @@ __all__ = [
     "SessionStatus",
     "StaleEventError",
     "TickCanceller",
+    "TickRetracter",
     "TickConsumer",
 ]
 
@@ -194,6 +195,31 @@ class TickCanceller(Protocol):
     """
 
     def cancel_tick(self, tick: TickRequest) -> None: ...
+
+
+class TickRetracter(Protocol):
+    """The optional half of a tick consumer that undoes the last tick it committed.
+
+    ``await retract_tick(tick)`` (``tick`` the session's last, committed, with no tick of
+    the session since) either refuses, changing nothing (raises
+    :class:`CancelUnsupportedError`: its backend cannot roll the session back), or returns
+    once the backend's state of the session is back at the end of chunk
+    ``tick.chunk_index - 1``; any other error means the state may be lost (the session
+    fails closed).
+    """
+
+    async def retract_tick(self, tick: TickRequest) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """What the last commit changed, kept until the next tick starts (:meth:`Session.retract_chunk`)."""
+
+    tick: TickRequest
+    events: tuple[tuple[int, tuple[SessionEvent, int]], ...]
+    prompt: str | None
+    controls: dict[str, ControlInput]
+    snapshot: tuple[ControlInput, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +344,7 @@ class Session(Generic[TickOutputT]):
         self._inflight_event_floor: int | None = None
         self._inflight_tick: TickRequest | None = None
         self._cancelled_request: str | None = None  # the request id cancel_chunk() cancelled
+        self._undo: _Undo | None = None  # the last commit, while retract_chunk() can still undo it
         self._chunk_index = 0
         self._epoch = 0
         self._prompt: str | None = None
@@ -446,6 +473,7 @@ class Session(Generic[TickOutputT]):
         self._counters.dropped += len(event_ids)
 
     def _clear_world(self) -> None:
+        self._undo = None
         self._prompt = None
         self._controls = {}
         self._controls_snapshot = ()
@@ -527,7 +555,8 @@ class Session(Generic[TickOutputT]):
         tracks = self._coalesce_tracks.intersection(control.track for control in event.controls)
         if not tracks:
             return ()
-        after = -1 if self._inflight_event_floor is None else self._inflight_event_floor
+        # Events at or below the floor are pending again after a retract: they are applied again, as they were.
+        after = max(self._event_floor, -1 if self._inflight_event_floor is None else self._inflight_event_floor)
         return tuple(
             old_id
             for old_id in sorted(self._pending)
@@ -592,9 +621,13 @@ class Session(Generic[TickOutputT]):
             self._control_reducer.commit(prepared)
         counters = self._counters
         now = time.monotonic_ns()
-        for event_id in tick.applied_event_ids:
-            _, accepted_at = self._pending.pop(event_id)
+        popped = tuple((event_id, self._pending.pop(event_id)) for event_id in tick.applied_event_ids)
+        for _, (_, accepted_at) in popped:
             counters.applied_latency.observe((now - accepted_at) / 1e9)
+        # A reducer's commit cannot be undone, so a session with one never retracts a chunk.
+        self._undo = (
+            None if prepared is not None else _Undo(tick, popped, self._prompt, self._controls, self._controls_snapshot)
+        )
         if tick.applied_event_ids:
             # max: events superseded while this tick ran may have moved the floor past its ids
             self._event_floor = max(self._event_floor, tick.applied_event_ids[-1])
@@ -608,6 +641,7 @@ class Session(Generic[TickOutputT]):
 
     async def _fail_tick(self, tick_error: BaseException) -> None:
         self._inflight_event_floor = None
+        self._undo = None
         self._failure = f"{type(tick_error).__name__}: {tick_error}"
         self._failure_code = _failure_code(tick_error, ErrorCode.TICK_FAILED)
         self._move(SessionStatus.FAILED)
@@ -642,6 +676,7 @@ class Session(Generic[TickOutputT]):
         """
         async with self._tick_lock:
             self._require(SessionStatus.ACTIVE)
+            self._undo = None  # the backend's undo record is about to be replaced by this step's
             tick, controls, prepared = self._build_tick()
             self._inflight_tick = tick
             try:
@@ -695,6 +730,53 @@ class Session(Generic[TickOutputT]):
         cancel_tick(tick)  # raises (changing nothing) or promises the rollback
         self._cancelled_request = tick.request_id
         return tick.chunk_index
+
+    @property
+    def chunk_retractable(self) -> int | None:
+        """The index of the last committed chunk while :meth:`retract_chunk` may still undo it, else ``None``."""
+        undo = self._undo
+        return None if undo is None or self._status is not SessionStatus.ACTIVE else undo.tick.chunk_index
+
+    async def retract_chunk(self) -> TickRequest:
+        """Undo the last committed chunk (a preemption: it is to be made again); return its tick.
+
+        Possible until the session's next tick starts, after none since the commit. The
+        session is back where it was before that chunk: the same ``chunk_index``, prompt and
+        controls, and the chunk's applied events pending again (in order, with their
+        acceptance times), so the next chunk applies them again -- with any accepted since.
+        The backend rolls its state back (the tick consumer's ``retract_tick``). Counted in
+        ``retracted`` and ``unapplied``. Refused, changing nothing:
+        :class:`NothingToCancelError` when no chunk can be undone (none committed since the
+        last tick began, a reset, or a control reducer's commit), :class:`CancelUnsupportedError`
+        when the consumer or its model cannot roll back, :class:`SessionStateError` unless
+        ``active``. A failed rollback fails the session closed.
+        """
+        async with self._tick_lock:
+            self._require(SessionStatus.ACTIVE)
+            undo = self._undo
+            if undo is None:
+                raise NothingToCancelError(f"session {self.session_id!r} has no committed chunk it can undo.")
+            retract_tick = getattr(self._tick_consumer, "retract_tick", None)
+            if not callable(retract_tick):
+                raise CancelUnsupportedError(
+                    f"the tick consumer of session {self.session_id!r} cannot undo a committed chunk."
+                )
+            try:
+                await retract_tick(undo.tick)
+            except CancelUnsupportedError:
+                raise  # refused: nothing changed, the undo record stays
+            except BaseException as error:
+                self._undo = None
+                await self._fail_tick(error)
+                raise
+            self._undo = None
+            for event_id, record in undo.events:
+                self._pending[event_id] = record
+            self._prompt, self._controls, self._controls_snapshot = undo.prompt, undo.controls, undo.snapshot
+            self._chunk_index -= 1
+            self._counters.retracted += 1
+            self._counters.unapplied += len(undo.events)
+            return undo.tick
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -101,7 +101,10 @@ class SessionStats:
     ``dropped``: accepted events discarded by a reset, a close, a failure or a successor
     (each is applied or dropped exactly once); ``superseded``: those of ``dropped`` that a
     newer event on the same continuous tracks replaced in the queue; ``chunks``:
-    committed chunks; ``cancelled``: chunks cancelled by ``cancel_chunk()``; ``failures``:
+    committed chunks; ``cancelled``: chunks cancelled by ``cancel_chunk()``; ``retracted``:
+    committed chunks undone by ``retract_chunk()`` (a preemption), whose ``unapplied`` events
+    went back to the queue and are applied again in the chunk made in their place (so
+    ``accepted == applied - unapplied + dropped + pending``; every counter only grows); ``failures``:
     times the session became ``failed`` (a tick or a reset failed); ``resets``: successful
     resets; ``applied_latency``: seconds from acceptance to the commit that applied it.
     """
@@ -116,6 +119,8 @@ class SessionStats:
     superseded: int = 0
     chunks: int = 0
     cancelled: int = 0
+    retracted: int = 0
+    unapplied: int = 0
     failures: int = 0
     resets: int = 0
     applied_latency: HistogramSnapshot = _NO_LATENCIES
@@ -140,8 +145,10 @@ class SessionCounters:
         "invalid",
         "rejected_full",
         "resets",
+        "retracted",
         "stale",
         "superseded",
+        "unapplied",
     )
 
     def __init__(self) -> None:
@@ -155,6 +162,8 @@ class SessionCounters:
         self.superseded = 0
         self.chunks = 0
         self.cancelled = 0
+        self.retracted = 0
+        self.unapplied = 0
         self.failures = 0
         self.resets = 0
         self.applied_latency = LatencyHistogram()
@@ -171,6 +180,8 @@ class SessionCounters:
             superseded=self.superseded,
             chunks=self.chunks,
             cancelled=self.cancelled,
+            retracted=self.retracted,
+            unapplied=self.unapplied,
             failures=self.failures,
             resets=self.resets,
             applied_latency=self.applied_latency.snapshot(),

@@ -24,10 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from worldserve.errors import CancelUnsupportedError, ChunkCancelledError, NothingToCancelError, SessionExistsError
+from worldserve.errors import (
+    CancelUnsupportedError,
+    ChunkCancelledError,
+    NothingToCancelError,
+    RuntimeFailure,
+    SessionExistsError,
+)
 from worldserve.lifecycle import CLOSE_SESSION_RPC, RESET_SESSION_RPC
 from worldserve.media import EncodedFrames, FrameEncoding
 from worldserve.models.base import ModelSpec, SessionOptions
@@ -133,6 +140,7 @@ class _Worker:
         "hang_timer",
         "index",
         "overdue",
+        "preempted",
         "queue",
         "ready",
         "running",
@@ -148,6 +156,7 @@ class _Worker:
         self.hang_timer: asyncio.TimerHandle | None = None
         self.ready = False
         self.overdue = False  # a tick of the step in flight missed its deadline
+        self.preempted: deque[float] = deque()  # when its recent preemptions' extra steps were granted
 
     def stalled(self, now: float, stall_after_s: float) -> bool:
         """Whether the step in flight is overdue (an admission would wait behind it): one of its
@@ -364,6 +373,60 @@ class Engine:
         raise NothingToCancelError(
             f"chunk {tick.chunk_index} of session {tick.session_id!r} is not being made (it is done, or failed)."
         )
+
+    async def retract_tick(self, tick: TickRequest) -> None:
+        """Undo ``tick``, the session's last committed one (the control plane's
+        :class:`~worldserve.session.TickRetracter`: a preemption makes its chunk again).
+
+        The session's worker restores the snapshot it took before that step (it keeps one
+        until the session's next step). Refused, changing nothing:
+        :class:`CancelUnsupportedError` when the model cannot roll back or the session holds
+        no state on a live worker (its next tick says why). Raises :class:`RuntimeFailure`
+        when the worker could not undo it (the state is released: the session fails closed).
+        """
+        self._require_running()
+        if not self.spec.can_rollback:
+            raise CancelUnsupportedError(f"model {self.spec.name!r} cannot roll a session back.")
+        route = self._router.find(tick.session_id)
+        if route is None or route.worker is None or not self._executor.is_alive(route.worker):
+            raise CancelUnsupportedError(f"session {tick.session_id!r} holds no state on a live worker.")
+        undone = await self._executor.call(route.worker, ROLLBACK_SESSION_RPC, (tick.session_id, tick.chunk_index))
+        if undone is not True:
+            self._counters.rollbacks_failed += 1
+            raise RuntimeFailure(
+                f"chunk {tick.chunk_index} of session {tick.session_id!r} could not be undone on its worker."
+            )
+        self._counters.ticks_retracted += 1
+
+    def preempt_cost(self, session_id: str) -> float | None:
+        """The step time one more step of the session alone is expected to take, when its worker has the
+        headroom for it, else None.
+
+        A preemption makes a chunk twice. Its worker grants one only when, in its chunk period,
+        its usual step (all its sessions' batch) and one lone step more for each preemption it
+        granted in the last period, this one included, fit its step budget; and only once it
+        measured both. So preemptions use only the headroom admission left, and fast input
+        cannot starve the stream: they stop where real time would be lost.
+        """
+        loop = self._require_running()
+        route = self._router.find(session_id)
+        if route is None or route.worker is None:
+            return None
+        worker = self._workers[route.worker]
+        steps = worker.gathering.steps
+        usual = steps.predict(max(1, self._router.load(worker.index)))
+        extra = steps.predict(1)
+        if usual is None or extra is None:
+            return None
+        now = loop.time()
+        period = worker.gathering.clock.nominal
+        granted = worker.preempted
+        while granted and granted[0] <= now - period:
+            granted.popleft()
+        if usual + extra * (len(granted) + 1) > period * self.config.step_budget:
+            return None
+        granted.append(now)
+        return extra
 
     def _cancelled(self, pending: _Tick) -> None:
         self._counters.ticks_cancelled += 1

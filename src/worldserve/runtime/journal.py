@@ -15,6 +15,9 @@ Lines, each a JSON object with a ``type``:
 - ``chunk``: ``chunk_index``, ``applied_event_ids``, ``prompt``, ``controls`` (the whole
   snapshot the chunk was made under: ``[{track, schema, data}]``), ``request_id``; a
   ``chunk_index`` of 0 after the first chunk means the session was reset before it;
+- ``retract``: ``chunk_index``, ``request_id``: the chunk logged last was undone (a
+  preemption: it was made again with newer input, logged next); it was never shown as made,
+  so replay leaves it out;
 - ``close``: the session closed.
 
 ``applied_event_ids`` are the *session's* event ids: the server maps each member's wire ids
@@ -80,6 +83,8 @@ class Journal:
     start: JournalStart
     chunks: list[JournalChunk]
     warnings: tuple[str, ...] = ()
+    #: Chunks the session undid and made again (``retract`` lines); ``chunks`` holds only their replacements.
+    retracted: int = 0
 
     @property
     def complete(self) -> bool:
@@ -170,6 +175,17 @@ class Journals:
             raise CancelUnsupportedError("the runtime behind this journal cannot cancel a chunk.")
         cancel(tick)
 
+    async def retract_tick(self, tick: TickRequest) -> None:
+        """A preemption undoes the last chunk (a :class:`~worldserve.session.TickRetracter`): once the
+        engine did, a ``retract`` line says so, so replay leaves that chunk out."""
+        retract = getattr(self._engine, "retract_tick", None)
+        if not callable(retract):
+            raise CancelUnsupportedError("the runtime behind this journal cannot undo a chunk.")
+        await retract(tick)
+        handle = self._files.get(tick.session_id)
+        if handle is not None:
+            self._write(handle, {"type": "retract", "chunk_index": tick.chunk_index, "request_id": tick.request_id})
+
     @staticmethod
     def _write(handle: IO[str], line: dict[str, Any]) -> None:
         handle.write(json.dumps(line, separators=(",", ":")) + "\n")
@@ -209,13 +225,20 @@ def read_journal(path: str | Path) -> Journal:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"{path}:{number}: not a start line ({error}).") from None
-    chunks = []
+    chunks: list[JournalChunk] = []
+    retracted = 0
     closed = False
     for number, line in lines[1:]:
         kind = line.get("type")
         if kind == "close":
             closed = True
             break
+        if kind == "retract":
+            if not chunks or line.get("chunk_index") != chunks[-1].chunk_index:
+                raise ValueError(f"{path}:{number}: a retract line that does not undo the chunk logged before it.")
+            chunks.pop()
+            retracted += 1
+            continue
         if kind != "chunk":
             raise ValueError(f"{path}:{number}: unknown line type {kind!r}.")
         try:
@@ -240,7 +263,7 @@ def read_journal(path: str | Path) -> Journal:
             f"{path}: no close line (the server stopped, or the session was still open): "
             f"replaying its {len(chunks)} chunks"
         )
-    return Journal(start, chunks, tuple(warnings))
+    return Journal(start, chunks, tuple(warnings), retracted)
 
 
 def _lines(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:

@@ -62,6 +62,7 @@ class EngineStats:
     worker_restart_failures: int
     workers_killed_hung: int
     ticks_cancelled: int  # by cancel_tick (a chunk.cancel)
+    ticks_retracted: int  # committed ticks undone by retract_tick (a preemption)
     rollbacks_failed: int  # a cancelled tick's state could not be rolled back (the session's next tick fails)
     # gauges
     sessions: int
@@ -94,6 +95,7 @@ class EngineCounters:
         "tick_latency",
         "ticks",
         "ticks_cancelled",
+        "ticks_retracted",
         "worker_deaths",
         "worker_restart_failures",
         "worker_restarts",
@@ -117,6 +119,7 @@ class EngineCounters:
         self.worker_restart_failures = 0
         self.workers_killed_hung = 0
         self.ticks_cancelled = 0
+        self.ticks_retracted = 0
         self.rollbacks_failed = 0
 
     def snapshot(
@@ -145,6 +148,7 @@ class EngineCounters:
             worker_restart_failures=self.worker_restart_failures,
             workers_killed_hung=self.workers_killed_hung,
             ticks_cancelled=self.ticks_cancelled,
+            ticks_retracted=self.ticks_retracted,
             rollbacks_failed=self.rollbacks_failed,
             sessions=sessions,
             resident=resident,

@@ -209,6 +209,14 @@ class Runtime:
         (see :meth:`Engine.tick_due <worldserve.runtime.engine.Engine.tick_due>`)."""
         return self.engine.tick_due(session_id, want, eager=eager, due=due)
 
+    def preempt_cost(self, session_id: str) -> float | None:
+        """The expected step time of the session made once more, when its worker has room for that
+        extra step now, else None (see :meth:`Engine.preempt_cost
+        <worldserve.runtime.engine.Engine.preempt_cost>`); a preemption asks this first."""
+        if not self.engine.spec.can_rollback:
+            return None
+        return self.engine.preempt_cost(session_id)
+
     @property
     def lost(self) -> WorkerDiedError | None:
         """Why no worker can run any more (e.g. the Ray head is gone), or None while the runtime can serve."""

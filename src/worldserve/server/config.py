@@ -6,9 +6,9 @@ Must not know: sockets, sessions, models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from worldserve.server.pacing import Lead
+from worldserve.server.pacing import Lead, Preempt
 
 if TYPE_CHECKING:
     from worldserve.models.base import ModelSpec
@@ -39,6 +39,11 @@ class ServerConfig:
     lead_chunks: int = 1
     #: Just in time: the viewer's slack (seconds; None: one frame of the model).
     lead_margin_s: float | None = None
+    #: Preemption on input (``auto``): an event that arrives while the chunk made (or being made)
+    #: without it has not begun to play makes that chunk again with it, when it can still be
+    #: ready a frame before its playout instant and its worker has the headroom (pacing.py);
+    #: ``off``: the event waits for the next chunk.
+    preempt: Literal["auto", "off"] = "auto"
     #: Issue each session's ticks at the instants of its worker's chunk clock, so sessions
     #: sharing a worker batch (False: each session paces alone, from its own first chunk).
     chunk_clock: bool = True
@@ -74,6 +79,8 @@ class ServerConfig:
             raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")
         if self.lead_margin_s is not None and not self.lead_margin_s >= 0:
             raise ValueError("lead_margin_s must be non-negative.")
+        if self.preempt not in ("auto", "off"):
+            raise ValueError(f"preempt must be 'auto' or 'off'; got {self.preempt!r}.")
         if not self.evict_idle_s > 0:
             raise ValueError("evict_idle_s must be positive.")
         if self.queue_max is not None and self.queue_max < 0:
@@ -86,6 +93,10 @@ class ServerConfig:
             raise ValueError("replay_chunks must be at least max_lag_chunks.")
         if not self.realtime_start_timeout_s > 0 or not self.realtime_stall_timeout_s > 0:
             raise ValueError("realtime_start_timeout_s and realtime_stall_timeout_s must be positive.")
+
+    def preempt_for(self, spec: ModelSpec) -> Preempt:
+        """The preemption rule for a world of ``spec``'s model (off where it cannot roll back)."""
+        return Preempt(self.preempt == "auto" and spec.can_rollback, 1.0 / spec.fps)
 
     def lead_for(self, spec: ModelSpec) -> Lead:
         """The pacing lead for a world of ``spec``'s model."""

@@ -46,7 +46,14 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import ChunkCancelledError, ErrorCode, InvalidEventError, StaleEventError
+from worldserve.errors import (
+    CancelUnsupportedError,
+    ChunkCancelledError,
+    ErrorCode,
+    InvalidEventError,
+    NothingToCancelError,
+    StaleEventError,
+)
 from worldserve.media import MEDIA, EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
@@ -110,6 +117,11 @@ class WorldBackend(Protocol):
 
     def mark_in_use(self, session_id: str, seconds: float) -> None:
         """Someone plays the session: never evict it for the next ``seconds`` (0: it may be evicted)."""
+        ...
+
+    def preempt_cost(self, session_id: str) -> float | None:
+        """The step time of the session made once more, when its worker grants that extra step now
+        (a preemption), else None."""
         ...
 
     def capacity(self) -> Capacity:
@@ -214,6 +226,12 @@ class _Made:
     batch_size: int
     #: the server's instants (its clock, s): tick issued, dispatched to the worker, stepped, encoded
     instants: tuple[float, float, float, float] | None = None
+    #: the seq of the chunk this one replaces (a preemption undid that one after it was sent)
+    supersedes: int | None = None
+    #: the events it applied as the members knew them, (member, session id, wire id), and when
+    #: each was accepted (None: unknown): what a preemption that undoes it gives back
+    ledger: tuple[tuple[Member, int, int], ...] = ()
+    accepted: tuple[tuple[int, float | None], ...] = ()
 
     def for_member(self, member: Member, now: float) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
         """The header and binary messages ``member`` gets, in its media (handed over at ``now``, the
@@ -265,6 +283,7 @@ class _Made:
             batch_size=self.batch_size,
             applied_latency_ms=latencies,
             times=times,
+            supersedes=None if self.supersedes is None else self.supersedes + member.seq_base,
         )
         return header, payloads
 
@@ -339,6 +358,14 @@ class WorldHost:
         self._generator: asyncio.Task[None] | None = None
         #: Playback pacing (pacing.py): when each tick goes, when its chunk plays, late chunks.
         self.pacer = Pacer(backend.spec.chunk_seconds, config.lead_for(backend.spec), session.epoch)
+        #: Preemption on input (pacing.py): whether an event makes the chunk without it again.
+        self.preempt = config.preempt_for(backend.spec)
+        self._tick_due: float | None = None  # when the chunk being made plays (None: not known)
+        self._tick_started = 0.0
+        self._last: _Made | None = None  # the last chunk made, while a preemption may undo it
+        self._preempted: tuple[int, int] | None = None  # (epoch, chunk index) preempted last: once a chunk
+        self._undo_wanted: int | None = None  # the seq of the chunk the generator is to undo (an event came for it)
+        self._superseded: int | None = None  # the seq the next chunk sent replaces
         self._stopping = False
         self._wake = asyncio.Event()
         self._started_at = clock()
@@ -628,7 +655,95 @@ class WorldHost:
         member.recent[wire] = None
         if len(member.recent) > session.max_pending_events:
             member.recent.popitem(last=False)
+        if self.preempt.enabled:
+            await self._consider_preempt(session)
         return replace(acceptance, event_id=wire)
+
+    # -- preemption (pacing.py's Preempt) -------------------------------------------------
+
+    async def _consider_preempt(self, session: Session[Chunk]) -> None:
+        """An event was accepted: if the chunk made, or being made, without it has not begun to play
+        and can be made again in time, have it made again with the event (once per chunk)."""
+        if session.status is not SessionStatus.ACTIVE or self._stopping:
+            return
+        epoch, now = session.epoch, self._clock()
+        in_flight = session.chunk_in_flight
+        if in_flight is not None:
+            if in_flight == 0 or self._preempted == (epoch, in_flight):
+                return
+            if not self.preempt.worth(now, self._tick_due, self._preempt_cost(session)):
+                return
+            try:
+                await session.cancel_chunk()
+            except SessionError:
+                return  # done already, or it cannot be cancelled: the event goes into the next chunk
+            self._preempted = (epoch, in_flight)
+            self._metrics.preempted_chunks.labels(how="cancelled").inc()
+            self._metrics.preempt_wasted.inc(max(0.0, now - self._tick_started))
+            return
+        last = self._last
+        if (
+            last is None
+            or self._undo_wanted is not None
+            or last.epoch != epoch
+            or last.chunk_index == 0
+            or session.chunk_retractable != last.chunk_index
+            or self._preempted == (epoch, last.chunk_index)
+        ):
+            return
+        if self.preempt.worth(now, self.pacer.due_of(last.chunk_index), self._preempt_cost(session)):
+            self._undo_wanted = last.seq  # the generator undoes it between ticks (pacing stays its own)
+            self._wake.set()
+
+    def _preempt_cost(self, session: Session[Chunk]) -> float | None:
+        try:
+            return self._backend.preempt_cost(session.session_id)
+        except Exception:  # the runtime is going away: no preemption
+            log.debug("no preemption cost for session %s", session.session_id, exc_info=True)
+            return None
+
+    async def _undo_last(self, session: Session[Chunk]) -> None:
+        """Undo the last chunk made (and sent): the session, the pacer and the members' ledgers go back to
+        before it, so the next tick makes it again with the events since; that chunk supersedes it."""
+        wanted, self._undo_wanted = self._undo_wanted, None
+        last = self._last
+        if (
+            last is None
+            or last.seq != wanted
+            or last.epoch != session.epoch
+            or session.chunk_retractable != last.chunk_index
+        ):
+            return
+        if not self.preempt.worth(self._clock(), self.pacer.due_of(last.chunk_index), self._preempt_cost(session)):
+            return  # too late by now (the generator was busy)
+        try:
+            await session.retract_chunk()
+        except (NothingToCancelError, CancelUnsupportedError, SessionStateError):
+            return
+        except Exception:
+            self._report_failure()
+            return
+        self._last = None
+        self._preempted = (last.epoch, last.chunk_index)
+        self.pacer.unmade()
+        for media, encoder in self._encoders.items():  # this world's own encoders made it: roll them back too
+            if media in last.versions:
+                encoder.rollback(last.versions[media].frames.count)
+        for member, sid, wire in last.ledger:  # its events are pending again, as each member knows them
+            member.wire_of[sid] = wire
+            member.sid_of[wire] = sid
+        for sid, at in last.accepted:
+            if at is not None:
+                self._accepted_at[sid] = at
+        for member in self.members:
+            member.applied.pop(last.seq, None)
+            if member.acked_seq == last.seq - 1:  # nobody plays it now: it holds no one's generation back
+                member.acked_seq = last.seq
+        with contextlib.suppress(ValueError):
+            self._replay.remove(last)
+        self._superseded = last.seq
+        self._metrics.preempted_chunks.labels(how="undone").inc()
+        self._metrics.preempt_wasted.inc(last.timings.get("model_ms", 0.0) / 1000.0 / max(1, last.batch_size))
 
     def forward_dropped(self) -> None:
         """Tell each member of its discarded events, except those already reported with ``session.failed``."""
@@ -795,6 +910,9 @@ class WorldHost:
             if session.status is not SessionStatus.ACTIVE:
                 await self._wait(None)  # failed: wait for a reset (or close)
                 continue
+            if self._undo_wanted is not None:
+                await self._undo_last(session)  # preemption: an event came for the chunk made last
+                continue
             if self._held_back():
                 await self._wait(None)  # backpressure: the controllers lag, or none is connected
                 continue
@@ -804,7 +922,7 @@ class WorldHost:
             target = self._tick_target(session, plan.want, eager=plan.eager, due=plan.due)
             if target > self._clock():
                 await self._wait(target - self._clock())
-                if self._stopping or session.epoch != pacer.epoch:
+                if self._stopping or session.epoch != pacer.epoch or self._undo_wanted is not None:
                     continue
                 if self._clock() < target:
                     continue  # woken early (an ack): wait out the rest
@@ -813,7 +931,8 @@ class WorldHost:
                     await self.before_tick(session)
                 except Exception:
                     log.exception("session %s: the route's before-tick step failed", self.session_id)
-            started = self._clock()
+            started = self._tick_started = self._clock()
+            self._tick_due, self._undo_wanted = plan.due, None  # this tick takes every event accepted so far
             try:
                 chunk = await session.next_chunk()
             except SessionStateError:
@@ -847,11 +966,13 @@ class WorldHost:
         # each applied event's acceptance (unknown: taken as the tick's, 0 ms of latency as before)
         known = {sid: self._accepted_at.pop(sid, None) for sid in metadata.applied_event_ids}
         accepted_at = {sid: started if at is None else at for sid, at in known.items()}
+        ledger: list[tuple[Member, int, int]] = []
         for member in self.members:
             wires, latencies, accepted = [], [], []
             for sid in metadata.applied_event_ids:
                 wire = member.wire_of.pop(sid, None)
                 if wire is not None:
+                    ledger.append((member, sid, wire))
                     member.sid_of.pop(wire, None)
                     member.floor = max(member.floor, wire)
                     wires.append(wire)
@@ -881,7 +1002,12 @@ class WorldHost:
             },
             batch_size=chunk.batch_size,
             instants=(started, dispatched, stepped, encoded_at),
+            supersedes=self._superseded,
+            ledger=tuple(ledger),
+            accepted=tuple(known.items()),
         )
+        self._superseded = None
+        self._last = made
         self._replay.append(made)
         for member in self.members:
             self._deliver(member, made)

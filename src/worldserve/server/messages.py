@@ -450,6 +450,12 @@ class ChunkMessage(_ServerMessage):
         description="Key-to-photon, the server's part: the instants of this chunk's way through the server "
         "(optional: a client may ignore it).",
     )
+    supersedes: int | None = Field(
+        default=None,
+        description="A preemption: the seq of an earlier chunk, sent but not yet due to play, that input made "
+        "again; this chunk takes its place (same chunk_index, its applied events again and any newer). Drop what "
+        "is left of that one unplayed; H.264: this fragment starts with an IDR frame at its place on the timeline.",
+    )
 
 
 #: ``input.dropped``'s reasons: :class:`worldserve.session.DropReason`'s values.

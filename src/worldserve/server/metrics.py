@@ -89,6 +89,11 @@ class _RuntimeCollector(Collector):
         yield CounterMetricFamily(
             "worldserve_chunks_cancelled", "Chunks cancelled by chunk.cancel (never sent).", value=stats.cancelled
         )
+        yield CounterMetricFamily(
+            "worldserve_chunks_retracted",
+            "Committed chunks undone by a preemption (made again with newer input; their events applied again).",
+            value=stats.retracted,
+        )
         yield CounterMetricFamily("worldserve_session_resets", "Successful session resets.", value=stats.resets)
         yield CounterMetricFamily("worldserve_tick_failures", "Ticks that failed a session.", value=stats.failures)
         yield _histogram(
@@ -190,6 +195,18 @@ class ServerMetrics:
         self.late_chunks = Counter(
             "worldserve_late_chunks",
             "Chunks ready after their playout instant (--lead jit: the viewer stalled, and playback moved later).",
+            registry=self.registry,
+        )
+        self.preempted_chunks = Counter(
+            "worldserve_preempted_chunks",
+            "Chunks made again because input came before they played (--preempt auto): undone after they were "
+            "made and sent (how=undone), or cancelled while being made (how=cancelled).",
+            ["how"],
+            registry=self.registry,
+        )
+        self.preempt_wasted = Counter(
+            "worldserve_preempt_wasted_step_seconds",
+            "Step time spent on chunks a preemption threw away (a batch's step shared by its sessions).",
             registry=self.registry,
         )
         # Key-to-photon, the server's parts (the same instants each chunk message's `times` carries).

@@ -19,6 +19,14 @@ The two leads, with C the chunk period and G the step (tick issued -> chunk comm
   as far as that step's jitter demanded) and counts it. A viewer that fell more than one
   period behind (a stall of the whole world) is re-anchored as with ``chunks``.
 
+:class:`Preempt` is the third piece of the latency policy: an input that comes after the
+tick of a chunk that does not have it, while that chunk has not begun to play, makes it
+again with the input (undone if it was made and sent, cancelled while it is being made),
+when the new one can still be ready ``margin_s`` before its playout instant and its worker
+grants the extra step (its headroom; the engine's ``preempt_cost``). At most once per chunk:
+fast input cannot keep one chunk from being made. With ``chunks=1`` a key then waits about
+C/2 + G instead of 1.5 C + G, while the chunk it lands in has not begun to play.
+
 Pure: the caller passes the time. Must not know: asyncio, sockets, sessions, the runtime.
 """
 
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Lead", "Pacer", "TickPlan"]
+__all__ = ["Lead", "Pacer", "Preempt", "TickPlan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,25 @@ class Lead:
         if self.jit:
             return f"just in time (a margin of {self.margin_s * 1000:.0f} ms)"
         return f"{self.chunks} chunk{'s' if self.chunks != 1 else ''} ahead"
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Whether an input may have a chunk made without it made again (see the module docstring)."""
+
+    #: ``--preempt auto`` and a model that can roll a session back.
+    enabled: bool = True
+    #: The new chunk must be ready this long before its playout instant (transfer and decode).
+    margin_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.margin_s >= 0:
+            raise ValueError(f"preempt margin must be non-negative seconds; got {self.margin_s!r}.")
+
+    def worth(self, now: float, due: float | None, cost: float | None) -> bool:
+        """Whether a chunk that plays at ``due`` can be made again (a step of ``cost`` seconds; None: its
+        worker has no headroom) by then, starting ``now``."""
+        return self.enabled and due is not None and cost is not None and now + cost + self.margin_s <= due
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +132,17 @@ class Pacer:
             due += behind
         eager = not lead.jit and 0 < self.produced <= lead.chunks
         return TickPlan(want, due, eager)
+
+    def due_of(self, index: int) -> float | None:
+        """When this epoch's chunk ``index`` plays (None: before the first chunk anchored playback)."""
+        return None if self._anchor is None else self._anchor + index * self.period
+
+    def unmade(self) -> None:
+        """The last chunk made was undone (a preemption): it is to be made again, at its own instant.
+        Never the epoch's first (it anchors playback, which it begins on arrival: nothing to preempt)."""
+        if self.produced < 2:
+            raise ValueError("only a chunk after an epoch's first can be undone.")
+        self.produced -= 1
 
     def made(self, epoch: int, started: float, finished: float) -> bool:
         """A chunk of ``epoch`` committed: its tick went at ``started``, its chunk was ready at ``finished``.

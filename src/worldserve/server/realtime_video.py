@@ -51,6 +51,7 @@ from worldserve.server.host import Member, WorldBackend, WorldHost, WorldHosts
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
 from worldserve.server.metrics import ServerMetrics
+from worldserve.server.pacing import Preempt
 from worldserve.server.realtime_messages import (
     EVENT_ID_CONFLICT,
     INTERACTION_FAILED,
@@ -341,6 +342,7 @@ class RealtimeVideoConnection:
         )
         self._member = host.attach_host(self)
         host.before_tick = self._before_tick
+        host.preempt = Preempt(enabled=False)  # vllm-omni's protocol has no way to replace a chunk sent
         self._metrics.sessions_started.inc()
         self._metrics.sessions_active.inc()
         self._metrics.realtime_sessions_started.inc()

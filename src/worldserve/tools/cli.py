@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         "sooner, a slow step seen as a stall; docs/capacity.md, 'Lead')",
     )
     serve.add_argument(
+        "--preempt",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: an input that comes while the chunk made without it has not begun to play makes that chunk "
+        "again with it (once per chunk, when it can still be ready in time and its worker has the headroom; the "
+        "page swaps it in); off: the input waits for the next chunk (docs/latency.md, 'Preemption')",
+    )
+    serve.add_argument(
         "--resume-grace-s",
         type=non_negative_float,
         default=30.0,
@@ -360,6 +368,7 @@ def _serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             max_lag_chunks=args.max_lag_chunks,
             lead_chunks=args.lead,
+            preempt=args.preempt,
             chunk_clock=args.chunk_clock == "on",
             resume_grace_s=args.resume_grace_s,
             replay_chunks=max(args.replay_chunks, args.max_lag_chunks),
@@ -501,7 +510,14 @@ def startup_summary(runtime: Any, server: Any) -> str:
         f"worldserve: serving {spec.name} ({spec.precision or 'default precision'}) on {workers} x {threads_said} "
         f"({why}; --threads-per-worker N to change)"
     ]
-    lines.append(f"worldserve: pacing: {server.lead_for(spec).describe()} (--lead)")
+    preempt = server.preempt_for(spec)
+    if preempt.enabled:
+        preempting = "input preempts a chunk not yet playing"
+    elif server.preempt == "off":
+        preempting = "no preemption"
+    else:
+        preempting = f"no preemption ({spec.name} cannot roll a session back)"
+    lines.append(f"worldserve: pacing: {server.lead_for(spec).describe()} (--lead), {preempting} (--preempt)")
     lines += [f"worldserve: note: {note}" for note in spec.notes]
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from worldserve.client import SessionInfo, WorldClient, WorldClientError, WorldError, keys
+from worldserve.client import ClientChunk, SessionInfo, WorldClient, WorldClientError, WorldError, keys
 
 __all__ = [
     "TABLE_NOTES",
@@ -156,6 +156,7 @@ class ClientReport:
     applied_twice: int = 0
     dropped: int = 0
     superseded: int = 0  # of dropped: replaced in the queue by a newer held-key event (reported, not lost)
+    superseded_chunks: int = 0  # chunks received that a preemption replaced (not counted: their replacements are)
     lost: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     error_messages: list[str] = field(default_factory=list)  # what the server said, for the codes in ``errors``
@@ -191,6 +192,35 @@ class ClientReport:
     def late_ratio(self) -> float:
         late, _ = self.late
         return late / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """What one chunk added to a client's report, so that a preemption replacing it takes it back."""
+
+    seq: int
+    lengths: tuple[tuple[str, int], ...]
+    chunks: int
+    frames: int
+    applied_event_ids: tuple[int, ...]
+
+    _SERIES = ("arrivals", "compute", "queued", "model", "batch_sizes", "applied", "boundary_wait", "latencies", "k2p")
+
+    @classmethod
+    def mark(cls, chunk: ClientChunk, report: ClientReport) -> _Counted:
+        """The report as it is before ``chunk`` is counted."""
+        lengths = tuple((name, len(getattr(report, name))) for name in cls._SERIES)
+        return cls(chunk.seq, lengths, report.chunks, report.frames, chunk.applied_event_ids)
+
+    def undo(self, report: ClientReport, applied: Counter[int]) -> None:
+        """Take the chunk back out: its samples, its frames, and its events' applications."""
+        for name, length in self.lengths:
+            del getattr(report, name)[length:]
+        report.chunks, report.frames = self.chunks, self.frames
+        for event_id in self.applied_event_ids:
+            applied[event_id] -= 1
+            if applied[event_id] <= 0:
+                del applied[event_id]
 
 
 @dataclass
@@ -319,9 +349,14 @@ async def _run_viewer(url: str, token: str | None, session: SessionInfo, stop: a
             started = time.monotonic()
 
             async def consume() -> None:
+                last: tuple[int, int] | None = None  # (seq, frames) of the last chunk
                 async for chunk in client.chunks():
+                    if chunk.supersedes is not None and last is not None and last[0] == chunk.supersedes:
+                        report.chunks -= 1  # a preemption replaced it: its replacement is counted instead
+                        report.frames -= last[1]
                     report.chunks += 1
                     report.frames += int(chunk.frames.shape[0])
+                    last = (chunk.seq, int(chunk.frames.shape[0]))
 
             consumer = asyncio.create_task(consume())
             await stop.wait()
@@ -373,9 +408,11 @@ async def _run_client(
             frame = 1.0 / float(info.model["fps"])
             report.playout_slack = playout_slack_frames * frame
             shown_last: float | None = None  # the playout instant of the last chunk (playout_instants, online)
+            shown_before: float | None = None  # ... and of the one before it (a replacement plays in its slot)
+            previous: _Counted | None = None  # what the last chunk added to the report (a preemption undoes it)
 
             async def consume() -> None:
-                nonlocal last_seq, shown_last
+                nonlocal last_seq, shown_last, shown_before, previous
                 while True:
                     try:
                         chunk = await client.next_chunk()
@@ -385,11 +422,17 @@ async def _run_client(
                         await connected.wait()  # dropped: the resume brings the chunks back
                         continue
                     progress.set()
+                    if chunk.supersedes is not None and previous is not None and previous.seq == chunk.supersedes:
+                        # A preemption: the last chunk was made again with newer input; it is never shown.
+                        previous.undo(report, applied)
+                        shown_last = shown_before
+                        report.superseded_chunks += 1
+                    mark = _Counted.mark(chunk, report)
                     report.arrivals.append(chunk.received_at)
                     shown = chunk.received_at + (report.playout_slack if shown_last is None else 0.0)
                     if shown_last is not None:
                         shown = max(shown, shown_last + report.chunk_period)
-                    shown_last = shown
+                    shown_before, shown_last = shown_last, shown
                     if last_seq is not None and chunk.seq > last_seq + 1:
                         report.seq_gaps += chunk.seq - last_seq - 1
                     last_seq = chunk.seq
@@ -429,6 +472,7 @@ async def _run_client(
                                     frame=frame,
                                 )
                             )
+                    previous = mark
 
             consumer = asyncio.create_task(consume())
             event_id = 0

@@ -92,7 +92,8 @@ async def record(url: str, script: dict[str, Any], *, token: str | None = None) 
     chunks_wanted: int = script.get("chunks", 16)
     pending = sorted(enumerate(script.get("events", [])), key=lambda item: item[1].get("after_chunk", -1))
     events: list[dict[str, Any]] = []
-    chunk_log: list[dict[str, Any]] = []
+    chunk_log: list[dict[str, Any]] = []  # the chunks a player shows, in order
+    superseded: list[dict[str, Any]] = []  # those a preemption replaced (not shown, not recorded)
     frames: list[npt.NDArray[np.uint8]] = []
     next_event_id = 1
 
@@ -117,14 +118,21 @@ async def record(url: str, script: dict[str, Any], *, token: str | None = None) 
         await send_due(client, 0)
         while len(chunk_log) < chunks_wanted:
             chunk = await client.next_chunk(timeout=30.0)
+            if chunk.supersedes is not None and chunk_log and chunk_log[-1]["seq"] == chunk.supersedes:
+                old = chunk_log.pop()  # made again with newer input: what is shown is its replacement
+                del frames[len(frames) - old["frames"] :]
+                superseded.append(old)
             frames.extend(chunk.frames)
             chunk_log.append(
                 {
+                    "seq": chunk.seq,
                     "chunk_index": chunk.chunk_index,
                     "epoch": chunk.epoch,
                     "request_id": chunk.request_id,
                     "applied_event_ids": list(chunk.applied_event_ids),
                     "timings": chunk.timings,
+                    "frames": int(chunk.frames.shape[0]),
+                    "supersedes": chunk.supersedes,
                 }
             )
             await send_due(client, len(chunk_log))
@@ -139,6 +147,7 @@ async def record(url: str, script: dict[str, Any], *, token: str | None = None) 
         "model": info.model,
         "script": script,
         "chunks": chunk_log,
+        "superseded": superseded,
         "events": events,
         "dropped": dropped,
     }

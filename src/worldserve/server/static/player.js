@@ -72,6 +72,9 @@
     share: null,
     resumes: 0,
     restarts: 0,
+    superseded: 0, // chunks a preemption replaced (the server made them again with newer input)
+    supersededSeqs: new Set(), // their seqs: frames of theirs still decoding are never queued
+    chunkOf: new Map(), // seq -> {count, shown, applied: [[event id, input instant]]}, for the last chunks
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
@@ -88,6 +91,7 @@
     get serverAppliedMs() { return state.serverAppliedMs; },
     get resumes() { return state.resumes; },
     get restarts() { return state.restarts; },
+    get superseded() { return state.superseded; },
     get recordedBytes() { return recording.bytes; },
     get media() { return state.media; },
     get frameInChunk() { return state.frameInChunk; },
@@ -536,6 +540,7 @@
         log(`chunks ${message.from_seq}–${message.to_seq} skipped (${SKIPPED_BECAUSE[message.reason] || message.reason})`);
         break;
       case "chunk":
+        if (message.supersedes != null) supersede(message.supersedes, message.seq);
         state.header = message;
         state.frames = [];
         if (message.epoch > state.epoch) newEpoch(message.epoch); // another controller reset the world
@@ -648,25 +653,51 @@
     state.frames = [];
     const photonFrom = inputsApplied(header);
     state.lastChunkMs = header.timings.tick_ms;
+    const info = state.chunkOf.get(header.seq);
     Promise.all(pending).then((images) => {
+      if (state.supersededSeqs.has(header.seq)) return; // replaced while it was decoding
+      // A replacement plays from where the chunk it replaces was (its frames shown are not shown again).
+      const from = Math.min(info ? info.skip : 0, images.length);
       images.forEach((image, index) => {
-        const item = { image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index, index };
-        if (index === 0 && photonFrom !== null) item.photonFrom = photonFrom;
+        if (index < from) return;
+        const item = { image, seq: header.seq, epoch: header.epoch, first: index === from, chunk: header.chunk_index, index };
+        if (index === from && photonFrom !== null) item.photonFrom = photonFrom;
         state.queue.push(item);
       });
-      if (images.length === 0) ack(header.seq);
+      if (images.length === from) ack(header.seq);
     });
+  }
+
+  // A preemption: input came before chunk `seq` began to play, so the server made it again with that
+  // input (chunk `by`, same chunk index). What is left of the old one is never shown: its queued frames
+  // go, and the new one takes its place (H.264: its fragment starts with an IDR frame at the old one's
+  // place on the timeline). Its inputs' key->screen figures are measured on the new one.
+  function supersede(seq, by) {
+    const old = state.chunkOf.get(seq);
+    state.superseded += 1;
+    state.supersededSeqs.add(seq);
+    state.queue = state.queue.filter((item) => item.seq !== seq);
+    const shownOld = old ? old.shown : 0;
+    state.chunkOf.set(by, { count: 0, shown: 0, skip: shownOld, applied: [] });
+    if (old && shownOld === 0) old.applied.forEach(([id, at]) => { if (!state.sentAt.has(id)) state.sentAt.set(id, at); });
+    if (mse.video) mseSupersede(seq);
+    log(`chunk ${seq} replaced by ${by} (input came before it played)`);
   }
 
   // The chunk applied our events: the server's figure now, and when our earliest input behind them
   // happened (its first frame on screen gives the key->screen figure).
   function inputsApplied(header) {
     let from = null;
+    const info = state.chunkOf.get(header.seq) || { count: 0, shown: 0, skip: 0, applied: [] };
+    info.count = header.frames.count;
+    state.chunkOf.set(header.seq, info);
+    for (const seq of state.chunkOf.keys()) { if (seq < header.seq - 8) state.chunkOf.delete(seq); }
     header.applied_event_ids.forEach((id, index) => {
       const at = state.sentAt.get(id);
       if (at !== undefined) {
         from = from === null ? at : Math.min(from, at);
         state.sentAt.delete(id);
+        info.applied.push([id, at]);
       }
       const latency = (header.applied_latency_ms || [])[index];
       if (latency !== undefined) state.serverAppliedMs = latency;
@@ -696,6 +727,8 @@
         else ctx.drawImage(item.image, 0, 0);
         if (item.photonFrom !== undefined) state.photonMs = performance.now() - item.photonFrom;
         if (item.first) ack(item.seq);
+        const info = state.chunkOf.get(item.seq);
+        if (info) info.shown += 1;
         shown(item.chunk, item.index, item.epoch);
         // Catch up if we fell far behind instead of playing in slow motion.
         state.nextFrameAt = Math.max(state.nextFrameAt + period, now - period);
@@ -838,7 +871,27 @@
     if (photonFrom !== null) chunk.photonFrom = photonFrom;
     mse.chunks.push(chunk);
     mse.frames += count;
-    mse.appends.push(bytes);
+    mse.appends.push({ bytes, seq: header.seq });
+    mseFeed();
+  }
+
+  // H.264: chunk `seq` was replaced (see supersede). Not appended yet: it is never appended. Appended:
+  // its frames are removed from the buffer and the timeline goes back to its start, where the new
+  // fragment (an IDR frame first) is appended next.
+  function mseSupersede(seq) {
+    const index = mse.chunks.findIndex((c) => c.seq === seq);
+    if (index < 0) return;
+    const old = mse.chunks[index];
+    mse.chunks.splice(index, 1);
+    mse.frames = old.start;
+    mse.keys = mse.keys.filter((frame) => frame < old.start);
+    const queued = mse.appends.findIndex((a) => a.seq === seq);
+    if (queued >= 0) {
+      mse.appends.splice(queued, 1);
+      return;
+    }
+    const fps = state.spec.fps;
+    mse.appends.unshift({ remove: [old.start / fps, (old.start + old.count) / fps], offset: old.start / fps });
     mseFeed();
   }
 
@@ -847,7 +900,13 @@
     if (!buffer || buffer.updating) return;
     if (mse.appends.length) {
       try {
-        buffer.appendBuffer(mse.appends.shift());
+        const next = mse.appends.shift();
+        if (next.remove) { // a superseded fragment: out of the buffer, and the timeline back to its start
+          buffer.timestampOffset = next.offset;
+          buffer.remove(next.remove[0], next.remove[1]);
+        } else {
+          buffer.appendBuffer(next.bytes);
+        }
       } catch (error) {
         mseFail(error.message);
       }
