@@ -66,6 +66,8 @@ RECORDER = """
       entry.displayed = player.displayed;
       entry.epoch = player.epoch;
       entry.chunk = player.chunkIndex;
+      entry.seq = player.seq;
+      entry.frame = player.frameInChunk;
       log.last = { epoch: entry.epoch, chunk: entry.chunk };
     });
   };
@@ -90,7 +92,7 @@ RECORDER = """
         const message = JSON.parse(event.data);
         if (message.type === "chunk") {
           keep(log.chunks, { seq: message.seq, epoch: message.epoch, chunk: message.chunk_index,
-                             applied: message.applied_event_ids });
+                             applied: message.applied_event_ids, supersedes: message.supersedes ?? null });
         }
       });
     }
@@ -116,6 +118,8 @@ class Drawn:
     chunk: int
     frame: npt.NDArray[np.uint8]
     at: float = 0.0
+    seq: int = -1  # the chunk's seq (a preemption's replacement has the chunk index of the one it replaced)
+    index: int = -1  # the frame within its chunk
 
 
 class Recording:
@@ -131,7 +135,12 @@ class Recording:
         for entry in entries:
             pixels = np.frombuffer(base64.b64decode(entry["pixels"]), dtype=np.uint8)
             frame = pixels.reshape(entry["height"], entry["width"], 3)
-            self._drawn.append(Drawn(entry["displayed"], entry["epoch"], entry["chunk"], frame, entry["at"]))
+            self._drawn.append(
+                Drawn(
+                    entry["displayed"], entry["epoch"], entry["chunk"], frame, entry["at"],
+                    entry.get("seq", -1), entry.get("frame", -1),
+                )
+            )  # fmt: skip
         return list(self._drawn)
 
     def sent_event(self, condition: str) -> dict[str, Any]:

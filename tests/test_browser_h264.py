@@ -95,9 +95,11 @@ def expected_views(page: Page, start_prompt: str) -> dict[tuple[int, int], list[
     """(epoch 0) chunk -> where each of its frames shows the world, by the events the chunks applied."""
     sent = {event["event_id"]: event for event in page.evaluate("() => window.__h264Test.sent")}
     chunks = [c for c in page.evaluate("() => window.__h264Test.chunks") if c["epoch"] == 0]
+    # A chunk made again (a preemption: the same chunk index, sent later) replaces the one before it.
+    latest = {c["chunk"]: c for c in chunks}
     motion, prompt, controls = Motion(), start_prompt, dict[str, ControlInput]()
     views = {}
-    for c in sorted(chunks, key=lambda c: c["chunk"]):
+    for c in (latest[index] for index in sorted(latest)):
         for event_id in c["applied"]:
             event = sent[event_id]
             prompt = event.get("prompt", prompt)

@@ -170,6 +170,7 @@ class Member:
     seq_base: int = 0  # wire seq = session seq + seq_base (a connection's seq never repeats)
     joined_seq: int = -1  # the world's last chunk when it joined: nothing before it is its own
     acked_seq: int = -1
+    acked_at: float | None = None  # when its last new ack came (server clock): it showed that chunk's first frame
     sent_seq: int = -1
     floor: int = -1  # highest of its wire ids applied or dropped
     sid_of: dict[int, int] = field(default_factory=dict)  # pending: wire id -> session id
@@ -366,6 +367,7 @@ class WorldHost:
         self._preempted: tuple[int, int] | None = None  # (epoch, chunk index) preempted last: once a chunk
         self._undo_wanted: int | None = None  # the seq of the chunk the generator is to undo (an event came for it)
         self._superseded: int | None = None  # the seq the next chunk sent replaces
+        self._redo = False  # the next tick makes a preempted chunk again: at once
         self._stopping = False
         self._wake = asyncio.Event()
         self._started_at = clock()
@@ -615,6 +617,7 @@ class WorldHost:
         seq = wire_seq - member.seq_base
         if seq > member.acked_seq:
             member.acked_seq = min(seq, self._seq)
+            member.acked_at = self._clock()
             _forget_acked(member)
             if member.can_control:
                 self._wake.set()
@@ -671,13 +674,15 @@ class WorldHost:
         if in_flight is not None:
             if in_flight == 0 or self._preempted == (epoch, in_flight):
                 return
-            if not self.preempt.worth(now, self._tick_due, self._preempt_cost(session)):
+            due = self._plays_at(self._seq + 1, self._tick_due)
+            if not self.preempt.worth(now, due, self._preempt_cost(session)):
                 return
             try:
                 await session.cancel_chunk()
             except SessionError:
                 return  # done already, or it cannot be cancelled: the event goes into the next chunk
             self._preempted = (epoch, in_flight)
+            self._redo = True
             self._metrics.preempted_chunks.labels(how="cancelled").inc()
             self._metrics.preempt_wasted.inc(max(0.0, now - self._tick_started))
             return
@@ -691,9 +696,31 @@ class WorldHost:
             or self._preempted == (epoch, last.chunk_index)
         ):
             return
-        if self.preempt.worth(now, self.pacer.due_of(last.chunk_index), self._preempt_cost(session)):
+        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
+        if self.preempt.worth(now, due, self._preempt_cost(session)):
             self._undo_wanted = last.seq  # the generator undoes it between ticks (pacing stays its own)
             self._wake.set()
+
+    def _plays_at(self, seq: int, paced: float | None) -> float | None:
+        """When chunk ``seq`` begins to play for the first connected member to play it: the pacer's
+        instant ``paced``, or sooner where a member's acks say so (an ack: it showed that chunk's
+        first frame; the chunks after it follow a period apart, or at once when its player ran
+        dry, which leaves it no later than the period after its last ack, less the frame a player
+        that fell behind catches up with). None: not known, or
+        some member began it already (then it is not preempted)."""
+        if paced is None:
+            return None
+        due = paced
+        period = self.pacer.period
+        catch_up = period / self._backend.spec.frames_per_chunk  # a player behind shows one frame early
+        for member in self.members:
+            if member.outlet is None or member.gone:
+                continue
+            if member.acked_seq >= seq:
+                return None  # on its screen already
+            if member.acked_at is not None:
+                due = min(due, member.acked_at + (seq - member.acked_seq) * period - catch_up)
+        return due
 
     def _preempt_cost(self, session: Session[Chunk]) -> float | None:
         try:
@@ -714,7 +741,8 @@ class WorldHost:
             or session.chunk_retractable != last.chunk_index
         ):
             return
-        if not self.preempt.worth(self._clock(), self.pacer.due_of(last.chunk_index), self._preempt_cost(session)):
+        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
+        if not self.preempt.worth(self._clock(), due, self._preempt_cost(session)):
             return  # too late by now (the generator was busy)
         try:
             await session.retract_chunk()
@@ -742,6 +770,7 @@ class WorldHost:
         with contextlib.suppress(ValueError):
             self._replay.remove(last)
         self._superseded = last.seq
+        self._redo = True
         self._metrics.preempted_chunks.labels(how="undone").inc()
         self._metrics.preempt_wasted.inc(last.timings.get("model_ms", 0.0) / 1000.0 / max(1, last.batch_size))
 
@@ -919,7 +948,10 @@ class WorldHost:
             if session.epoch != pacer.epoch:
                 pacer.restart(session.epoch)
             plan = pacer.plan(self._clock())  # playback pacing (pacing.py): when to tick, when it plays
-            target = self._tick_target(session, plan.want, eager=plan.eager, due=plan.due)
+            if self._redo:  # a preemption's chunk goes at once, off the clock's instants: it has a deadline
+                self._redo, target = False, self._clock()
+            else:
+                target = self._tick_target(session, plan.want, eager=plan.eager, due=plan.due)
             if target > self._clock():
                 await self._wait(target - self._clock())
                 if self._stopping or session.epoch != pacer.epoch or self._undo_wanted is not None:

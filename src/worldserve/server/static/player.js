@@ -72,6 +72,7 @@
     share: null,
     resumes: 0,
     restarts: 0,
+    shownSeq: -1,
     superseded: 0, // chunks a preemption replaced (the server made them again with newer input)
     supersededSeqs: new Set(), // their seqs: frames of theirs still decoding are never queued
     chunkOf: new Map(), // seq -> {count, shown, applied: [[event id, input instant]]}, for the last chunks
@@ -92,6 +93,7 @@
     get resumes() { return state.resumes; },
     get restarts() { return state.restarts; },
     get superseded() { return state.superseded; },
+    get seq() { return state.shownSeq; }, // the chunk of the frame shown last (its seq)
     get recordedBytes() { return recording.bytes; },
     get media() { return state.media; },
     get frameInChunk() { return state.frameInChunk; },
@@ -681,7 +683,7 @@
     state.chunkOf.set(by, { count: 0, shown: 0, skip: shownOld, applied: [] });
     if (old && shownOld === 0) old.applied.forEach(([id, at]) => { if (!state.sentAt.has(id)) state.sentAt.set(id, at); });
     if (mse.video) mseSupersede(seq);
-    log(`chunk ${seq} replaced by ${by} (input came before it played)`);
+    log(`chunk ${seq} replaced by ${by} (input came before it played; ${shownOld} of its frames were shown, ${state.queue.length} queued)`);
   }
 
   // The chunk applied our events: the server's figure now, and when our earliest input behind them
@@ -729,6 +731,7 @@
         if (item.first) ack(item.seq);
         const info = state.chunkOf.get(item.seq);
         if (info) info.shown += 1;
+        state.shownSeq = item.seq;
         shown(item.chunk, item.index, item.epoch);
         // Catch up if we fell far behind instead of playing in slow motion.
         state.nextFrameAt = Math.max(state.nextFrameAt + period, now - period);
@@ -946,6 +949,7 @@
     while (mse.chunks.length > 1 && mse.chunks[0].start + mse.chunks[0].count < frame - 4 * fps) mse.chunks.shift();
     if (!item || item.epoch < state.epoch) return; // made before a reset: not shown
     ctx.drawImage(mse.video, 0, 0, canvas.width, canvas.height);
+    state.shownSeq = item.seq;
     shown(item.chunk, frame - item.start, item.epoch);
   }
 
