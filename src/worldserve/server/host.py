@@ -696,6 +696,8 @@ class WorldHost:
             or self._preempted == (epoch, last.chunk_index)
         ):
             return
+        if "h264" in self._media_in_use():
+            return  # a fragment sent may be decoded already: an H.264 member's chunk is never replaced
         due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
         if self.preempt.worth(now, due, self._preempt_cost(session)):
             self._undo_wanted = last.seq  # the generator undoes it between ticks (pacing stays its own)

@@ -672,8 +672,9 @@
 
   // A preemption: input came before chunk `seq` began to play, so the server made it again with that
   // input (chunk `by`, same chunk index). What is left of the old one is never shown: its queued frames
-  // go, and the new one takes its place (H.264: its fragment starts with an IDR frame at the old one's
-  // place on the timeline). Its inputs' key->screen figures are measured on the new one.
+  // go, and the new one takes its place; its inputs' key->screen figures are measured on the new one.
+  // (JPEG and raw only: the server never replaces a chunk sent to an H.264 member, whose fragment the
+  // <video> may have decoded already.)
   function supersede(seq, by) {
     const old = state.chunkOf.get(seq);
     state.superseded += 1;
@@ -682,7 +683,6 @@
     const shownOld = old ? old.shown : 0;
     state.chunkOf.set(by, { count: 0, shown: 0, skip: shownOld, applied: [] });
     if (old && shownOld === 0) old.applied.forEach(([id, at]) => { if (!state.sentAt.has(id)) state.sentAt.set(id, at); });
-    if (mse.video) mseSupersede(seq);
     log(`chunk ${seq} replaced by ${by} (input came before it played; ${shownOld} of its frames were shown, ${state.queue.length} queued)`);
   }
 
@@ -874,27 +874,7 @@
     if (photonFrom !== null) chunk.photonFrom = photonFrom;
     mse.chunks.push(chunk);
     mse.frames += count;
-    mse.appends.push({ bytes, seq: header.seq });
-    mseFeed();
-  }
-
-  // H.264: chunk `seq` was replaced (see supersede). Not appended yet: it is never appended. Appended:
-  // its frames are removed from the buffer and the timeline goes back to its start, where the new
-  // fragment (an IDR frame first) is appended next.
-  function mseSupersede(seq) {
-    const index = mse.chunks.findIndex((c) => c.seq === seq);
-    if (index < 0) return;
-    const old = mse.chunks[index];
-    mse.chunks.splice(index, 1);
-    mse.frames = old.start;
-    mse.keys = mse.keys.filter((frame) => frame < old.start);
-    const queued = mse.appends.findIndex((a) => a.seq === seq);
-    if (queued >= 0) {
-      mse.appends.splice(queued, 1);
-      return;
-    }
-    const fps = state.spec.fps;
-    mse.appends.unshift({ remove: [old.start / fps, (old.start + old.count) / fps], offset: old.start / fps });
+    mse.appends.push(bytes);
     mseFeed();
   }
 
@@ -903,13 +883,7 @@
     if (!buffer || buffer.updating) return;
     if (mse.appends.length) {
       try {
-        const next = mse.appends.shift();
-        if (next.remove) { // a superseded fragment: out of the buffer, and the timeline back to its start
-          buffer.timestampOffset = next.offset;
-          buffer.remove(next.remove[0], next.remove[1]);
-        } else {
-          buffer.appendBuffer(next.bytes);
-        }
+        buffer.appendBuffer(mse.appends.shift());
       } catch (error) {
         mseFail(error.message);
       }
