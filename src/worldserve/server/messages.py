@@ -454,7 +454,8 @@ class ChunkMessage(_ServerMessage):
         default=None,
         description="A preemption: the seq of an earlier chunk, sent but not yet due to play, that input made "
         "again; this chunk takes its place (same chunk_index, its applied events again and any newer). Drop what "
-        "is left of that one unplayed. Never sent to a world with an H.264 member (a fragment sent may be decoded already).",
+        "is left of that one unplayed. Never sent to a world with an H.264 member (a fragment sent may be "
+        "decoded already).",
     )
 
 
