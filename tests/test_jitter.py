@@ -125,3 +125,31 @@ def test_bad_arguments_are_refused() -> None:
         JitterBuffer(FRAME, 0)
     with pytest.raises(ValueError, match="start"):
         JitterBuffer(FRAME, FPC, start=-1)
+
+
+def test_a_server_a_chunk_ahead_keeps_its_chunk_queued() -> None:
+    """Chunks 0 and 1 at once, then one a period: a chunk stays queued (the lead), and it is left there."""
+    buffer = JitterBuffer(FRAME, FPC)
+    feed(buffer, [0.0] + [k * PERIOD for k in range(40)])
+    assert (buffer.taken_back, buffer.underruns, buffer.target) == (0, 0, 1.0)
+    assert buffer.queued == 2 * FPC  # the lead chunk and the newest
+    assert buffer.first_played(40) == pytest.approx(FRAME + 40 * PERIOD)  # still a chunk and a frame behind
+
+
+def test_a_stalls_burst_is_drained_to_target_plus_a_chunk_by_playing_early() -> None:
+    """The network held four chunks back and let them go at once, the server then goes on a period
+    apart: the queue drains a frame a chunk until the chunks find at most the target and a chunk."""
+    buffer = JitterBuffer(FRAME, FPC)
+    arrivals = [k * PERIOD for k in range(4)] + [4 * PERIOD + 0.9] * 4 + [8 * PERIOD + k * PERIOD for k in range(40)]
+    levels = []
+    for seq, at in enumerate(arrivals):
+        buffer.advance(at)
+        levels.append(buffer.queued)
+        buffer.arrive(seq, FPC, at)
+    assert buffer.underruns == 1  # the stall
+    assert buffer.taken_back > 0
+    assert max(levels[12:20]) > 2 * FPC  # what the burst left queued ...
+    assert max(levels[-8:]) <= buffer.target + FPC  # ... drained
+    buffer.advance(arrivals[-1] + 4 * PERIOD)  # what is queued plays out (then it runs dry: no more chunks)
+    assert buffer.underruns == 2  # nothing ran dry meanwhile
+    assert_every_frame_once_in_order(buffer, len(arrivals))  # and nothing dropped

@@ -14,6 +14,11 @@ The rule (WebRTC NetEq's idea, cut down to whole frames):
 - After ``shrink_after`` seconds of play with no underrun, ``target`` shrinks by one frame (not
   below ``start``), and the player takes that frame back by playing the next two frames half a
   period early each: nothing is dropped.
+- The *level*: the frames still queued when a chunk arrives (the slack it found). When the
+  least level of the last ``LEVEL_WINDOW`` chunks is above the target plus a chunk (a server
+  a chunk ahead keeps one chunk queued by design; more is what a stall's burst left behind),
+  the player takes a frame back the same way, once per chunk, until it is not: a stall leaves
+  no lasting delay.
 - :meth:`JitterBuffer.supersede` removes the frames of one chunk (by seq) that have not played
   yet (a chunk that a later one replaces); frames behind them move up.
 
@@ -26,10 +31,12 @@ import copy
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["SHRINK_AFTER_S", "JitterBuffer", "Shown"]
+__all__ = ["LEVEL_WINDOW", "SHRINK_AFTER_S", "JitterBuffer", "Shown"]
 
 #: Seconds of play with no underrun before the target shrinks by one frame (the page's too).
 SHRINK_AFTER_S = 3.0
+#: Chunks whose levels (frames queued when each arrived) decide whether the queue holds too much.
+LEVEL_WINDOW = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,7 @@ class JitterBuffer:
         if not start >= 0:
             raise ValueError(f"start must be non-negative frames; got {start!r}.")
         self.frame = float(frame)
+        self.frames_per_chunk = frames_per_chunk
         self.start = float(start)
         self.cap = max(self.start, float(2 * frames_per_chunk if cap is None else cap))
         self.shrink_after = float(shrink_after)
@@ -73,6 +81,8 @@ class JitterBuffer:
         self._calm_since = 0.0  # the last underrun, shrink or start
         self._early = 0.0  # seconds still to take back (a shrink)
         self._live = True  # an empty queue is an underrun only while the stream is live
+        self._levels: deque[int] = deque(maxlen=LEVEL_WINDOW)  # frames queued as each of the last chunks came
+        self.taken_back = 0  # frames played early to drain a queue above target + a chunk
         self.shown: list[Shown] = []
 
     @property
@@ -84,6 +94,12 @@ class JitterBuffer:
         """A chunk of ``frames`` frames is decoded at ``now``: queue it, and say when its first frame
         plays (None: it has none). Later arrivals never move that instant; a :meth:`supersede` may."""
         self.advance(now)
+        if frames and self._playing:
+            self._levels.append(len(self._queue))
+            excess = len(self._levels) == LEVEL_WINDOW and min(self._levels) > self.target + self.frames_per_chunk
+            if excess:
+                self._early += self.frame
+                self.taken_back += 1
         self._queue.extend((seq, index) for index in range(frames))
         if not self._playing and self._hold_until is None and self._queue:
             self._hold_until = now + self.target * self.frame
@@ -140,6 +156,7 @@ class JitterBuffer:
             if not self._live:
                 return
             self.underruns += 1
+            self._levels.clear()
             self.target = min(self.cap, self.target + 1)
             self.most = max(self.most, self.target)
             self._calm_since = at

@@ -88,8 +88,8 @@
     get keyToPhotonMs() { return state.photonMs; },
     get keyToPhotonParts() { return state.photonParts && { ...state.photonParts }; },
     get jitter() {
-      const { target, underruns, most, playing } = jitter;
-      return { target, underruns, most, playing, changes: jitter.changes.map((change) => change.slice()) };
+      const { target, underruns, most, playing, takenBack } = jitter;
+      return { target, underruns, most, playing, takenBack, changes: jitter.changes.map((change) => change.slice()) };
     },
     get serverAppliedMs() { return state.serverAppliedMs; },
     get resumes() { return state.resumes; },
@@ -660,6 +660,7 @@
     state.lastChunkMs = header.timings.tick_ms;
     Promise.all(pending).then((images) => {
       if (photon) photon.decoded = performance.now();
+      if (images.length && jitterLevel(state.queue.length)) jitter.earlyMs += framePeriodMs();
       images.forEach((image, index) => {
         const item = { image, seq: header.seq, epoch: header.epoch, first: index === 0, chunk: header.chunk_index, index };
         if (index === 0 && photon) item.photon = photon;
@@ -735,20 +736,37 @@
   // after it arrives; frames then play one frame period apart. An underrun (a frame due, none queued,
   // the stream live) stops playback and grows the target a frame, up to two chunks; each calm
   // JITTER_SHRINK_AFTER_MS of play shrinks it a frame, taken back by playing the next two frames half
-  // a period early each (nothing dropped).
+  // a period early each (nothing dropped). And the level (frames still queued when a chunk arrives):
+  // when the least of the last JITTER_LEVEL_WINDOW chunks' is above the target and a chunk (a server a
+  // chunk ahead keeps one queued by design; more is what a stall's burst left), a frame is taken back
+  // the same way, once per chunk, so a stall leaves no lasting delay.
   const JITTER_START_FRAMES = 1;
   const JITTER_SHRINK_AFTER_MS = 3000;
+  const JITTER_LEVEL_WINDOW = 4;
   const jitter = {
     target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
     playing: false, holdUntil: null, calmSince: null, earlyMs: 0,
     changes: [], // [["grow"|"shrink", target], ...]: each change of the target, in order (the last 200)
+    levels: [], // frames queued as each of the last chunks arrived
+    takenBack: 0, // frames played early to drain a queue above target + a chunk
   };
 
   function jitterReset() {
     Object.assign(jitter, {
       target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
-      playing: false, holdUntil: null, calmSince: null, earlyMs: 0, changes: [],
+      playing: false, holdUntil: null, calmSince: null, earlyMs: 0, changes: [], levels: [], takenBack: 0,
     });
+  }
+
+  // A chunk arrived and found `level` frames queued ahead of it: true when a frame should be taken back.
+  function jitterLevel(level) {
+    if (!jitter.playing) return false;
+    jitter.levels.push(level);
+    if (jitter.levels.length > JITTER_LEVEL_WINDOW) jitter.levels.shift();
+    const chunk = state.spec ? state.spec.frames_per_chunk : 4;
+    const excess = jitter.levels.length === JITTER_LEVEL_WINDOW && Math.min(...jitter.levels) > jitter.target + chunk;
+    if (excess) jitter.takenBack += 1;
+    return excess;
   }
 
   function jitterChanged(kind) {
@@ -788,6 +806,7 @@
     jitter.earlyMs = 0;
     if (!streamLive()) return;
     jitter.underruns += 1;
+    jitter.levels = [];
     const before = jitter.target;
     jitter.target = Math.min(jitterCap(), jitter.target + 1);
     jitter.most = Math.max(jitter.most, jitter.target);
@@ -989,6 +1008,7 @@
       mseOpen(type);
     }
     const count = header.frames.count;
+    if (count && jitterLevel(mseBuffered())) mse.fastUntil = performance.now() + 2000 / state.spec.fps; // a frame back
     if (header.frames.keyframe) mse.keys.push(mse.frames);
     const chunk = { start: mse.frames, count, seq: header.seq, epoch: header.epoch, chunk: header.chunk_index, acked: false };
     if (photon) chunk.photon = photon;
