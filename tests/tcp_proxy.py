@@ -5,6 +5,9 @@ failure would: the browser reports 1006, the server parks the session); ``refuse
 it close new connections at once (the server looks down); ``refuse_websockets(True)`` aborts
 only WebSocket handshakes (a socket that fails to open while the server answers HTTP: the
 browser says 1006, ``/healthz`` is fine), counting them in ``websockets_refused``;
+``hold(True)`` stops forwarding what the server sends (the connections stay open; the bytes
+wait, and TCP's window holds the server back, as a stalled network does) until ``hold(False)``
+lets it all through at once;
 ``rewrite_host=True`` sends the server its own address as ``Host``, as a reverse proxy does by
 default (nginx's ``proxy_pass``), so a page's ``Origin`` is not the server's own; ``target``
 may be changed to point at a restarted server. It runs its own event loop in a thread, so sync (Playwright) tests can
@@ -29,6 +32,8 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._links: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
+        self._flowing = asyncio.Event()  # cleared while holding the server's bytes back
+        self._flowing.set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
 
     def __enter__(self) -> TcpProxy:
@@ -59,6 +64,10 @@ class TcpProxy:
             self._links.clear()
 
         self._run(abort_all)
+
+    def hold(self, holding: bool) -> None:
+        """While holding, nothing the server sends reaches the client; released, it all goes at once."""
+        self._run(self._flowing.clear if holding else self._flowing.set)
 
     def refuse(self, refusing: bool) -> None:
         """While refusing, a new connection is closed as soon as it arrives."""
@@ -106,6 +115,8 @@ class TcpProxy:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, from_client: bool) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await source.read(65536):
+                    if not from_client:
+                        await self._flowing.wait()
                     passed = self._client_bytes(data) if from_client else data
                     if passed is None:  # a refused handshake: cut both sides, no answer
                         writer.transport.abort()

@@ -11,6 +11,7 @@ Screenshots go to ``artifacts/`` (the fullscreen view and the phone layout).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import signal
 import time
@@ -283,9 +284,77 @@ def test_key_to_photon_is_what_the_page_measures(browser: Browser, server: Runni
         server_figure = page.evaluate("() => window.worldserve.serverAppliedMs")
         assert server_figure is not None
         assert server_figure >= 0
+        _parts_sum_to_the_total(page)  # H.264: the <video> decodes, so its decoding is in "buffer"
         overlay = page.inner_text("#overlay")
         assert "key→screen ms" in overlay
         assert "server applied ms" in overlay
+
+
+def _parts_sum_to_the_total(page: Page) -> dict[str, float]:
+    """The page's key->screen parts for the last key: each the part docs/latency.md names, and they
+    add up to the total (the overlay's line too, to its rounding)."""
+    parts: dict[str, float] = page.evaluate("() => window.worldserve.keyToPhotonParts")
+    assert parts is not None
+    assert set(parts) == {"total", "wait_tick", "step", "encode", "transfer", "decode", "buffer"}, parts
+    total = parts.pop("total")
+    assert abs(sum(parts.values()) - total) <= FRAME_MS, (parts, total)
+    assert all(value >= -1.0 for value in parts.values()), parts  # each a duration (the clocks differ by < 1 ms)
+    shown = page.evaluate(
+        "() => [document.getElementById('stat-photon-ms').textContent,"
+        " document.getElementById('stat-photon-parts').textContent]"
+    )
+    numbers = [float(n) for n in re.findall(r"-?\d+", shown[1])]
+    assert re.fullmatch(r"tick -?\d+ · step -?\d+ · enc -?\d+ · net -?\d+ · dec -?\d+ · buf -?\d+", shown[1]), shown
+    assert abs(sum(numbers) - float(shown[0])) <= FRAME_MS, shown
+    return parts
+
+
+def test_the_jitter_buffer_grows_after_stalls_and_shrinks_back_and_the_overlay_splits_key_to_photon(
+    browser: Browser, server: RunningServer
+) -> None:
+    """JPEG through a proxy that holds the server's bytes back until the page has run dry, three times:
+    each stall is an underrun that grows the jitter target a frame; once the stalls stop it shrinks
+    back to one frame. Then a key's key->screen figure comes with its parts, which add up to it."""
+    with TcpProxy(server.port) as proxy, player(browser, proxy.http + "/?media=jpeg") as page:
+        recording = Recording(page)
+        page.click("#start")
+        wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+        assert page.evaluate("() => window.worldserve.media") == "jpeg"
+        assert page.text_content("#stat-jitter") is not None
+        stalls = 3
+        for _ in range(stalls):
+            jitter = page.evaluate("() => window.worldserve.jitter")
+            proxy.hold(True)  # the network stalls: nothing reaches the page ...
+            wait_for(page, f"window.worldserve.jitter.underruns > {jitter['underruns']}")  # ... until it ran dry
+            proxy.hold(False)
+            grown = page.evaluate("() => window.worldserve.jitter")
+            assert grown["target"] == 8 or grown["changes"][-1][0] == "grow", grown  # (8: two chunks, the cap)
+            more_frames(page)  # playing again
+        jitter = page.evaluate("() => window.worldserve.jitter")
+        assert jitter["underruns"] >= stalls
+        assert jitter["most"] >= 2  # it grew (a calm spell between two stalls may have shrunk it meanwhile)
+        grows = [target for kind, target in jitter["changes"] if kind == "grow"]
+        assert len(grows) >= stalls
+        targets = [1] + [target for _, target in jitter["changes"]]  # a frame at a time, from 1 up to two chunks
+        assert all(1 <= target <= 8 for target in targets), jitter
+        assert all(abs(b - a) == 1 for a, b in itertools.pairwise(targets)), jitter
+        assert int(page.text_content("#stat-underruns") or "0") >= stalls
+        # No more stalls: back to one frame of slack (a frame per calm spell), nothing dropped meanwhile.
+        wait_for(
+            page,
+            "window.worldserve.jitter.target === 1 && window.worldserve.jitter.changes.at(-1)[0] === 'shrink'",
+        )
+        assert page.text_content("#stat-jitter") == "1"
+        assert_in_chunk_order(recording.drawn())  # every frame of every chunk, in order
+
+        page.click("#screen")
+        page.keyboard.down("KeyD")
+        event = recording.sent_event(keys_event("D"))
+        epoch, chunk = recording.applied_in(event["event_id"])
+        recording.wait_drawn(epoch, chunk)
+        parts = _parts_sum_to_the_total(page)
+        page.keyboard.up("KeyD")
+        assert parts["buffer"] > 0, parts  # at least the frame of slack
 
 
 # -- what a user sees and can do ----------------------------------------------------------------

@@ -132,6 +132,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("bench-stagger-negative", {}, ["bench", "--stagger", "-5"], "--stagger: must be zero or more"),
     ("bench-session-seconds-alone", {}, ["bench", "--session-seconds", "5"], "--session-seconds needs --arrival-rate"),
     ("bench-newcomers-negative", {}, ["bench", "--newcomers", "-1"], "--newcomers: must be zero or more"),
+    ("bench-slack-negative", {}, ["bench", "--slack-frames", "-1"], "--slack-frames: must be zero or more"),
     ("serve-queue-timeout-0", {}, ["serve", "--queue-timeout-s", "0"], "--queue-timeout-s: must be more than 0"),
     ("serve-ray-connect-0", {}, ["serve", "--ray-connect-timeout-s", "0"], "--ray-connect-timeout-s: must be more"),
     ("inspect-missing", {}, ["inspect", "{dir}/nope.pt"], "no such file or folder"),

@@ -273,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the sessions' frames travel (the clients decode them all; every mode but --newcomers)",
     )
     bench.add_argument(
+        "--slack-frames",
+        type=non_negative_float,
+        default=1.0,
+        help="each client's player starts its jitter buffer at this many frames of slack, as the page does (1); "
+        "it grows after an underrun and shrinks back (docs/latency.md); 0: chunk 0 plays on arrival",
+    )
+    bench.add_argument(
         "--drop-resume",
         action="store_true",
         help="each client loses its socket once mid-run and resumes (checks 0 lost, 0 duplicated)",
@@ -638,6 +645,7 @@ def _bench(args: argparse.Namespace) -> int:
                 session_seconds=args.session_seconds,
                 seed=args.seed,
                 media=args.media,
+                playout_slack_frames=args.slack_frames,
                 **common,
             )
         )

@@ -15,7 +15,8 @@ viewers goes first, so one table compares the server's CPU time per chunk and th
 frames/s of both sides, read from the server's ``/metrics``); with ``drop_resume``,
 every client loses its socket mid-run and resumes, and the books must still close
 (0 lost, 0 applied twice across the resumes). And key-to-photon: per applied event, from
-its send to the playout instant of the first frame of the chunk that applied it, split
+its send to the playout instant of the first frame of the chunk that applied it (as the
+page's adaptive jitter buffer, :class:`~worldserve.tools.jitter.JitterBuffer`, plays it), split
 into its parts (the server's from the chunk's ``times``, mapped to this client's clock)
 with a check per chunk that the parts sum to the total within one frame.
 
@@ -39,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from worldserve.client import ClientChunk, SessionInfo, WorldClient, WorldClientError, WorldError, keys
+from worldserve.tools.jitter import JitterBuffer
 
 __all__ = [
     "TABLE_NOTES",
@@ -174,6 +176,9 @@ class ClientReport:
     started_at: float | None = None  # when this client began (after its start offset)
     k2p: list[KeyToPhoton] = field(default_factory=list)  # per applied event of this client's
     playout_slack: float = 0.0  # its player shows chunk 0 this long after it arrives (seconds)
+    underruns: int = 0  # its player's jitter buffer ran dry while live (tools/jitter.py)
+    jitter_target: float | None = None  # that buffer's target at the end (frames)
+    jitter_most: float | None = None  # and its largest (frames)
 
     @property
     def late(self) -> tuple[int, float]:
@@ -407,12 +412,12 @@ async def _run_client(
             last_seq: int | None = None
             frame = 1.0 / float(info.model["fps"])
             report.playout_slack = playout_slack_frames * frame
-            shown_last: float | None = None  # the playout instant of the last chunk (playout_instants, online)
-            shown_before: float | None = None  # ... and of the one before it (a replacement plays in its slot)
+            # The page's player: its adaptive jitter buffer, starting at the slack given.
+            player = JitterBuffer(frame, int(info.model["frames_per_chunk"]), start=playout_slack_frames)
             previous: _Counted | None = None  # what the last chunk added to the report (a preemption undoes it)
 
             async def consume() -> None:
-                nonlocal last_seq, shown_last, shown_before, previous
+                nonlocal last_seq, previous
                 while True:
                     try:
                         chunk = await client.next_chunk()
@@ -425,14 +430,12 @@ async def _run_client(
                     if chunk.supersedes is not None and previous is not None and previous.seq == chunk.supersedes:
                         # A preemption: the last chunk was made again with newer input; it is never shown.
                         previous.undo(report, applied)
-                        shown_last = shown_before
+                        player.supersede(previous.seq, chunk.received_at)  # the new one plays instead
                         report.superseded_chunks += 1
                     mark = _Counted.mark(chunk, report)
                     report.arrivals.append(chunk.received_at)
-                    shown = chunk.received_at + (report.playout_slack if shown_last is None else 0.0)
-                    if shown_last is not None:
-                        shown = max(shown, shown_last + report.chunk_period)
-                    shown_before, shown_last = shown_last, shown
+                    played = player.arrive(chunk.seq, int(chunk.frames.shape[0]), chunk.received_at)
+                    shown = chunk.received_at if played is None else played
                     if last_seq is not None and chunk.seq > last_seq + 1:
                         report.seq_gaps += chunk.seq - last_seq - 1
                     last_seq = chunk.seq
@@ -482,9 +485,11 @@ async def _run_client(
                 if drop_at is not None and time.monotonic() >= drop_at:
                     drop_at = None
                     connected.clear()
+                    player.set_live(False, time.monotonic())  # running dry now is no underrun
                     await client.drop()  # no close handshake: the server parks the session
                     await asyncio.sleep(report.chunk_period)  # the chunk in flight commits meanwhile
                     await client.resume()
+                    player.set_live(True, time.monotonic())
                     connected.set()
                     report.resumes += 1
                 await asyncio.sleep(event_interval * rng.uniform(0.5, 1.5))
@@ -514,6 +519,8 @@ async def _run_client(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(progress.wait(), remaining)
             report.seconds = time.monotonic() - started
+            player.set_live(False, time.monotonic())
+            report.underruns, report.jitter_target, report.jitter_most = player.underruns, player.target, player.most
             stop_viewers.set()
             reports = await asyncio.gather(*viewer_tasks)
             if viewer_reports is not None:
@@ -568,8 +575,9 @@ async def run_bench(
     each session; with ``drop_resume`` every client loses its socket once and resumes.
     ``media``: how the sessions' frames travel (raw, jpeg or h264; clients decode them all).
     ``playout_slack_frames``: each client's player shows its first chunk this many frames after it
-    arrives (a jitter buffer's start; 0: on arrival), which the late-chunk and key-to-photon
-    figures then count from.
+    arrives (0: on arrival), which the late-chunk figures count from; it is also where each
+    client's jitter buffer (:class:`~worldserve.tools.jitter.JitterBuffer`, the page's rule, which
+    key-to-photon's playout follows) starts its target (the page: 1).
     """
     rng = random.Random(seed)
     lifetime = session_seconds if session_seconds is not None else duration
@@ -861,6 +869,14 @@ def format_k2p_table(result: BenchResult) -> str:
         f"events measured: {len(samples)}; parts summing to the total within a frame: "
         f"{len(samples) - mismatched} ({mismatched} off); clock: {clock}"
     )
+    targets = [r.jitter_target for r in result.reports if r.jitter_target is not None]
+    if targets:
+        most = max(r.jitter_most for r in result.reports if r.jitter_most is not None)
+        lines.append(
+            f"players' jitter buffers (frames; tools/jitter.py): final target p50 / max "
+            f"{statistics.median(targets):g} / {max(targets):g}, largest {most:g}; "
+            f"underruns {sum(r.underruns for r in result.reports)}"
+        )
     if result.load is not None:
         lines.append(f"load average (1 min) at start / end: {result.load[0]:.2f} / {result.load[1]:.2f}")
     return "\n".join(lines)
@@ -887,9 +903,11 @@ TABLE_NOTES = (
     "compute, so accepted->applied p99 should stay under period + compute p50.",
     "bound, per event: the same without the compute, per event: p99 of (accepted->applied minus the "
     "tick time of the chunk that applied it) against one chunk period.",
-    "key-to-photon: from an event's send to the playout of the first frame of the chunk that applied it "
-    "(chunk 0 plays when decoded, each next one a chunk period after the one before, or when decoded if "
-    "later); up: to the server's acceptance; wait_tick: to the tick that took it; queue: to its dispatch "
+    "key-to-photon: from an event's send to the playout of the first frame of the chunk that applied it, "
+    "as the page's adaptive jitter buffer plays it (tools/jitter.py: a chunk that finds the player stopped "
+    "waits the target, from 1 frame (--slack-frames), after it is decoded, then frames play at the model's "
+    "rate; the target grows a frame after each underrun, up to two chunks, and shrinks a frame after each "
+    "calm 3 s); up: to the server's acceptance; wait_tick: to the tick that took it; queue: to its dispatch "
     "to a worker; model: the step; encode: the frames; handoff: to this connection's writer; down: to the "
     "chunk's last byte here; decode; playout: waiting behind the frames already queued to play.",
 )

@@ -51,12 +51,13 @@
     sentAt: new Map(), // event_id -> when its input happened (performance.now() time base)
     header: null, // chunk header waiting for its binary frames
     frames: [], // frames received for the header so far
-    queue: [], // {image, seq, epoch, first, chunk, photonFrom?} to play, in order
+    queue: [], // {image, seq, epoch, first, chunk, photon?} to play, in order (the jitter buffer plays it)
     displayed: 0,
     chunkIndex: -1,
     lastChunkMs: null,
     serverAppliedMs: null, // the server's figure: acceptance -> commit of the chunk that applied our event
     photonMs: null, // this page's figure: input -> first frame on screen that applied it
+    photonParts: null, // and its parts (photonParts()), where the chunk told the server's instants
     fpsTimes: [],
     nextFrameAt: 0,
     media: null, // what this session's frames arrive as
@@ -89,6 +90,11 @@
     get displayed() { return state.displayed; },
     get spec() { return state.spec; },
     get keyToPhotonMs() { return state.photonMs; },
+    get keyToPhotonParts() { return state.photonParts && { ...state.photonParts }; },
+    get jitter() {
+      const { target, underruns, most, playing, takenBack } = jitter;
+      return { target, underruns, most, playing, takenBack, changes: jitter.changes.map((change) => change.slice()) };
+    },
     get serverAppliedMs() { return state.serverAppliedMs; },
     get resumes() { return state.resumes; },
     get restarts() { return state.restarts; },
@@ -158,8 +164,10 @@
     state.epoch = 0;
     state.queue = [];
     state.photonMs = null;
+    state.photonParts = null;
     state.serverAppliedMs = null;
     state.media = message.media;
+    jitterReset();
     mseClose();
     canvas.width = message.model.width;
     canvas.height = message.model.height;
@@ -629,9 +637,10 @@
     if (media === "h264") { // the chunk's one fragment: to the H.264 player
       state.header = null;
       state.lastSeq = Math.max(state.lastSeq, header.seq);
-      const photonFrom = inputsApplied(header);
+      const photon = inputsApplied(header);
+      if (photon) photon.received = photon.decoded = performance.now(); // the <video> decodes it: in "buffer"
       state.lastChunkMs = header.timings.tick_ms;
-      mseChunk(header, buffer, photonFrom);
+      mseChunk(header, buffer, photon);
       return;
     }
     if (media === "raw") {
@@ -653,20 +662,24 @@
     const pending = state.frames;
     state.header = null;
     state.frames = [];
-    const photonFrom = inputsApplied(header);
+    const photon = inputsApplied(header);
+    if (photon) photon.received = performance.now(); // its last binary message is in
     state.lastChunkMs = header.timings.tick_ms;
     const info = state.chunkOf.get(header.seq);
     Promise.all(pending).then((images) => {
       if (state.supersededSeqs.has(header.seq)) return; // replaced while it was decoding
+      if (photon) photon.decoded = performance.now();
+      if (images.length && jitterLevel(state.queue.length)) jitter.earlyMs += framePeriodMs();
       // A replacement plays from where the chunk it replaces was (its frames shown are not shown again).
       const from = Math.min(info ? info.skip : 0, images.length);
       images.forEach((image, index) => {
         if (index < from) return;
         const item = { image, seq: header.seq, epoch: header.epoch, first: index === from, chunk: header.chunk_index, index };
-        if (index === from && photonFrom !== null) item.photonFrom = photonFrom;
+        if (index === from && photon) item.photon = photon;
         state.queue.push(item);
       });
       if (images.length === from) ack(header.seq);
+      else jitterArrived(performance.now());
     });
   }
 
@@ -679,7 +692,7 @@
     const old = state.chunkOf.get(seq);
     state.superseded += 1;
     state.supersededSeqs.add(seq);
-    state.queue = state.queue.filter((item) => item.seq !== seq);
+    jitterDropSeq(seq);
     const shownOld = old ? old.shown : 0;
     state.chunkOf.set(by, { count: 0, shown: 0, skip: shownOld, applied: [] });
     if (old && shownOld === 0) old.applied.forEach(([id, at]) => { if (!state.sentAt.has(id)) state.sentAt.set(id, at); });
@@ -687,9 +700,11 @@
   }
 
   // The chunk applied our events: the server's figure now, and when our earliest input behind them
-  // happened (its first frame on screen gives the key->screen figure).
+  // happened (its first frame on screen gives the key->screen figure), with the server's instants
+  // for it (the chunk's times: when it accepted that event, ticked, stepped, encoded, handed it over).
+  // null: none of ours.
   function inputsApplied(header) {
-    let from = null;
+    let photon = null;
     const info = state.chunkOf.get(header.seq) || { count: 0, shown: 0, skip: 0, applied: [] };
     info.count = header.frames.count;
     state.chunkOf.set(header.seq, info);
@@ -697,52 +712,208 @@
     header.applied_event_ids.forEach((id, index) => {
       const at = state.sentAt.get(id);
       if (at !== undefined) {
-        from = from === null ? at : Math.min(from, at);
+        if (photon === null || at < photon.from) {
+          const accepted = header.times ? header.times.accepted_ms[index] : undefined;
+          photon = { from: at, times: accepted === undefined ? null : { ...header.times, accepted_ms: accepted } };
+        }
         state.sentAt.delete(id);
         info.applied.push([id, at]);
       }
       const latency = (header.applied_latency_ms || [])[index];
       if (latency !== undefined) state.serverAppliedMs = latency;
     });
-    return from;
+    return photon;
+  }
+
+  // The first frame that applied our input is on screen (at: performance.now()): key->screen, and its
+  // parts as docs/latency.md splits it, each ending where the next begins, so they sum to the total:
+  // wait_tick (accepted -> tick), step (tick -> stepped: the step's queue and the model), encode
+  // (stepped -> encoded) on the server's clock; decode (received -> decoded) and buffer (decoded ->
+  // on screen: the jitter buffer's wait) on ours; transfer is the rest (the way up, the handoff to the
+  // connection, the way back): the only part that spans both clocks, so it needs no offset between them.
+  function photonShown(photon, at) {
+    state.photonMs = at - photon.from;
+    const t = photon.times;
+    if (!t) {
+      state.photonParts = null;
+      return;
+    }
+    const parts = {
+      wait_tick: t.tick_ms - t.accepted_ms,
+      step: t.stepped_ms - t.tick_ms,
+      encode: t.encoded_ms - t.stepped_ms,
+      transfer: 0,
+      decode: photon.decoded - photon.received,
+      buffer: at - photon.decoded,
+    };
+    parts.transfer = state.photonMs - parts.wait_tick - parts.step - parts.encode - parts.decode - parts.buffer;
+    state.photonParts = { total: state.photonMs, ...parts };
+  }
+
+  function photonPartsText() {
+    const p = state.photonParts;
+    if (!p) return "–";
+    const ms = (v) => String(Math.round(v));
+    return `tick ${ms(p.wait_tick)} · step ${ms(p.step)} · enc ${ms(p.encode)} · net ${ms(p.transfer)}`
+      + ` · dec ${ms(p.decode)} · buf ${ms(p.buffer)}`;
   }
 
   function ack(seq) {
     if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify({ type: "chunk.ack", seq }));
   }
 
-  function play(now) {
-    const period = state.spec ? 1000 / state.spec.fps : 1000 / 16;
-    pollGamepad(now);
-    if (mse.video) {
-      mseTick();
-    } else if (state.queue.length === 0) {
-      state.nextFrameAt = Math.max(state.nextFrameAt, now);
-    } else if (now >= state.nextFrameAt) {
-      let item = state.queue.shift();
-      while (item && item.epoch < state.epoch) {
-        if (item.first) ack(item.seq);
-        item = state.queue.shift();
-      }
-      if (item) {
-        if (item.image instanceof ImageData) ctx.putImageData(item.image, 0, 0);
-        else ctx.drawImage(item.image, 0, 0);
-        if (item.photonFrom !== undefined) state.photonMs = performance.now() - item.photonFrom;
-        if (item.first) ack(item.seq);
-        const info = state.chunkOf.get(item.seq);
-        if (info) info.shown += 1;
-        state.shownSeq = item.seq;
-        shown(item.chunk, item.index, item.epoch);
-        // Catch up if we fell far behind instead of playing in slow motion.
-        state.nextFrameAt = Math.max(state.nextFrameAt + period, now - period);
-      }
+  // ---- the jitter buffer (JPEG and raw; its target steers the H.264 player too) ----------
+  // The rule of worldserve.tools.jitter (the bench's players follow it, so the bench measures what
+  // this page shows; docs/latency.md, "The player's jitter buffer"): the target is the slack, in
+  // frames, a chunk that finds playback stopped (the first, or the first after an underrun) waits
+  // after it arrives; frames then play one frame period apart. An underrun (a frame due, none queued,
+  // the stream live) stops playback and grows the target a frame, up to two chunks; each calm
+  // JITTER_SHRINK_AFTER_MS of play shrinks it a frame, taken back by playing the next two frames half
+  // a period early each (nothing dropped). And the level (frames still queued when a chunk arrives):
+  // when the least of the last JITTER_LEVEL_WINDOW chunks' is above the target and a chunk (a server a
+  // chunk ahead keeps one queued by design; more is what a stall's burst left), a frame is taken back
+  // the same way, once per chunk, so a stall leaves no lasting delay.
+  const JITTER_START_FRAMES = 1;
+  const JITTER_SHRINK_AFTER_MS = 3000;
+  const JITTER_LEVEL_WINDOW = 4;
+  const jitter = {
+    target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
+    playing: false, holdUntil: null, calmSince: null, earlyMs: 0,
+    changes: [], // [["grow"|"shrink", target], ...]: each change of the target, in order (the last 200)
+    levels: [], // frames queued as each of the last chunks arrived
+    takenBack: 0, // frames played early to drain a queue above target + a chunk
+  };
+
+  function jitterReset() {
+    Object.assign(jitter, {
+      target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
+      playing: false, holdUntil: null, calmSince: null, earlyMs: 0, changes: [], levels: [], takenBack: 0,
+    });
+  }
+
+  // A chunk arrived and found `level` frames queued ahead of it: true when a frame should be taken back.
+  function jitterLevel(level) {
+    if (!jitter.playing) return false;
+    jitter.levels.push(level);
+    if (jitter.levels.length > JITTER_LEVEL_WINDOW) jitter.levels.shift();
+    const chunk = state.spec ? state.spec.frames_per_chunk : 4;
+    const excess = jitter.levels.length === JITTER_LEVEL_WINDOW && Math.min(...jitter.levels) > jitter.target + chunk;
+    if (excess) jitter.takenBack += 1;
+    return excess;
+  }
+
+  function jitterChanged(kind) {
+    jitter.changes.push([kind, jitter.target]);
+    if (jitter.changes.length > 200) jitter.changes.shift();
+  }
+
+  function framePeriodMs() {
+    return state.spec ? 1000 / state.spec.fps : 1000 / 16;
+  }
+
+  function jitterCap() {
+    return 2 * (state.spec ? state.spec.frames_per_chunk : 4);
+  }
+
+  function streamLive() {
+    return state.status === "live" && Boolean(state.ws) && state.ws.readyState === WebSocket.OPEN;
+  }
+
+  // A chunk's frames are here (now: performance.now()): if playback is stopped, it starts target frames on.
+  function jitterArrived(now) {
+    if (!jitter.playing && jitter.holdUntil === null) jitter.holdUntil = now + jitter.target * framePeriodMs();
+  }
+
+  // Playback (stopped) may start now: the held chunk has waited the target.
+  function jitterStarts(now) {
+    if (jitter.playing || jitter.holdUntil === null || now < jitter.holdUntil) return false;
+    jitter.playing = true;
+    if (jitter.calmSince === null) jitter.calmSince = now;
+    return true;
+  }
+
+  // Due, and nothing to play: an underrun if the stream is live (a drop or a reset is not one).
+  function jitterDry(now) {
+    jitter.playing = false;
+    jitter.holdUntil = null;
+    jitter.earlyMs = 0;
+    if (!streamLive()) return;
+    jitter.underruns += 1;
+    jitter.levels = [];
+    const before = jitter.target;
+    jitter.target = Math.min(jitterCap(), jitter.target + 1);
+    jitter.most = Math.max(jitter.most, jitter.target);
+    jitter.calmSince = now;
+    if (jitter.target !== before) jitterChanged("grow");
+  }
+
+  // Playing, calm long enough: the target shrinks a frame (true: the caller takes that frame back).
+  function jitterShrinks(now) {
+    if (now - jitter.calmSince < JITTER_SHRINK_AFTER_MS || jitter.target <= JITTER_START_FRAMES) return false;
+    jitter.target = Math.max(JITTER_START_FRAMES, jitter.target - 1);
+    jitter.calmSince = now;
+    jitterChanged("shrink");
+    return true;
+  }
+
+  // A frame played at `now`: the wait until the next one (a shrink takes a frame back, half at a time).
+  function jitterInterval(now, period) {
+    if (jitterShrinks(now)) jitter.earlyMs += period;
+    const early = Math.min(jitter.earlyMs, period / 2);
+    jitter.earlyMs -= early;
+    return period - early;
+  }
+
+  // A later chunk takes seq's place (a chunk superseding it): its frames not yet played go; how many.
+  function jitterDropSeq(seq) {
+    const before = state.queue.length;
+    state.queue = state.queue.filter((item) => item.seq !== seq);
+    if (!state.queue.length && !jitter.playing) jitter.holdUntil = null;
+    return before - state.queue.length;
+  }
+
+  function playQueued(now, period) {
+    while (state.queue.length && state.queue[0].epoch < state.epoch) { // made before a reset: not shown
+      const old = state.queue.shift();
+      if (old.first) ack(old.seq);
     }
+    if (!jitter.playing) {
+      if (!state.queue.length) jitter.holdUntil = null;
+      if (!jitterStarts(now)) return;
+      state.nextFrameAt = now;
+    }
+    if (now < state.nextFrameAt) return;
+    const item = state.queue.shift();
+    if (!item) {
+      jitterDry(now);
+      return;
+    }
+    if (item.image instanceof ImageData) ctx.putImageData(item.image, 0, 0);
+    else ctx.drawImage(item.image, 0, 0);
+    if (item.photon) photonShown(item.photon, performance.now());
+    if (item.first) ack(item.seq);
+    const info = state.chunkOf.get(item.seq);
+    if (info) info.shown += 1;
+    state.shownSeq = item.seq;
+    shown(item.chunk, item.index, item.epoch);
+    // Catch up if we fell far behind instead of playing in slow motion.
+    state.nextFrameAt = Math.max(state.nextFrameAt + jitterInterval(now, period), now - period);
+  }
+
+  function play(now) {
+    const period = framePeriodMs();
+    pollGamepad(now);
+    if (mse.video) mseTick(now);
+    else playQueued(now, period);
     while (state.fpsTimes.length && state.fpsTimes[0] < now - 1000) state.fpsTimes.shift();
     const figure = (value, digits) => (value === null ? "–" : value.toFixed(digits));
     $("stat-fps").textContent = String(state.fpsTimes.length);
     $("stat-chunk").textContent = state.chunkIndex >= 0 ? String(state.chunkIndex) : "–";
     $("stat-chunk-ms").textContent = figure(state.lastChunkMs, 1);
     $("stat-photon-ms").textContent = figure(state.photonMs, 0);
+    $("stat-photon-parts").textContent = photonPartsText();
+    $("stat-jitter").textContent = String(jitter.target);
+    $("stat-underruns").textContent = String(jitter.underruns);
     $("stat-applied-ms").textContent = figure(state.serverAppliedMs, 0);
     $("stat-buffered").textContent = String(mse.video ? mseBuffered() : state.queue.length);
     $("stat-media").textContent = state.media || "–";
@@ -775,10 +946,12 @@
   const mse = {
     video: null, source: null, buffer: null, url: null,
     appends: [], // binaries waiting for the SourceBuffer
-    chunks: [], // {start, count, seq, epoch, chunk, acked, photonFrom?}: where each chunk lies, in frames
+    chunks: [], // {start, count, seq, epoch, chunk, acked, photon?}: where each chunk lies, in frames
     frames: 0, // frames appended so far (the timeline, in frames)
     keys: [], // where chunks that start with an IDR frame begin (frames): the buffer is cut only there
     shown: -1, // the last frame drawn
+    jumps: 0, // jumps to the live edge (mseTick)
+    fastUntil: 0, // a shrink plays at 1.5x until then (performance.now())
   };
 
   function h264Playable() {
@@ -811,6 +984,7 @@
     URL.revokeObjectURL(mse.url);
     Object.assign(mse, {
       video: null, source: null, buffer: null, url: null, appends: [], chunks: [], frames: 0, keys: [], shown: -1,
+      fastUntil: 0,
     });
   }
 
@@ -823,6 +997,7 @@
     const source = new MediaSource();
     mse.url = URL.createObjectURL(source);
     video.src = mse.url;
+    video.addEventListener("waiting", mseWaiting);
     canvas.parentElement.prepend(video);
     Object.assign(mse, { video, source });
     source.addEventListener("sourceopen", () => {
@@ -858,8 +1033,8 @@
     }
   }
 
-  // photonFrom: when our earliest input this chunk applied happened (null: none of ours).
-  function mseChunk(header, buffer, photonFrom) {
+  // photon: our earliest input this chunk applied (inputsApplied; null: none of ours).
+  function mseChunk(header, buffer, photon) {
     const bytes = new Uint8Array(buffer);
     const initBytes = header.frames.init_bytes || 0;
     if (!mse.video) {
@@ -869,13 +1044,15 @@
       mseOpen(type);
     }
     const count = header.frames.count;
+    if (count && jitterLevel(mseBuffered())) mse.fastUntil = performance.now() + 2000 / state.spec.fps; // a frame back
     if (header.frames.keyframe) mse.keys.push(mse.frames);
     const chunk = { start: mse.frames, count, seq: header.seq, epoch: header.epoch, chunk: header.chunk_index, acked: false };
-    if (photonFrom !== null) chunk.photonFrom = photonFrom;
+    if (photon) chunk.photon = photon;
     mse.chunks.push(chunk);
     mse.frames += count;
     mse.appends.push(bytes);
     mseFeed();
+    jitterArrived(performance.now());
   }
 
   function mseFeed() {
@@ -917,7 +1094,7 @@
       if (!c.acked && c.start <= frame) {
         c.acked = true;
         ack(c.seq);
-        if (c.photonFrom !== undefined) state.photonMs = performance.now() - c.photonFrom;
+        if (c.photon) photonShown(c.photon, performance.now());
       }
     }
     while (mse.chunks.length > 1 && mse.chunks[0].start + mse.chunks[0].count < frame - 4 * fps) mse.chunks.shift();
@@ -927,15 +1104,44 @@
     shown(item.chunk, frame - item.start, item.epoch);
   }
 
-  function mseTick() {
+  // The <video> under the jitter buffer's rule (see "the jitter buffer"): it starts (and, after an
+  // underrun, starts again) once the chunk that found it stopped has waited the target; a shrink plays
+  // two frames' time at 1.5x (a frame taken back, none dropped); and it stays near the live edge: when
+  // more is buffered ahead than the target and four chunks (a lead chunk, chunks in flight and a busy
+  // machine's bunching are normal), it jumps to the newest chunk plus the target. Played frames are
+  // trimmed in mseFeed.
+  function mseTick(now) {
     const video = mse.video;
-    if (!video.buffered.length) return;
-    const end = video.buffered.end(video.buffered.length - 1);
-    const period = state.spec.frames_per_chunk / state.spec.fps;
-    // Fallen behind (a busy tab, a stall): jump to the live edge rather than play old frames.
-    if (end - video.currentTime > Math.max(1, 4 * period)) video.currentTime = Math.max(0, end - period);
-    if (video.paused && video.readyState >= 2) video.play().catch(() => {});
+    const fps = state.spec.fps;
+    const chunk = state.spec.frames_per_chunk / fps; // seconds
+    if (video.buffered.length) {
+      const end = video.buffered.end(video.buffered.length - 1);
+      if (end - video.currentTime > chunk * 4 + jitter.target / fps) {
+        video.currentTime = Math.max(0, end - chunk - jitter.target / fps);
+        mse.jumps += 1;
+      }
+    }
+    if (!jitter.playing) {
+      if (!video.paused) video.pause();
+      if (video.readyState >= 2 && jitterStarts(now)) video.play().catch(() => {});
+    } else {
+      if (video.paused && video.readyState >= 2) video.play().catch(() => {});
+      const period = 1000 / fps;
+      if (jitterShrinks(now)) mse.fastUntil = now + 2 * period; // a frame taken back at 1.5x
+      const rate = now < mse.fastUntil ? 1.5 : 1;
+      if (video.playbackRate !== rate) video.playbackRate = rate;
+    }
     if (!("requestVideoFrameCallback" in video)) mseShow(video.currentTime);
+  }
+
+  // The <video> ran out of frames while playing: the jitter buffer's underrun (when the stream is live).
+  function mseWaiting() {
+    if (!jitter.playing || !mse.video) return;
+    const video = mse.video;
+    const end = video.buffered.length ? video.buffered.end(video.buffered.length - 1) : 0;
+    if (end - video.currentTime > 1 / state.spec.fps) return; // a seek or a hiccup with frames to play
+    jitterDry(performance.now());
+    video.pause();
   }
 
   // The bitrate overlay: bytes of frames received over the last two seconds.
