@@ -1,13 +1,15 @@
-"""Key-to-photon and late chunks with a lead of one chunk vs just in time, side by side in one run.
+"""Key-to-photon and late chunks with a lead of one chunk vs just in time, preemption on vs off, side by side.
 
-For each model and each lead (``worldserve serve --lead 1`` and ``--lead jit``), starts a server
+For each model and each side (a ``--lead`` value, ``1`` or ``jit``, with preemption on, or with
+``:off`` after it ``--preempt off``: ``1:off`` is the old pacing), starts a server
 on a free port and drives it with ``worldserve bench``'s client (``run_bench``) at each client
 count, in alternation, then prints one table: key-to-photon p50 / p95 / p99 (an event's send to
 the first frame of the chunk that applied it playing at the model's rate; docs/latency.md),
 its ``wait_tick``, ``model`` and ``playout`` parts (p50), the late chunks a player at the
-model's rate saw, the mean batch, and the admission refusals.
+model's rate saw, the chunks preemption replaced and the event ledger (lost / applied twice in
+what the players showed), the mean batch, and the admission refusals.
 
-Usage: ``python bench/leads.py [--models procedural tinyworld] [--leads 1 jit] [--clients 1 4]
+Usage: ``python bench/leads.py [--models procedural tinyworld] [--leads 1:off 1 jit] [--clients 1 4]
 [--duration 15] [--media jpeg] [--rounds 1]``. The server and its clients share this
 machine's cores: the load average at each run's start is printed.
 """
@@ -40,19 +42,34 @@ def row(model: str, lead: str, clients: int, result: BenchResult, load: float) -
     late = [r.late_ratio * 100 for r in reports]
     batch = [size for r in result.reports for size in r.batch_sizes]
     refused = sum(r.errors.get("admission_refused", 0) for r in result.reports)
+    preempted = sum(r.superseded_chunks for r in result.reports)
+    chunks = sum(r.chunks for r in result.reports)
+    ledger = f"{sum(r.lost for r in result.reports)} / {sum(r.applied_twice for r in result.reports)}"
     late_said = f"{statistics.mean(late):.2f} / {max(late):.2f}" if late else "-"
     return (
         f"| {model} | {lead} | {clients} ({len(reports)} played) | {_ms(total, 0.5)} / {_ms(total, 0.95)} / "
         f"{_ms(total, 0.99)} | {_ms([p['wait_tick'] for p in parts], 0.5)} | {_ms([p['model'] for p in parts], 0.5)} | "
-        f"{_ms([p['playout'] for p in parts], 0.5)} | {late_said} | "
+        f"{_ms([p['playout'] for p in parts], 0.5)} | {late_said} | {preempted} of {chunks} | {ledger} | "
         f"{statistics.mean(batch) if batch else math.nan:.2f} | {refused} | {len(samples)} | {load:.1f} |"
     )
+
+
+def _serve_args(model: str, side: str, extra: list[str]) -> list[str]:
+    lead, _, preempt = side.partition(":")
+    if preempt not in ("", "off"):
+        raise SystemExit(f"a side is a --lead value, with ':off' after it for --preempt off; got {side!r}")
+    return ["--model", model, "--lead", lead, "--preempt", preempt or "auto", *extra]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["procedural", "tinyworld"])
-    parser.add_argument("--leads", nargs="+", default=["1", "jit"], help="--lead values to compare")
+    parser.add_argument(
+        "--leads",
+        nargs="+",
+        default=["1:off", "1", "jit"],
+        help="sides to compare: a --lead value, with ':off' after it for --preempt off",
+    )
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of each run")
     parser.add_argument("--media", default="jpeg", choices=["raw", "jpeg", "h264"])
@@ -74,12 +91,12 @@ def main() -> int:
     print()
     print(
         "| model | lead | clients | key-to-photon p50 / p95 / p99 ms | wait_tick p50 | model p50 | playout p50 "
-        "| late % (mean / worst) | mean batch | refused | events | load |"
+        "| late % (mean / worst) | preempted | lost / twice | mean batch | refused | events | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for model in args.models:
         servers = {
-            lead: start_server(["--model", model, "--lead", lead, *extra], f"leads-{model}-{lead}")
+            lead: start_server(_serve_args(model, lead, extra), f"leads-{model}-{lead.replace(':', '-')}")
             for lead in args.leads
         }
         try:
@@ -106,7 +123,9 @@ def main() -> int:
         "key-to-photon: an event's send to the first frame of the chunk that applied it playing (a player at the "
         "model's rate: chunk 0 --slack-frames after it is decoded, each next one a period later, or when decoded "
         "if later); late %: "
-        "chunks that came after their playout instant; refused: sessions admission turned away (no headroom); "
+        "chunks that came after their playout instant; preempted: chunks made again with newer input (their "
+        "replacements shown instead) of the chunks shown; lost / twice: accepted events neither applied in a chunk "
+        "shown nor reported dropped / applied in two; refused: sessions admission turned away (no headroom); "
         "events: applied events measured; load: the 1-minute load average as the run began."
     )
     return 0

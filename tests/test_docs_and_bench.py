@@ -128,5 +128,6 @@ def test_leads_benchmark_smoke() -> None:
     command = [sys.executable, "bench/leads.py", "--models", "procedural", "--clients", "1", "--duration", "2"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
     assert done.returncode == 0, done.stderr
-    for lead in ("1", "jit"):  # both leads, one row each, with a measured key-to-photon
-        assert re.search(rf"\| procedural \| {lead} \| 1 \(1 played\) \| \d+ / \d+ / \d+ \|", done.stdout), done.stdout
+    for side in ("1:off", "1", "jit"):  # every side, one row each, with a measured key-to-photon
+        assert re.search(rf"\| procedural \| {side} \| 1 \(1 played\) \| \d+ / \d+ / \d+ \|", done.stdout), done.stdout
+    assert re.search(r"\| procedural \| 1:off \|[^\n]*\| 0 of \d+ \| 0 / 0 \|", done.stdout), done.stdout  # none made again
