@@ -42,9 +42,9 @@ from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, Ma
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
 from worldserve.models.precision import usable_device
-from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
-from worldserve.models.wancausal.noise import SessionNoise
-from worldserve.models.wancausal.options import (
+from worldserve.models.wan.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
+from worldserve.models.wan.noise import SessionNoise
+from worldserve.models.wan.options import (
     FLOAT32_PARTS,
     cast_module,
     option_bool,
@@ -52,9 +52,9 @@ from worldserve.models.wancausal.options import (
     option_path,
     resolve_dtype,
 )
-from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, sample_block
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
+from worldserve.models.wan.rope import FrameRope
+from worldserve.models.wan.sampler import commit_block, sample_block
+from worldserve.models.wan.vae import DecoderCache, VaeStream, frame_pixels, host_frames
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["MatrixGameModel", "MatrixGameState"]

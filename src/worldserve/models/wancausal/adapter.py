@@ -2,7 +2,7 @@
 
 Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
 cache (sink + sliding window) and the clean latents of the blocks in it, its decoder state (the
-VAE's feature cache, or TAEHV's last frames with ``decoder=taehv``: :mod:`~worldserve.models.wancausal.decoders`),
+VAE's feature cache, or TAEHV's last frames with ``decoder=taehv``: :mod:`~worldserve.models.wan.decoders`),
 its noise counter (the session's noise is a pure function of ``SessionOptions.seed`` and the
 counter, drawn for the whole batch at once) and its prompt. A session is *primed* at
 creation: its start frame (the start image, else the procedural world's first frame for
@@ -27,14 +27,11 @@ import torch
 
 from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.precision import usable_device
-from worldserve.models.wancausal.actions import ACTION_DIM, action_features
-from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
-from worldserve.models.wancausal.families import family_config
-from worldserve.models.wancausal.forward import CachedForward
-from worldserve.models.wancausal.noise import SessionNoise
-from worldserve.models.wancausal.options import (
+from worldserve.models.wan.cache import BatchKV, BlockLog, KVCache
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
+from worldserve.models.wan.noise import SessionNoise
+from worldserve.models.wan.options import (
     FLOAT32_PARTS,
     cast_module,
     option_bool,
@@ -42,11 +39,14 @@ from worldserve.models.wancausal.options import (
     option_path,
     resolve_dtype,
 )
+from worldserve.models.wan.rope import FrameRope
+from worldserve.models.wan.sampler import commit_block, recache_context, sample_block
+from worldserve.models.wan.text import PromptEmbedder
+from worldserve.models.wan.vae import DecoderCache, VaeStream, frame_pixels, host_frames
+from worldserve.models.wancausal.actions import ACTION_DIM, action_features
+from worldserve.models.wancausal.families import family_config
+from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
-from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
-from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope

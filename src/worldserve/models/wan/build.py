@@ -1,12 +1,11 @@
-"""Build the diffusers modules a configuration names, and the action-conditioning module.
+"""Build the diffusers modules a Wan configuration names.
 
 Owns: :func:`build_transformer` (diffusers' ``SkyReelsV2Transformer3DModel``: it takes a
-Wan2.1 state dict, and its dense block-causal forward is this family's numerical
-reference), :func:`build_vae` (``AutoencoderKLWan``, the causal video VAE),
-:class:`ActionEmbedding` (keys/camera -> a per-frame addition to the timestep modulation) and
-:func:`seeded_init` (modules built under it are initialised on the device from a seed, the
-caller's random state left as it was).
-Must not know: caches, sessions, the sampler, checkpoints' key names.
+Wan2.1 state dict, and its dense block-causal forward is the numerical reference of the
+cached forwards built on its blocks), :func:`build_vae` (``AutoencoderKLWan``, the causal video
+VAE) and :func:`seeded_init` (modules built under it are initialised on the device from a seed,
+the caller's random state left as it was).
+Must not know: caches, sessions, the sampler, checkpoints' key names, any family's conditioning.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from contextlib import contextmanager
 
 import torch
 from diffusers import AutoencoderKLWan, SkyReelsV2Transformer3DModel
-from torch import Tensor, nn
+from torch import nn
 
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import WanCausalConfig
 
-__all__ = ["ActionEmbedding", "build_transformer", "build_vae", "seeded_init"]
+__all__ = ["build_transformer", "build_vae", "seeded_init"]
 
 
 @contextmanager
@@ -67,29 +66,3 @@ def build_vae(config: WanCausalConfig) -> nn.Module:
         **kwargs,
     )
     return model
-
-
-class ActionEmbedding(nn.Module):
-    """Per-latent-frame action features -> an addition to the transformer's timestep projection.
-
-    The transformer modulates every block with ``time_proj(silu(temb))`` (shift, scale and
-    gate of its norms, 6 x dim per frame); this module adds ``W2 silu(W1 a)`` to it, so a
-    frame's keys/camera steer it the way its noise level does (adaLN conditioning, as
-    camera-conditioned video models do). Neither layer has a bias, so "no action" adds exactly
-    zero and the model is then exactly the transformer alone. Random-initialised unless a
-    checkpoint supplies ``action_embedding.*``.
-    """
-
-    def __init__(self, action_dim: int, dim: int) -> None:
-        super().__init__()
-        self.action_dim = action_dim
-        self.dim = dim
-        self.linear_1 = nn.Linear(action_dim, dim, bias=False)
-        self.act = nn.SiLU()
-        self.linear_2 = nn.Linear(dim, 6 * dim, bias=False)
-        with torch.no_grad():
-            self.linear_2.weight.mul_(0.1)
-
-    def forward(self, actions: Tensor) -> Tensor:
-        """``actions`` [..., action_dim] -> [..., 6 * dim]."""
-        return self.linear_2(self.act(self.linear_1(actions)))  # type: ignore[no-any-return]

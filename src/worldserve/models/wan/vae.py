@@ -21,8 +21,8 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.build import build_vae
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.build import build_vae
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["DecoderCache", "VaeStream", "decoder_cache_bytes", "frame_pixels", "host_frames"]
 
