@@ -52,10 +52,21 @@ def build_transformer(config: WanCausalConfig) -> nn.Module:
 
 
 def build_vae(config: WanCausalConfig) -> nn.Module:
-    """A randomly initialised ``AutoencoderKLWan`` of ``config``'s size (8x spatial, 4x temporal)."""
+    """A randomly initialised ``AutoencoderKLWan`` of ``config``'s size: Wan2.1's (8x spatial, 4x temporal), or
+    Wan2.2's (``vae_residual``, ``vae_patch`` 2: 16x spatial) as diffusers' Wan2.2 configuration builds it."""
     kwargs: dict[str, object] = {}
     if config.vae_latents_mean is not None and config.vae_latents_std is not None:
         kwargs = {"latents_mean": list(config.vae_latents_mean), "latents_std": list(config.vae_latents_std)}
+    if config.vae_residual or config.vae_patch != 1 or config.vae_decoder_base_dim is not None:
+        pixels = 3 * config.vae_patch**2  # Wan2.2's: the encoder reads 2x2 patches of RGB, the decoder writes them
+        kwargs |= {
+            "decoder_base_dim": config.vae_decoder_base_dim,
+            "is_residual": config.vae_residual,
+            "patch_size": config.vae_patch if config.vae_patch != 1 else None,
+            "in_channels": pixels,
+            "out_channels": pixels,
+            "scale_factor_spatial": config.vae_spatial,
+        }
     model: nn.Module = AutoencoderKLWan(  # type: ignore[no-untyped-call, assignment]
         base_dim=config.vae_base_dim,
         z_dim=config.latent_channels,
