@@ -8,7 +8,8 @@ per-session counter-based noise (:mod:`.noise`), the causal VAE streamed per ses
 between the two (:mod:`.decoders`), the UMT5 text encoder (:mod:`.t5`, :mod:`.text`), reading
 published weight files and the errors that name what does not fit (:mod:`.statedict`), a
 transformer checkpoint's state and renaming (:mod:`.checkpoint`), the folder walk of published
-files (:mod:`.files`), the diffusers modules (:mod:`.build`) and the model options every Wan model
-takes (:mod:`.options`). Must not know: any one family's settings, published names, conditioning
-or controls (those live in ``wancausal/`` and ``matrixgame/``), sessions, the runtime.
+files (:mod:`.files`), the diffusers modules (:mod:`.build`), the model options every Wan model
+takes (:mod:`.options`) and what every Wan model's construction and step share (:mod:`.serving`).
+Must not know: any one family's settings, published names, conditioning or controls (those live
+in ``wancausal/`` and ``matrixgame/``), sessions, the runtime.
 """
