@@ -26,8 +26,8 @@ from wan_causal import Rollouts, measure
 from worldserve.models.base import SessionOptions
 from worldserve.models.matrixgame.adapter import MatrixGameModel, MatrixGameState
 from worldserve.models.matrixgame.controls import keys_control, mouse_control
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.options import resolve_dtype
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.options import resolve_dtype
 from worldserve.protocol import ControlInput
 
 #: Each session holds other keys and turns the camera another way.

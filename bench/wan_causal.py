@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from worldserve.models.base import SessionOptions
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.decoders import DecoderChoice, build_frame_decoder
+from worldserve.models.wan.sampler import recache_context
 from worldserve.models.wancausal.adapter import WanCausalModel
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.decoders import DecoderChoice, build_frame_decoder
-from worldserve.models.wancausal.sampler import recache_context
 from worldserve.models.world import keys_control
 from worldserve.protocol import ControlInput, TickRequest
 
@@ -115,7 +115,7 @@ def recache_cost(rollouts: Rollouts, blocks: int) -> tuple[float, int]:
 
 def measure(rollouts: Rollouts, size: int, blocks: int, taehv: Any = None) -> dict[str, float]:
     """Median block latency of one forward over ``size`` sessions, and of ``size`` forwards of one; with
-    ``taehv`` (a :class:`~worldserve.models.wancausal.taehv.TaehvStream`) also its decode of the same batch."""
+    ``taehv`` (a :class:`~worldserve.models.wan.taehv.TaehvStream`) also its decode of the same batch."""
     device = rollouts.model.device
     rollouts.ensure(size)
     rows = list(range(size))
@@ -172,12 +172,13 @@ def attention_part(args: argparse.Namespace) -> None:
     """Batched self-attention (one call per layer) vs the per-session loop, one forward, caches of different lengths."""
     from dataclasses import replace
 
-    from worldserve.models.wancausal.build import ActionEmbedding, build_transformer
-    from worldserve.models.wancausal.cache import KVCache
-    from worldserve.models.wancausal.config import get_config
+    from worldserve.models.wan.build import build_transformer
+    from worldserve.models.wan.cache import KVCache
+    from worldserve.models.wan.config import get_config
+    from worldserve.models.wan.options import resolve_dtype
+    from worldserve.models.wan.rope import FrameRope
+    from worldserve.models.wancausal.actions import ActionEmbedding
     from worldserve.models.wancausal.forward import CachedForward
-    from worldserve.models.wancausal.options import resolve_dtype
-    from worldserve.models.wancausal.rope import FrameRope
 
     device = torch.device(args.device)
     _, dtype, _ = resolve_dtype(args.dtype, device, "wan-causal attention")
@@ -264,7 +265,7 @@ def main() -> int:
 
 
 def blocks_part(args: argparse.Namespace) -> None:
-    from worldserve.models.wancausal.options import resolve_dtype
+    from worldserve.models.wan.options import resolve_dtype
 
     served, _, note = resolve_dtype(args.dtype, torch.device(args.device), "wan-causal")
     print(f"wan-causal bench: config {args.config}, device {args.device}, dtype {served}, dummy weights")

@@ -16,7 +16,7 @@ from worldserve.models.matrixgame.action import action_windows, first_block_acti
 from worldserve.models.matrixgame.config import MatrixGameConfig
 from worldserve.models.matrixgame.forward import MatrixConditions, MatrixGameForward
 from worldserve.models.matrixgame.transformer import build_transformer
-from worldserve.models.wancausal.noise import batch_noise
+from worldserve.models.wan.noise import batch_noise
 
 BLOCK = 3
 
@@ -109,8 +109,8 @@ def rollout_against_reference(
     step's flow against the reference's on the same input (with the reference's own commit pass after
     each block); returns the steps checked. New keys every latent frame, new mouse every video frame."""
     from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches
-    from worldserve.models.wancausal.rope import FrameRope
-    from worldserve.models.wancausal.sampler import StepRecord, commit_block, sample_block
+    from worldserve.models.wan.rope import FrameRope
+    from worldserve.models.wan.sampler import StepRecord, commit_block, sample_block
 
     config = forward.config
     wan = config.wan

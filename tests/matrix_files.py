@@ -220,7 +220,7 @@ def skywork_download(root: Path, variants: tuple[str, ...] = ("universal", "gta-
     """Skywork/Matrix-Game-2.0 as downloaded: one folder per distilled variant, the VAE and OpenCLIP file."""
     from safetensors.torch import save_file
 
-    from worldserve.models.wancausal.config import get_config
+    from worldserve.models.wan.config import get_config
 
     weights = {}
     for index, variant in enumerate(variants):

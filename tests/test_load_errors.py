@@ -26,8 +26,8 @@ import matrix_files  # noqa: E402
 import wan_files  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models import load_model  # noqa: E402
-from worldserve.models.wancausal.config import get_config  # noqa: E402
-from worldserve.models.wancausal.statedict import WeightsError  # noqa: E402
+from worldserve.models.wan.config import get_config  # noqa: E402
+from worldserve.models.wan.statedict import WeightsError  # noqa: E402
 
 TINY = get_config("tiny")
 WAN = Path("wan_models") / "Wan2.1-T2V-1.3B"

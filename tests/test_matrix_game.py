@@ -18,8 +18,8 @@ from matrix_drive import BLOCK, conditions, network, noise_for, reference, rollo
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models.matrixgame.config import VARIANTS, matrix_config  # noqa: E402
 from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions  # noqa: E402
-from worldserve.models.wancausal.rope import FrameRope  # noqa: E402
-from worldserve.models.wancausal.sampler import commit_block, sample_block  # noqa: E402
+from worldserve.models.wan.rope import FrameRope  # noqa: E402
+from worldserve.models.wan.sampler import commit_block, sample_block  # noqa: E402
 
 CPU = torch.device("cpu")
 TOL = 1e-5
@@ -119,7 +119,7 @@ def test_the_flop_arithmetic_at_the_1_3b_widths_is_torchs_count() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from worldserve.models.matrixgame.action import action_windows
-    from worldserve.models.wancausal.rope import FrameRope
+    from worldserve.models.wan.rope import FrameRope
 
     released = matrix_config("1.3b", "universal")
     config = replace(
@@ -163,7 +163,7 @@ def test_the_image_latents_are_the_one_shot_encode_of_the_image_then_blank_frame
     encode stops where the encoder's state repeats and gives the same latents for any length past it."""
     from wan_files import tiny_vae
     from worldserve.models.matrixgame.image import encode_image_latents
-    from worldserve.models.wancausal.vae import VaeStream
+    from worldserve.models.wan.vae import VaeStream
 
     config = matrix_config("tiny", "universal")
     vae = VaeStream(tiny_vae(config.wan))

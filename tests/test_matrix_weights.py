@@ -21,7 +21,7 @@ from matrix_drive import reference, rollout_against_reference  # noqa: E402
 from matrix_reference import original_name, wan_clip_features  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models.matrixgame.adapter import MatrixGameModel  # noqa: E402
-from worldserve.models.wancausal.statedict import WeightsError, read_tensors  # noqa: E402
+from worldserve.models.wan.statedict import WeightsError, read_tensors  # noqa: E402
 
 VARIANTS = ("universal", "gta-drive", "templerun")
 

@@ -25,9 +25,9 @@ from torch import Tensor  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models import load_model  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
-from worldserve.models.wancausal.decoders import choose_decoder  # noqa: E402
-from worldserve.models.wancausal.statedict import WeightsError  # noqa: E402
-from worldserve.models.wancausal.taehv import TaehvDecoder, TaehvStream, load_taehv_weights  # noqa: E402
+from worldserve.models.wan.decoders import choose_decoder  # noqa: E402
+from worldserve.models.wan.statedict import WeightsError  # noqa: E402
+from worldserve.models.wan.taehv import TaehvDecoder, TaehvStream, load_taehv_weights  # noqa: E402
 from worldserve.protocol import TickRequest  # noqa: E402
 
 TOL = 1e-5

@@ -20,12 +20,13 @@ pytest.importorskip("diffusers")
 from torch import Tensor  # noqa: E402
 
 from wan_files import draw_noise, one_thread  # noqa: E402, F401 (one_thread: the autouse fixture)
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer  # noqa: E402
-from worldserve.models.wancausal.cache import KVCache  # noqa: E402
-from worldserve.models.wancausal.config import CONFIGS, WanCausalConfig, get_config  # noqa: E402
+from worldserve.models.wan.build import build_transformer  # noqa: E402
+from worldserve.models.wan.cache import KVCache  # noqa: E402
+from worldserve.models.wan.config import CONFIGS, WanCausalConfig, get_config  # noqa: E402
+from worldserve.models.wan.rope import FrameRope  # noqa: E402
+from worldserve.models.wan.sampler import StepRecord, commit_block, sample_block  # noqa: E402
+from worldserve.models.wancausal.actions import ActionEmbedding  # noqa: E402
 from worldserve.models.wancausal.forward import CachedForward  # noqa: E402
-from worldserve.models.wancausal.rope import FrameRope  # noqa: E402
-from worldserve.models.wancausal.sampler import StepRecord, commit_block, sample_block  # noqa: E402
 
 CPU = torch.device("cpu")
 TOL = 1e-5
@@ -238,8 +239,8 @@ def test_sink_and_window_after_the_window_slides_equal_a_windowed_mask_reference
 
 @torch.no_grad()
 def test_streaming_decode_of_batched_sessions_equals_the_library_one_shot_decode() -> None:
-    from worldserve.models.wancausal.build import build_vae
-    from worldserve.models.wancausal.vae import VaeStream
+    from worldserve.models.wan.build import build_vae
+    from worldserve.models.wan.vae import VaeStream
 
     config = get_config("tiny")
     torch.manual_seed(3)
@@ -295,7 +296,7 @@ def test_same_seed_and_events_give_the_same_frames_and_a_batch_matches_alone() -
 def test_state_bytes_cover_the_kv_and_vae_caches_a_session_holds() -> None:
     from worldserve.models import load_model
     from worldserve.models.base import SessionOptions
-    from worldserve.models.wancausal.vae import VaeStream
+    from worldserve.models.wan.vae import VaeStream
 
     model = load_model("wan-causal", config="tiny", threads=1)
     state = model.new_state("s", SessionOptions(seed=1))
@@ -402,7 +403,7 @@ def test_benchmark_smoke_runs_the_tiny_config_in_both_precisions() -> None:
 
 
 def test_the_hashed_stand_in_embeds_each_word_the_same_way_and_pads_with_zeros() -> None:
-    from worldserve.models.wancausal.text import hashed_embedding
+    from worldserve.models.wan.text import hashed_embedding
 
     config = get_config("tiny")
     stand_in = hashed_embedding("Snowy peaks, snowy!", config.text_len, config.text_dim)
@@ -549,7 +550,7 @@ def test_a_forward_makes_the_same_attention_calls_at_batch_1_and_batch_8() -> No
 
 
 def test_batch_noise_is_standard_normal_and_each_row_depends_only_on_its_own_seed_and_counter() -> None:
-    from worldserve.models.wancausal.noise import batch_noise
+    from worldserve.models.wan.noise import batch_noise
 
     shape = (4, 3, 8, 8)
     together = batch_noise(torch.tensor([7, 8, 7]), torch.tensor([0, 0, 1]), shape)

@@ -17,7 +17,7 @@ import wan_files  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models import load_model  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
-from worldserve.models.wancausal.config import CONFIGS, get_config  # noqa: E402
+from worldserve.models.wan.config import CONFIGS, get_config  # noqa: E402
 from worldserve.models.wancausal.families import FAMILIES, family_config  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -101,7 +101,7 @@ def test_the_family_follows_the_checkpoints_published_name_and_sets_the_sampler(
 def _sample_one_block(model: object, options: SessionOptions) -> tuple[object, list[object]]:
     """One block of a primed session through the model's own sampler, every step recorded."""
     from wan_files import draw_noise
-    from worldserve.models.wancausal.sampler import StepRecord, sample_block
+    from worldserve.models.wan.sampler import StepRecord, sample_block
 
     config = model.config
     cache = model.new_state("s", options).cache
@@ -130,8 +130,8 @@ def test_the_euler_sampler_takes_the_flow_matching_ode_step() -> None:
 def test_the_vae_decode_flops_are_what_torch_counts_on_the_decoder() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from worldserve.models.wancausal.build import build_vae
-    from worldserve.models.wancausal.vae import VaeStream
+    from worldserve.models.wan.build import build_vae
+    from worldserve.models.wan.vae import VaeStream
 
     config = CONFIGS["1.3b"]
     with torch.device("meta"):  # the full-size decoder, shapes only: no memory, no compute
@@ -147,7 +147,8 @@ def test_the_vae_decode_flops_are_what_torch_counts_on_the_decoder() -> None:
 
 
 def _network(config: object) -> object:
-    from worldserve.models.wancausal.build import ActionEmbedding, build_transformer
+    from worldserve.models.wan.build import build_transformer
+    from worldserve.models.wancausal.actions import ActionEmbedding
     from worldserve.models.wancausal.forward import CachedForward
 
     torch.manual_seed(0)
@@ -172,9 +173,9 @@ def _dense(forward: object, latents: object, timesteps: object, text: object, pe
 @torch.no_grad()
 def test_after_a_prompt_switch_with_recache_the_next_block_equals_a_dense_forward_under_the_new_prompt() -> None:
     from wan_files import draw_noise
-    from worldserve.models.wancausal.cache import BlockLog, KVCache
-    from worldserve.models.wancausal.rope import FrameRope
-    from worldserve.models.wancausal.sampler import StepRecord, commit_block, recache_context, sample_block
+    from worldserve.models.wan.cache import BlockLog, KVCache
+    from worldserve.models.wan.rope import FrameRope
+    from worldserve.models.wan.sampler import StepRecord, commit_block, recache_context, sample_block
 
     config = get_config("tiny").with_window(30)  # nothing leaves the window: the dense forward is the reference
     forward = _network(config)
@@ -277,7 +278,7 @@ def test_the_model_declares_the_transition_track_and_a_switch_reaches_the_contex
 
 
 def test_an_explicit_family_runs_another_familys_checkpoint_with_its_settings(tmp_path: Path) -> None:
-    from worldserve.models.wancausal.statedict import WeightsError
+    from worldserve.models.wan.statedict import WeightsError
 
     wan_files.save_self_forcing(tmp_path / "self_forcing_dmd.pt", wan_files.random_transformer(get_config("tiny")))
     model = load_model("wan-causal", weights=str(tmp_path), family="causvid", text="hashed", vae="random", threads=1)

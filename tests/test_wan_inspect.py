@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import wan_files  # noqa: E402
-from worldserve.models.wancausal.config import get_config  # noqa: E402
+from worldserve.models.wan.config import get_config  # noqa: E402
 from worldserve.tools.inspect import format_inspection, inspect_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

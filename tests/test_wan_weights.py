@@ -22,8 +22,8 @@ import wan_files  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from wan_reference import wan_t5_forward, wan_transformer_forward  # noqa: E402
 from worldserve.models import load_model  # noqa: E402
-from worldserve.models.wancausal.config import CONFIGS, get_config  # noqa: E402
-from worldserve.models.wancausal.statedict import WeightsError  # noqa: E402
+from worldserve.models.wan.config import CONFIGS, get_config  # noqa: E402
+from worldserve.models.wan.statedict import WeightsError  # noqa: E402
 
 TOL = 1e-5
 TINY = get_config("tiny")
@@ -47,9 +47,9 @@ def _library_forward(model: object, x: object, t: object, context: object) -> ob
 
 
 def test_the_layouts_the_loaders_know_are_the_published_ones() -> None:
-    from worldserve.models.wancausal.build import build_transformer, build_vae
+    from worldserve.models.wan.build import build_transformer, build_vae
+    from worldserve.models.wan.vaeweights import original_vae_layout
     from worldserve.models.wancausal.checkpoint import original_layout
-    from worldserve.models.wancausal.vaeweights import original_vae_layout
 
     for name in ("tiny", "1.3b", "14b"):
         config = CONFIGS[name]
@@ -98,8 +98,8 @@ def test_a_self_forcing_download_loads_by_published_names_and_computes_wans_forw
 
 
 def test_the_vae_in_wans_original_layout_decodes_as_the_diffusers_model_it_was_made_from(tmp_path: Path) -> None:
-    from worldserve.models.wancausal.build import build_vae
-    from worldserve.models.wancausal.vaeweights import load_vae_weights
+    from worldserve.models.wan.build import build_vae
+    from worldserve.models.wan.vaeweights import load_vae_weights
 
     vae = wan_files.tiny_vae(TINY)
     original = wan_files.vae_to_original(vae, TINY)
@@ -128,8 +128,8 @@ def test_the_vae_in_wans_original_layout_decodes_as_the_diffusers_model_it_was_m
 
 
 def test_the_text_encoder_loads_from_wans_pth_and_from_a_diffusers_pair(tmp_path: Path) -> None:
-    from worldserve.models.wancausal.t5 import load_text_encoder, load_tokenizer, umt5_names
-    from worldserve.models.wancausal.text import PromptEmbedder
+    from worldserve.models.wan.t5 import load_text_encoder, load_tokenizer, umt5_names
+    from worldserve.models.wan.text import PromptEmbedder
 
     encoder = wan_files.tiny_umt5(TINY.text_dim)
     wan_names = wan_files.umt5_to_wan(encoder)

@@ -142,7 +142,7 @@ def umt5_to_wan(encoder: Any) -> dict[str, Tensor]:
 
 
 def tiny_vae(config: Any, seed: int = 3) -> Any:
-    from worldserve.models.wancausal.build import build_vae
+    from worldserve.models.wan.build import build_vae
 
     torch.manual_seed(seed)
     vae = build_vae(config).eval()
@@ -156,7 +156,7 @@ def vae_to_original(vae: Any, config: Any) -> dict[str, Tensor]:
     """A diffusers VAE's weights under Wan's original names (the layout of ``Wan2.1_VAE.pth``)."""
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
-    from worldserve.models.wancausal.vaeweights import original_vae_layout
+    from worldserve.models.wan.vaeweights import original_vae_layout
 
     sd = vae.state_dict()
     out = {}

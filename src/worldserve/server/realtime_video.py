@@ -329,6 +329,8 @@ class RealtimeVideoConnection:
         if request.num_frames:
             self._last_chunk = math.ceil(request.num_frames / spec.frames_per_chunk) - 1
         self._plan = InteractionPlan(spec)
+        # Twin of connection.py's _begin (only the share flags differ). Left as is: merging it means one object for
+        # the routes' server-wide parts (backend, config, metrics, hosts, clock), which issue 28's front-ends reshape.
         host = self._host = WorldHost(
             session,
             backend=self._backend,

@@ -749,7 +749,7 @@ def _inspect(args: argparse.Namespace) -> int:
         try:
             print(format_inspection(inspect_path(path, gpu_gib=args.gpu_gib, windows=tuple(args.windows))))
         except ValueError as error:  # WeightsError included: a part's file that is no weight file, named
-            from worldserve.models.wancausal.statedict import WeightsError
+            from worldserve.models.wan.statedict import WeightsError
 
             itself = isinstance(error, WeightsError) and error.source == path.expanduser().resolve()
             print(str(error) if itself else f"{path}: {error}", file=sys.stderr)

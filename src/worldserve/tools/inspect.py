@@ -79,12 +79,13 @@ def _strip(name: str) -> str:
 
 def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int, ...] = (3, 6, 9, 15)) -> Inspection:
     """Inspect one weight file or folder (see the module docstring)."""
-    from worldserve.models.wancausal.checkpoint import WAN_HEAD_DIM, is_diffusers_layout
-    from worldserve.models.wancausal.config import CONFIGS
+    from worldserve.models.wan.checkpoint import is_diffusers_layout
+    from worldserve.models.wan.config import CONFIGS
+    from worldserve.models.wan.statedict import part_errors, read_shapes
+    from worldserve.models.wan.vaeweights import vae_layout_of
+    from worldserve.models.wancausal.checkpoint import WAN_HEAD_DIM
     from worldserve.models.wancausal.families import FAMILIES, family_config, guess_family
     from worldserve.models.wancausal.files import PART_NAMES, Parts, expected, find_parts, part_kind
-    from worldserve.models.wancausal.statedict import part_errors, read_shapes
-    from worldserve.models.wancausal.vaeweights import vae_layout_of
 
     path = Path(path).expanduser().resolve()
     if _is_matrix_game(path):
@@ -183,7 +184,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     _serve_command(result, options)
     # Memory per session at each window, and how many sessions fit.
     if config is not None:
-        from worldserve.models.wancausal.vae import decoder_cache_bytes
+        from worldserve.models.wan.vae import decoder_cache_bytes
 
         base = family_config(config, FAMILIES[family])
         decoder = decoder_cache_bytes(base, 2)
@@ -191,7 +192,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
         if "vae" not in result.parts:  # a random VAE is on the GPU all the same
             import torch
 
-            from worldserve.models.wancausal.build import build_vae
+            from worldserve.models.wan.build import build_vae
 
             with torch.device("meta"):
                 weights += 2 * sum(p.numel() for p in build_vae(base).parameters())
@@ -208,7 +209,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
 def _is_matrix_game(path: Path) -> bool:
     """Matrix-Game 2.0's files: a published name, a Matrix-Game Diffusers folder, or action modules in the keys."""
     from worldserve.models.matrixgame.files import DIFFUSERS_FOLDERS, matrix_part_kind
-    from worldserve.models.wancausal.statedict import WeightsError, read_shapes
+    from worldserve.models.wan.statedict import WeightsError, read_shapes
 
     if path.is_dir():
         index = path / "model_index.json"
@@ -233,7 +234,7 @@ def _is_matrix_game(path: Path) -> bool:
 
 def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> Inspection:
     """A Matrix-Game 2.0 file or folder: its parts, the variant its shapes say, the command, the memory."""
-    from worldserve.models.matrixgame.checkpoint import is_diffusers_layout, model_key, shape_facts, variant_of
+    from worldserve.models.matrixgame.checkpoint import model_key, shape_facts, variant_of
     from worldserve.models.matrixgame.clipweights import clip_layout_of
     from worldserve.models.matrixgame.config import SIZES, matrix_config
     from worldserve.models.matrixgame.files import (
@@ -243,10 +244,10 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
         find_matrix_parts,
         matrix_part_kind,
     )
-    from worldserve.models.wancausal.checkpoint import diffusers_name
-    from worldserve.models.wancausal.statedict import WeightsError, part_errors, read_shapes
-    from worldserve.models.wancausal.vae import decoder_cache_bytes
-    from worldserve.models.wancausal.vaeweights import vae_layout_of
+    from worldserve.models.wan.checkpoint import diffusers_name, is_diffusers_layout
+    from worldserve.models.wan.statedict import WeightsError, part_errors, read_shapes
+    from worldserve.models.wan.vae import decoder_cache_bytes
+    from worldserve.models.wan.vaeweights import vae_layout_of
 
     result = Inspection(path=path, gpu_gib=gpu_gib, model="matrix-game-2")
     if path.is_dir():

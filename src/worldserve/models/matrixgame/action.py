@@ -41,8 +41,8 @@ from diffusers.models.embeddings import get_1d_rotary_pos_embed
 from torch import Tensor, nn
 
 from worldserve.models.matrixgame.config import ActionConfig
-from worldserve.models.wancausal.cache import BatchKV
-from worldserve.models.wancausal.rope import apply_rope
+from worldserve.models.wan.cache import BatchKV
+from worldserve.models.wan.rope import apply_rope
 
 __all__ = ["ActionModule", "ActionRope", "UnscaledRMSNorm", "action_windows", "first_block_actions"]
 

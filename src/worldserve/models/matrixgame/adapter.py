@@ -41,20 +41,18 @@ from worldserve.models.matrixgame.controls import (
 from worldserve.models.matrixgame.forward import MatrixBatchKV, MatrixCaches, MatrixConditions, MatrixGameForward
 from worldserve.models.matrixgame.image import MAX_IMAGE_FRAMES, ImageEncoder, ImageLatents, encode_image_latents
 from worldserve.models.matrixgame.weights import MatrixWeightOptions, load_matrix
-from worldserve.models.precision import usable_device
-from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
-from worldserve.models.wancausal.noise import SessionNoise
-from worldserve.models.wancausal.options import (
+from worldserve.models.wan.decoders import choose_decoder
+from worldserve.models.wan.noise import SessionNoise
+from worldserve.models.wan.options import (
     FLOAT32_PARTS,
-    cast_module,
     option_bool,
     option_int,
     option_path,
-    resolve_dtype,
 )
-from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, sample_block
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
+from worldserve.models.wan.rope import FrameRope
+from worldserve.models.wan.sampler import commit_block, sample_block
+from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states
+from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["MatrixGameModel", "MatrixGameState"]
@@ -144,11 +142,10 @@ class MatrixGameModel:
         decoder: str | None = None,
         taehv: str | Path | None = None,
     ) -> None:
-        threads_count = option_int(threads, _MODEL, "threads")
-        if threads_count is not None:
-            torch.set_num_threads(threads_count)
-        self.device = usable_device(device, _MODEL)
-        precision, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
+        serving = self.serving = Serving.read(
+            _MODEL, device=device, dtype=dtype, threads=threads, seed=seed, max_batch_size=max_batch_size
+        )
+        self.device, self.dtype = serving.device, serving.dtype
         options = MatrixWeightOptions(
             config=config,
             variant=variant,
@@ -161,36 +158,32 @@ class MatrixGameModel:
         )
         taehv_path = option_path(taehv)
         choose_decoder(decoder, taehv_path, options.weights, trained=False, model=_MODEL)  # refused before loading
-        weight_seed = option_int(seed, _MODEL, "seed") or 0
-        loaded = load_matrix(options, self.device, weight_seed)
+        loaded = load_matrix(options, self.device, serving.seed)
         self.decoder_choice = choose_decoder(
             decoder, taehv_path, options.weights, trained=not loaded.dummy, model=_MODEL
         )
         self.loaded = loaded
         self.config = cfg = loaded.config
         self.variant = loaded.variant
-        cast_module(loaded.transformer, self.dtype, FLOAT32_PARTS)
-        cast_module(loaded.vae, self.dtype)
-        cast_module(loaded.image_encoder, self.dtype)
-        for module in (loaded.transformer, loaded.vae, loaded.image_encoder):
-            module.to(self.device).eval().requires_grad_(False)
+        serving.prepare(loaded.transformer, FLOAT32_PARTS)
+        serving.prepare(loaded.vae)
+        serving.prepare(loaded.image_encoder)
         self.forward = MatrixGameForward(
             loaded.transformer, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
         )
-        self.vae = VaeStream(loaded.vae)  # the start image's encoder, and the decoder unless decoder=taehv
-        self.decoder = build_frame_decoder(self.decoder_choice, self.vae, cfg.wan, self.device, self.dtype, weight_seed)
+        frames = FrameDecoding.build(self.decoder_choice, loaded.vae, cfg.wan, serving)
+        self.vae = frames.vae  # the start image's encoder, and the decoder unless decoder=taehv
+        self.decoder = frames.decoder
+        self.decoder_cache_bytes = frames.cache_bytes
         self.encoder = ImageEncoder(loaded.image_encoder, cfg.clip)
         self.rope = FrameRope(cfg.wan, self.device)
         wan = cfg.wan
-        dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = frame_decoder_bytes(self.decoder_choice, wan, dtype_bytes)
+        dtype_bytes = serving.dtype_bytes
         image_bytes = 4 * MAX_IMAGE_FRAMES * wan.latent_channels * wan.latent_height * wan.latent_width
         features_bytes = cfg.clip.tokens * cfg.clip.dim * dtype_bytes
         history_bytes = 4 * cfg.action.window_frames * (cfg.action.keyboard_dim + cfg.action.mouse_dim)
         state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + image_bytes + features_bytes
         state_bytes += history_bytes + 4096
-        batch_limit = option_int(max_batch_size, _MODEL, "max_batch_size")
-        assert batch_limit is not None
         rollback_on = option_bool(rollback, _MODEL, "rollback")
         controls = variant_controls(self.variant)
         self._spec = ModelSpec(
@@ -200,17 +193,17 @@ class MatrixGameModel:
             height=wan.height,
             width=wan.width,
             controls=controls,
-            max_batch_size=batch_limit,
+            max_batch_size=serving.max_batch_size,
             state_bytes=state_bytes,
             description=self._describe(),
             atomic_step=True,
             version=loaded.version,
-            precision=precision,
+            precision=serving.precision,
             continuous_tracks=tuple(c.track for c in controls if c.track in (KEYS_TRACK, MOUSE_TRACK)),
             can_rollback=rollback_on is not False,
             requires_image=True,
             takes_prompt=False,  # no text encoder: prompts are ignored
-            notes=() if precision_note is None else (precision_note,),
+            notes=serving.notes,
         )
 
     def _describe(self) -> str:
@@ -256,14 +249,8 @@ class MatrixGameModel:
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
         if not batch:
             return []
-        if len(batch) > self._spec.max_batch_size:
-            raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
         wan, action = self.config.wan, self.config.action
-        states: list[MatrixGameState] = []
-        for state, _ in batch:
-            if not isinstance(state, MatrixGameState):
-                raise TypeError(f"matrix-game-2 got a foreign state: {type(state).__name__}")
-            states.append(state)
+        states = batch_states(batch, self.serving, MatrixGameState)
         block = wan.block_frames
         span = action.window_frames
         video = action.frames_per_latent * block

@@ -4,8 +4,9 @@ Owns: :func:`original_layout` (every parameter of the reference's ``CausalWanMod
 original name: ``patch_embedding``, ``time_embedding.0/2``, ``time_projection.1``,
 ``img_emb.proj.0/1/3/4``, ``blocks.N.self_attn.*``, ``blocks.N.cross_attn.*``, ``blocks.N.norm3``,
 ``blocks.N.ffn.0/2``, ``blocks.N.modulation``, ``blocks.N.action_model.*``, ``head.head``,
-``head.modulation``; Skywork saves it with a ``model.`` prefix), :class:`MatrixTransformerState`
-and :func:`read_matrix_transformer` (a checkpoint in the original layout, converted key by key by
+``head.modulation``; Skywork saves it with a ``model.`` prefix), :func:`read_matrix_transformer`
+(a checkpoint -> the shared :class:`~worldserve.models.wan.checkpoint.TransformerState`: in the
+original layout converted key by key by
 diffusers' own ``convert_wan_transformer_to_diffusers``, which maps ``img_emb`` to the image
 embedder and leaves ``action_model`` as it is; or in the Diffusers layout of FastVideo's folders,
 :func:`model_key` also taking ``patch_embedding.proj`` and FastVideo's own module names, ``to_q``,
@@ -27,7 +28,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from worldserve.models.matrixgame.clipweights import load_image_encoder_weights
 from worldserve.models.matrixgame.config import (
@@ -40,15 +40,19 @@ from worldserve.models.matrixgame.config import (
 )
 from worldserve.models.matrixgame.files import PART_NAMES, PUBLISHED, MatrixParts, expected, find_matrix_parts
 from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
-from worldserve.models.wancausal.checkpoint import block_layout, diffusers_name, load_renamed, rename_keys
-from worldserve.models.wancausal.statedict import WeightsError, part_errors, read_json, read_tensors, weights_digest
-from worldserve.models.wancausal.vaeweights import load_vae_weights
+from worldserve.models.wan.checkpoint import (
+    TransformerState,
+    block_layout,
+    config_beside,
+    load_renamed,
+    transformer_state,
+)
+from worldserve.models.wan.statedict import WeightsError, part_errors, read_tensors, weights_digest
+from worldserve.models.wan.vaeweights import load_vae_weights
 
 __all__ = [
-    "MatrixTransformerState",
     "ShapeFacts",
     "detect",
-    "is_diffusers_layout",
     "load_parts",
     "load_published",
     "loading",
@@ -80,7 +84,6 @@ _FASTVIDEO_NAMES = (
     (re.compile(r"^(blocks\.\d+)\.self_attn_residual_norm\.norm\."), r"\1.norm2."),
 )
 _KEYBOARD = re.compile(r"blocks\.(\d+)\.action_model\.keyboard_embed\.0\.weight")
-_DIFFUSERS_MARKERS = ("condition_embedder.", "proj_out.", "scale_shift_table")
 
 
 def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
@@ -141,35 +144,12 @@ def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@dataclass(slots=True)
-class MatrixTransformerState:
-    """A transformer checkpoint in the model's (Diffusers layout) names, remembering the user's names."""
-
-    tensors: dict[str, Tensor]
-    #: model name -> the name in the user's file
-    user_names: dict[str, str]
-    source: str
-    layout: str  # "original" or "diffusers"
-    #: The config.json beside the weights (the reference's distilled_model/*/config.json, or Diffusers'), if any.
-    file_config: dict[str, object] | None = None
-
-    def user_name(self, key: str) -> str:
-        return self.user_names.get(key, key)
-
-
-def is_diffusers_layout(keys: Mapping[str, object]) -> bool:
-    return any(k.startswith(_DIFFUSERS_MARKERS) or ".attn1." in k or ".to_q." in k for k in keys)
-
-
-def read_matrix_transformer(path: str | Path) -> MatrixTransformerState:
+def read_matrix_transformer(path: str | Path) -> TransformerState:
     """A transformer checkpoint file (``model.``-prefixed or not), or a Diffusers ``transformer/`` folder."""
     path = Path(path)
-    raw = read_tensors(path)
-    layout = "diffusers" if is_diffusers_layout(raw) else "original"
-    tensors, names = rename_keys(raw, model_key if layout == "diffusers" else diffusers_name, str(path))
-    config_file = (path / "config.json") if path.is_dir() else path.parent / "config.json"
-    file_config = read_json(config_file) if config_file.exists() else None
-    return MatrixTransformerState(tensors, names, str(path), layout, file_config)
+    state = transformer_state(read_tensors(path), str(path), model_key=model_key)
+    state.file_config = config_beside(path, file_too=True)  # the reference's distilled_model/*/config.json
+    return state
 
 
 def model_key(key: str) -> str:
@@ -237,7 +217,7 @@ def variant_of(facts: ShapeFacts, where: str) -> Variant:
 
 
 def detect(
-    state: MatrixTransformerState, asked_variant: str | None, asked_size: str | None, window: int | None
+    state: TransformerState, asked_variant: str | None, asked_size: str | None, window: int | None
 ) -> MatrixGameConfig:
     """The configuration the checkpoint's shapes name (size, variant, action blocks; context from its config.json)."""
     shapes = {k: tuple(v.shape) for k, v in state.tensors.items()}

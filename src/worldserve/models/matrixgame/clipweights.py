@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_tensors
+from worldserve.models.wan.statedict import WeightsError, check_shapes, read_tensors
 
 __all__ = ["clip_layout_of", "load_image_encoder_weights", "wan_clip_name"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from worldserve.models.wancausal.config import CONFIGS as WAN_CONFIGS
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import CONFIGS as WAN_CONFIGS
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = [
     "CONFIGS",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worldserve.models.wancausal.files import expected_from, single_candidate, walk_published
+from worldserve.models.wan.files import expected_from, single_candidate, walk_published
 
 __all__ = [
     "DIFFUSERS_FOLDERS",

@@ -8,11 +8,11 @@ no sink, a window of the most recent committed frames), :class:`MatrixBatchKV` (
 batched view of them, recording and committing the commit pass's K/V of all three) and
 :class:`MatrixGameForward`. The forward embeds (the 36-channel patch embedding of latents + mask
 + image latents, per-frame timesteps, the CLIP features through the image embedder) and then runs
-the SAME blocks and head as ``wan-causal`` (:class:`~worldserve.models.wancausal.forward.BlockRunner`:
+the SAME blocks and head as ``wan-causal`` (:class:`~worldserve.models.wan.blocks.BlockRunner`:
 one self-attention call per layer per pass over the batch's caches, RoPE at each row's own
 frames), with each block's action module run between its cross-attention and its FFN, itself one
 call per attention per layer for the whole batch. It is a
-:class:`~worldserve.models.wancausal.sampler.BlockForward`, so the shared sampler and commit pass
+:class:`~worldserve.models.wan.sampler.BlockForward`, so the shared sampler and commit pass
 drive it. Must not know: the sampler's schedule, the VAE, sessions' control plane.
 """
 
@@ -28,8 +28,8 @@ from torch import Tensor
 from worldserve.models.matrixgame.action import ActionRope
 from worldserve.models.matrixgame.config import MatrixGameConfig
 from worldserve.models.matrixgame.transformer import MatrixGameTransformer
-from worldserve.models.wancausal.cache import BatchKV, KVCache
-from worldserve.models.wancausal.forward import BlockRunner
+from worldserve.models.wan.blocks import BlockRunner
+from worldserve.models.wan.cache import BatchKV, KVCache
 
 __all__ = ["MatrixBatchKV", "MatrixCaches", "MatrixConditions", "MatrixGameForward"]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from worldserve.models.matrixgame.config import ClipConfig, MatrixGameConfig
-from worldserve.models.wancausal.vae import VaeStream
+from worldserve.models.wan.vae import VaeStream
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "ImageEncoder", "ImageLatents", "build_image_encoder", "encode_image_latents"]
 

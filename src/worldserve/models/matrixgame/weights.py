@@ -22,7 +22,7 @@ from torch import nn
 from worldserve.models.matrixgame.config import CONFIGS, MatrixGameConfig, Variant, get_variant, matrix_config
 from worldserve.models.matrixgame.image import build_image_encoder
 from worldserve.models.matrixgame.transformer import MatrixGameTransformer, build_transformer
-from worldserve.models.wancausal.build import build_vae, seeded_init
+from worldserve.models.wan.build import build_vae, seeded_init
 
 __all__ = ["LoadedMatrix", "MatrixWeightOptions", "load_matrix"]
 

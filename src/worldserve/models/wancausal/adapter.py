@@ -2,7 +2,7 @@
 
 Owns: :class:`WanCausalModel` and :class:`WanCausalState`. A session's state is its KV
 cache (sink + sliding window) and the clean latents of the blocks in it, its decoder state (the
-VAE's feature cache, or TAEHV's last frames with ``decoder=taehv``: :mod:`~worldserve.models.wancausal.decoders`),
+VAE's feature cache, or TAEHV's last frames with ``decoder=taehv``: :mod:`~worldserve.models.wan.decoders`),
 its noise counter (the session's noise is a pure function of ``SessionOptions.seed`` and the
 counter, drawn for the whole batch at once) and its prompt. A session is *primed* at
 creation: its start frame (the start image, else the procedural world's first frame for
@@ -26,27 +26,25 @@ import numpy as np
 import torch
 
 from worldserve.models.base import ModelSpec, SessionOptions
-from worldserve.models.precision import usable_device
-from worldserve.models.wancausal.actions import ACTION_DIM, action_features
-from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.decoders import build_frame_decoder, choose_decoder, frame_decoder_bytes
-from worldserve.models.wancausal.families import family_config
-from worldserve.models.wancausal.forward import CachedForward
-from worldserve.models.wancausal.noise import SessionNoise
-from worldserve.models.wancausal.options import (
+from worldserve.models.wan.cache import BatchKV, BlockLog, KVCache
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.decoders import choose_decoder
+from worldserve.models.wan.noise import SessionNoise
+from worldserve.models.wan.options import (
     FLOAT32_PARTS,
-    cast_module,
     option_bool,
     option_int,
     option_path,
-    resolve_dtype,
 )
+from worldserve.models.wan.rope import FrameRope
+from worldserve.models.wan.sampler import commit_block, recache_context, sample_block
+from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states
+from worldserve.models.wan.text import PromptEmbedder
+from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
+from worldserve.models.wancausal.actions import ACTION_DIM, action_features
+from worldserve.models.wancausal.families import family_config
+from worldserve.models.wancausal.forward import CachedForward
 from worldserve.models.wancausal.prompts import MAX_TRANSITION, PromptPlan, PromptTrack, transition_schema
-from worldserve.models.wancausal.rope import FrameRope
-from worldserve.models.wancausal.sampler import commit_block, recache_context, sample_block
-from worldserve.models.wancausal.text import PromptEmbedder
-from worldserve.models.wancausal.vae import DecoderCache, VaeStream, frame_pixels, host_frames
 from worldserve.models.wancausal.weights import WeightOptions, load_weights
 from worldserve.models.world import CONTROL_SCHEMAS, DEFAULT_STYLE, STYLES, World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
@@ -134,12 +132,10 @@ class WanCausalModel:
         decoder: str | None = None,
         taehv: str | Path | None = None,
     ) -> None:
-        threads_count = option_int(threads, _MODEL, "threads")
-        if threads_count is not None:
-            torch.set_num_threads(threads_count)
-        self.device = usable_device(device, _MODEL)
-        dtype, self.dtype, precision_note = resolve_dtype(dtype, self.device, _MODEL)
-        weight_seed = option_int(seed, _MODEL, "seed") or 0
+        serving = self.serving = Serving.read(
+            _MODEL, device=device, dtype=dtype, threads=threads, seed=seed, max_batch_size=max_batch_size
+        )
+        self.device, self.dtype = serving.device, serving.dtype
         options = WeightOptions(
             config=config,
             weights=option_path(weights),
@@ -156,7 +152,7 @@ class WanCausalModel:
         )
         taehv_path = option_path(taehv)
         choose_decoder(decoder, taehv_path, options.weights, trained=False, model=_MODEL)  # refused before loading
-        loaded = load_weights(options, self.device, weight_seed, self.dtype)
+        loaded = load_weights(options, self.device, serving.seed, self.dtype)
         self.decoder_choice = choose_decoder(
             decoder, taehv_path, options.weights, trained=not loaded.dummy, model=_MODEL
         )
@@ -187,27 +183,23 @@ class WanCausalModel:
         self.action_from_checkpoint = loaded.action_from_checkpoint
         self.vae_from_file = loaded.vae_from_file
         transformer, actions, autoencoder = loaded.transformer, loaded.actions, loaded.vae
-        cast_module(transformer, self.dtype, FLOAT32_PARTS)
-        cast_module(actions, self.dtype)
-        cast_module(autoencoder, self.dtype)
-        for module in (transformer, actions, autoencoder):
-            module.eval().requires_grad_(False)
+        serving.prepare(transformer, FLOAT32_PARTS)
+        serving.prepare(actions)
+        serving.prepare(autoencoder)
         self.forward = CachedForward(
             transformer, actions, cfg, attention=attention, compile=bool(option_bool(compile, _MODEL, "compile"))
         )
-        self.vae = VaeStream(autoencoder)  # the start frame's encoder, and the decoder unless decoder=taehv
-        self.decoder = build_frame_decoder(self.decoder_choice, self.vae, cfg, self.device, self.dtype, weight_seed)
+        frames = FrameDecoding.build(self.decoder_choice, autoencoder, cfg, serving)
+        self.vae = frames.vae  # the start frame's encoder, and the decoder unless decoder=taehv
+        self.decoder = frames.decoder
+        self.decoder_cache_bytes = frames.cache_bytes
         self.rope = FrameRope(cfg, self.device)
         self.text = PromptEmbedder(
             cfg.text_len, cfg.text_dim, self.device, self.dtype, loaded.text_encoder, loaded.tokenizer
         )
-        dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
-        self.decoder_cache_bytes = frame_decoder_bytes(self.decoder_choice, cfg, dtype_bytes)
         latents_per_block = cfg.latent_channels * cfg.block_frames * cfg.latent_height * cfg.latent_width
         log_bytes = BlockLog.max_blocks(cfg) * 4 * (latents_per_block + cfg.block_frames * cfg.action_dim)
-        state_bytes = cfg.kv_bytes(dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
-        batch_limit = option_int(max_batch_size, _MODEL, "max_batch_size")
-        assert batch_limit is not None
+        state_bytes = cfg.kv_bytes(serving.dtype_bytes) + self.decoder_cache_bytes + log_bytes + 4096
         self._spec = ModelSpec(
             name="wan-causal",
             frames_per_chunk=cfg.video_frames_per_block,
@@ -215,15 +207,15 @@ class WanCausalModel:
             height=cfg.height,
             width=cfg.width,
             controls=(*CONTROL_SCHEMAS, transition_schema(self.prompt_transition)),
-            max_batch_size=batch_limit,
+            max_batch_size=serving.max_batch_size,
             state_bytes=state_bytes,
             styles=STYLES,
             default_prompt=DEFAULT_STYLE,
             description=self._describe(),
             atomic_step=True,
             version=loaded.version,
-            precision=dtype,
-            notes=() if precision_note is None else (precision_note,),
+            precision=serving.precision,
+            notes=serving.notes,
         )
 
     def _describe(self) -> str:
@@ -288,17 +280,12 @@ class WanCausalModel:
     def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
         if not batch:
             return []
-        if len(batch) > self._spec.max_batch_size:
-            raise ValueError(f"batch of {len(batch)} exceeds max_batch_size {self._spec.max_batch_size}")
         cfg = self.config
-        states: list[WanCausalState] = []
+        states = batch_states(batch, self.serving, WanCausalState)
         plans: list[PromptPlan] = []
         features: list[list[list[float]]] = []
         recache = self.prompt_switch == "recache"
-        for state, tick in batch:
-            if not isinstance(state, WanCausalState):
-                raise TypeError(f"wan-causal got a foreign state: {type(state).__name__}")
-            states.append(state)
+        for state, (_, tick) in zip(states, batch, strict=True):
             prompt = self._prompt(tick.prompt if tick.prompt is not None else state.options.prompt)
             plans.append(state.prompt.plan(prompt, tick.controls, self.text.one, self.prompt_transition, recache))
             features.append(action_features(tick.controls, cfg.block_frames))

@@ -1,53 +1,51 @@
-"""The transformer's weights as the Wan2.1 family publishes them -> the diffusers modules.
+"""wan-causal's transformer weights as the Wan2.1 families publish them -> the diffusers modules.
 
-Owns: :func:`original_layout` (the original Wan2.1 key names and shapes of a configuration, as
-``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save them; one
-block's: :func:`block_layout`), :func:`transformer_state` (a checkpoint in either layout -> the
-diffusers ``SkyReelsV2Transformer3DModel`` names, through diffusers' own public
-``convert_wan_transformer_to_diffusers`` for the original layout, remembering each key's name in
-the user's file: :func:`rename_keys`), :func:`merge_lora` (LongLive's ``lora.pt``, a peft state
-dict, merged into the weights: ``W += alpha / rank * B @ A``), :func:`infer_config` (the named
-configuration whose shapes the checkpoint has) and :func:`load_transformer` (strict, through
-:func:`load_renamed`: a key missing, extra or of the wrong shape is a
-:class:`~.statedict.WeightsError` naming the user's key, the file and both shapes). The action
-embedding's weights, if present, are ``action_embedding.linear_1.weight`` and
-``action_embedding.linear_2.weight``. Must not know: sessions, the sampler, caches.
+Owns: :func:`original_layout` (the original Wan2.1 T2V key names and shapes of a configuration,
+as ``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save them),
+:func:`read_transformer` (a checkpoint in either layout -> the shared
+:class:`~worldserve.models.wan.checkpoint.TransformerState` in diffusers'
+``SkyReelsV2Transformer3DModel`` names, the action embedding's keys kept as they are),
+:func:`merge_lora` (LongLive's ``lora.pt``, a peft state dict, merged into the weights:
+``W += alpha / rank * B @ A``), :func:`infer_config` (the named configuration whose shapes the
+checkpoint has) and :func:`load_transformer` (strict, through the shared
+:func:`~worldserve.models.wan.checkpoint.load_renamed`: a key missing, extra or of the wrong shape
+is a :class:`~worldserve.models.wan.statedict.WeightsError` naming the user's key, the file and
+both shapes). The action embedding's weights, if present, are ``action_embedding.linear_1.weight``
+and ``action_embedding.linear_2.weight``. Must not know: sessions, the sampler, caches.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.config import CONFIGS, WanCausalConfig
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_json, read_tensors
+from worldserve.models.wan.checkpoint import (
+    TransformerState,
+    block_layout,
+    config_beside,
+    diffusers_name,
+    load_renamed,
+    transformer_state,
+)
+from worldserve.models.wan.config import CONFIGS, WanCausalConfig
+from worldserve.models.wan.statedict import WeightsError, check_shapes, read_tensors
 
 __all__ = [
     "ACTION_PREFIX",
-    "diffusers_name",
-    "TransformerState",
-    "block_layout",
+    "WAN_HEAD_DIM",
     "infer_config",
-    "load_renamed",
     "load_transformer",
     "merge_lora",
     "original_layout",
     "read_transformer",
-    "rename_keys",
-    "transformer_state",
 ]
 
 ACTION_PREFIX = "action_embedding."
 #: Wan2.1's attention head width (1.3B: 12 x 128, 14B: 40 x 128); the weights do not record it.
 WAN_HEAD_DIM = 128
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
-#: A few names only the diffusers layout has.
-_DIFFUSERS_MARKERS = ("condition_embedder.", "proj_out.", "scale_shift_table")
 
 
 def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
@@ -76,89 +74,11 @@ def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def block_layout(index: int, dim: int, ffn_dim: int) -> dict[str, tuple[int, ...]]:
-    """One Wan2.1 block's parameters by their original names: modulation, self- and cross-attention, norm3, FFN."""
-    d, f, p = dim, ffn_dim, f"blocks.{index}."
-    shapes: dict[str, tuple[int, ...]] = {p + "modulation": (1, 6, d)}
-    for attn in ("self_attn", "cross_attn"):
-        for proj in "qkvo":
-            shapes[f"{p}{attn}.{proj}.weight"] = (d, d)
-            shapes[f"{p}{attn}.{proj}.bias"] = (d,)
-        shapes[f"{p}{attn}.norm_q.weight"] = (d,)
-        shapes[f"{p}{attn}.norm_k.weight"] = (d,)
-    shapes[p + "norm3.weight"] = (d,)  # the affine cross-attention norm (diffusers' norm2)
-    shapes[p + "norm3.bias"] = (d,)
-    shapes[p + "ffn.0.weight"] = (f, d)
-    shapes[p + "ffn.0.bias"] = (f,)
-    shapes[p + "ffn.2.weight"] = (d, f)
-    shapes[p + "ffn.2.bias"] = (d,)
-    return shapes
-
-
-def diffusers_name(name: str) -> str:
-    """One original key's diffusers name, by the library's own conversion."""
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
-    (converted,) = convert_wan_transformer_to_diffusers({name: None})  # type: ignore[no-untyped-call]
-    return str(converted)
-
-
-def is_diffusers_layout(keys: Mapping[str, object]) -> bool:
-    return any(key.startswith(_DIFFUSERS_MARKERS) for key in keys)
-
-
-@dataclass(slots=True)
-class TransformerState:
-    """A transformer checkpoint in the model's (diffusers) names, remembering the user's names."""
-
-    tensors: dict[str, Tensor]
-    #: model name -> the name in the user's file
-    user_names: dict[str, str]
-    actions: dict[str, Tensor]
-    source: str
-    layout: str  # "original" or "diffusers"
-    #: The Diffusers config.json next to the weights, if any.
-    diffusers_config: dict[str, object] | None = None
-
-    def user_name(self, key: str) -> str:
-        return self.user_names.get(key, key)
-
-
-def transformer_state(raw: Mapping[str, Tensor], source: str) -> TransformerState:
-    """``raw`` (either layout) in the diffusers names; the action embedding split off."""
-    actions = {k[len(ACTION_PREFIX) :]: v for k, v in raw.items() if k.startswith(ACTION_PREFIX)}
-    rest = {k: v for k, v in raw.items() if not k.startswith(ACTION_PREFIX)}
-    if is_diffusers_layout(rest):
-        return TransformerState(dict(rest), {k: k for k in rest}, actions, source, "diffusers")
-    tensors, names = rename_keys(rest, diffusers_name, source)
-    return TransformerState(tensors, names, actions, source, "original")
-
-
-def rename_keys(
-    raw: Mapping[str, Tensor], rename: Callable[[str], str], source: str
-) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """``raw`` under the model's names (``rename`` of each key), and model name -> the user's key.
-
-    Two of the user's keys that map to one model name are an error naming both.
-    """
-    tensors: dict[str, Tensor] = {}
-    names: dict[str, str] = {}
-    for key, value in raw.items():
-        target = rename(key)
-        if target in tensors:
-            raise WeightsError(f"keys {names[target]!r} and {key!r} both map to {target!r}", path=source)
-        tensors[target] = value
-        names[target] = key
-    return tensors, names
-
-
 def read_transformer(path: str | Path, *, ema: bool = True) -> TransformerState:
     """A transformer checkpoint file, or a Diffusers ``transformer/`` folder (with its config.json)."""
     path = Path(path)
-    state = transformer_state(read_tensors(path, ema=ema), str(path))
-    config_file = path / "config.json" if path.is_dir() else None
-    if config_file is not None and config_file.exists():
-        state.diffusers_config = read_json(config_file)
+    state = transformer_state(read_tensors(path, ema=ema), str(path), keep=(ACTION_PREFIX,))
+    state.file_config = config_beside(path, file_too=False)
     return state
 
 
@@ -214,10 +134,10 @@ def _found_config(state: TransformerState) -> dict[str, int]:
         key = error.args[0]
         raise WeightsError(
             f"not a Wan2.1 transformer checkpoint: it lacks {state.user_name(key)!r} "
-            f"(keys start: {sorted(state.user_names.values())[:6]})",
+            f"(keys start: {sorted(v for v in state.user_names.values() if not v.startswith(ACTION_PREFIX))[:6]})",
             path=state.source,
         ) from None
-    config = state.diffusers_config or {}
+    config = state.file_config or {}
     heads = config.get("num_attention_heads", config.get("num_heads"))  # Diffusers' or Wan's own config.json
     found["num_heads"] = int(heads) if isinstance(heads, int) else max(1, found["dim"] // WAN_HEAD_DIM)
     return found
@@ -256,45 +176,24 @@ def load_transformer(
     state: TransformerState, transformer: nn.Module, actions: nn.Module, config: WanCausalConfig
 ) -> bool:
     """Load ``state`` strictly into ``transformer`` (and ``actions`` if present); True if the actions were."""
+    weights = {k: v for k, v in state.tensors.items() if not k.startswith(ACTION_PREFIX)}
+    found = {k[len(ACTION_PREFIX) :]: v for k, v in state.tensors.items() if k.startswith(ACTION_PREFIX)}
     load_renamed(
         transformer,
-        state.tensors,
+        weights,
         state.user_names,
         original=original_layout(config) if state.layout == "original" else None,
         where=state.source,
         part=f"the file ({state.layout} layout, config {config.name})",
     )
-    if state.actions:
+    if found:
         wanted = {k: tuple(v.shape) for k, v in actions.state_dict().items()}
         check_shapes(
-            state.actions,
+            found,
             wanted,
             where=state.source,
             part="its action embedding",
             user_name=lambda k: ACTION_PREFIX + k,
         )
-        actions.load_state_dict(state.actions, strict=True)
-    return bool(state.actions)
-
-
-def load_renamed(
-    module: nn.Module,
-    tensors: Mapping[str, Tensor],
-    user_names: Mapping[str, str],
-    *,
-    original: Iterable[str] | None,
-    where: str,
-    part: str,
-) -> None:
-    """Load ``tensors`` (in the model's names) strictly into ``module``, errors in the user's names.
-
-    ``original``: the original layout's names when the file is in that layout, so a key the file
-    lacks is named as the authors' layout names it.
-    """
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    names = dict(user_names)
-    for name in original or ():
-        names.setdefault(diffusers_name(name), name)
-    check_shapes(tensors, expected, where=where, part=part, user_name=lambda key: names.get(key, key))
-    with torch.no_grad():
-        module.load_state_dict(tensors, strict=True)
+        actions.load_state_dict(found, strict=True)
+    return bool(found)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["FAMILIES", "Family", "family_config", "get_family", "guess_family", "uniform_steps"]
 

@@ -1,40 +1,30 @@
-"""Finding a model's parts in a folder of downloads by the names their authors publish them under.
+"""Finding wan-causal's parts in a folder of downloads by the names their authors publish them under.
 
 Owns: :func:`find_parts` (``weights=DIR``: walks the folder a few levels down and picks the
 transformer checkpoint, the VAE, the text encoder, its tokenizer and a LoRA by their published
 file and folder names, see :data:`PUBLISHED`), :class:`Parts` (what was picked, every candidate
 seen, and the family a checkpoint's published name implies), :func:`part_kind` (what one file or
 folder is, by name), :data:`PART_NAMES` and :func:`expected` (a part's name in errors and what its
-loader expects there, its published names), and what any model's finder shares: :func:`walk_published` (the published
-files and folders under a folder, a few levels down, in name order) and :func:`single_candidate`
-(a part's one candidate, several being an error), and :func:`find_taehv` (TAEHV's ``taew2_1.pth``,
-:data:`TAEHV_FILE`, under a folder: the optional ``decoder=taehv`` of both Wan models). Names only:
-reading the files is the loaders' job. Must not know: torch, the model, sessions.
+loader expects there, its published names). The walk itself is every Wan model's
+(:mod:`worldserve.models.wan.files`). Names only: reading the files is the loaders' job. Must not
+know: torch, the model, sessions.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+
+from worldserve.models.wan.files import expected_from, single_candidate, walk_published
 
 __all__ = [
     "PART_NAMES",
     "PUBLISHED",
-    "TAEHV_FILE",
     "Parts",
     "expected",
-    "expected_from",
-    "find_taehv",
     "find_parts",
     "part_kind",
-    "single_candidate",
-    "walk_published",
 ]
-
-K = TypeVar("K")
 
 #: Published names -> (part, family the name implies or None). Folders end in "/".
 PUBLISHED: dict[str, tuple[str, str | None]] = {
@@ -61,8 +51,6 @@ PUBLISHED: dict[str, tuple[str, str | None]] = {
     "text_encoder/": ("text_encoder", None),
     "tokenizer/": ("tokenizer", None),
 }
-#: TAEHV's published decoder for Wan2.1's latents (madebyollin/taehv): used only with ``decoder=taehv``.
-TAEHV_FILE = "taew2_1.pth"
 
 #: Each part's name in an error that a file given for it does not load.
 PART_NAMES = {
@@ -81,13 +69,6 @@ _WHAT = {
 }
 _DIFFUSERS_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder")
 _PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "lora")
-_DEPTH = 4
-
-
-def expected_from(published: dict[str, tuple[str, str | None]], part: str, what: str) -> str:
-    """``what`` and the names ``part`` is published under, as an error says what was expected."""
-    names = [name if not name.endswith("/") else f"a folder {name}" for name, (p, _) in published.items() if p == part]
-    return f"{what}: {', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else f"{what}: {names[0]}"
 
 
 def expected(part: str) -> str:
@@ -120,38 +101,6 @@ class Parts:
 
     def missing(self) -> list[str]:
         return [part for part in _PARTS[:4] if getattr(self, part) is None]
-
-
-def walk_published(folder: Path, kind: Callable[[Path], K | None]) -> list[tuple[Path, K]]:
-    """Every file and folder under ``folder`` (``weights=``), a few levels down, that ``kind`` names.
-
-    Walked in name order (folders before files at each level), so what is found is the same on
-    every machine. A ``folder`` that is not one is an error.
-    """
-    if not folder.is_dir():
-        raise ValueError(f"weights={folder}: not a folder.")
-    found: list[tuple[Path, K]] = []
-    base = len(folder.parts)
-    for root, dirs, files in os.walk(folder):
-        here = Path(root)
-        dirs.sort()
-        if len(here.parts) - base >= _DEPTH:
-            dirs[:] = []
-        for name in (*dirs, *sorted(files)):
-            path = here / name
-            named = kind(path)
-            if named is not None:
-                found.append((path, named))
-    return found
-
-
-def single_candidate(folder: Path, candidates: dict[str, list[Path]], part: str) -> Path | None:
-    """``part``'s one candidate under ``folder`` (None: none); several are an error that lists them."""
-    found = candidates.get(part, [])
-    if len(found) > 1:
-        listed = ", ".join(str(p.relative_to(folder)) for p in found)
-        raise ValueError(f"weights={folder}: several {part.replace('_', ' ')} candidates ({listed}); pass {part}=PATH.")
-    return found[0] if found else None
 
 
 def _transformer_path(path: Path) -> Path:
@@ -198,10 +147,3 @@ def find_parts(folder: str | Path, family: str | None = None) -> Parts:
         if chosen_part is not None:
             setattr(parts, part, chosen_part)
     return parts
-
-
-def find_taehv(folder: str | Path) -> Path | None:
-    """The one ``taew2_1.pth`` under ``folder`` (None: none; several are an error that lists them)."""
-    folder = Path(folder)
-    found = walk_published(folder, lambda path: "taehv" if path.name == TAEHV_FILE and path.is_file() else None)
-    return single_candidate(folder, {"taehv": [path for path, _ in found]}, "taehv")

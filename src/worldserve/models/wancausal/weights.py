@@ -22,20 +22,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from worldserve.models.wancausal.build import ActionEmbedding, build_transformer, build_vae, seeded_init
-from worldserve.models.wancausal.checkpoint import (
-    TransformerState,
-    infer_config,
-    load_transformer,
-    merge_lora,
-    read_transformer,
-)
-from worldserve.models.wancausal.config import WanCausalConfig, get_config
+from worldserve.models.wan.build import build_transformer, build_vae, seeded_init
+from worldserve.models.wan.checkpoint import TransformerState
+from worldserve.models.wan.config import WanCausalConfig, get_config
+from worldserve.models.wan.statedict import WeightsError, part_errors, weights_digest
+from worldserve.models.wan.t5 import TOKENIZER_FILES, load_text_encoder, load_tokenizer
+from worldserve.models.wan.vaeweights import load_vae_weights
+from worldserve.models.wancausal.actions import ActionEmbedding
+from worldserve.models.wancausal.checkpoint import infer_config, load_transformer, merge_lora, read_transformer
 from worldserve.models.wancausal.families import Family, get_family, guess_family
 from worldserve.models.wancausal.files import PART_NAMES, Parts, expected, find_parts
-from worldserve.models.wancausal.statedict import WeightsError, part_errors, weights_digest
-from worldserve.models.wancausal.t5 import TOKENIZER_FILES, load_text_encoder, load_tokenizer
-from worldserve.models.wancausal.vaeweights import load_vae_weights
 
 __all__ = ["LoadedWeights", "WeightOptions", "load_weights", "loading", "resolve"]
 

@@ -30,7 +30,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["BatchKV", "BlockLog", "KVCache", "StepCaches"]
 

@@ -7,7 +7,7 @@ re-noises ``x0`` with fresh noise, ``(1 - s') x0 + s' n``, as Self-Forcing/CausV
 Krea do; ``euler`` takes the ODE step ``x + (s' - s) v``; return the last ``x0``), :func:`commit_block`
 (one more pass over the clean block at the context timestep, whose K/V the caches keep) and
 :func:`recache_context` (a prompt switch's re-cache). The noise comes from the caller
-(``noise()``: :func:`~worldserve.models.wancausal.noise.batch_noise` in the model). Must not
+(``noise()``: :func:`~worldserve.models.wan.noise.batch_noise` in the model). Must not
 know: attention, the VAE, sessions.
 """
 
@@ -19,8 +19,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.cache import BatchKV, BlockLog, KVCache, StepCaches
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.cache import BatchKV, BlockLog, KVCache, StepCaches
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["BlockForward", "StepRecord", "commit_block", "recache_context", "sample_block"]
 

@@ -8,7 +8,11 @@ stacked along the batch axis for one decoder pass and split back after it. Also:
 (de)normalisation with the VAE's ``latents_mean``/``latents_std`` and the start image's
 encoding, :func:`decoder_cache_bytes` (a session's decoder cache, by a dry run on the meta
 device), and the mapping between uint8 frames and the VAE's pixels in [-1, 1] both ways
-(:func:`frame_pixels`, :func:`host_frames`). Must not know: the transformer, the sampler, sessions' control plane.
+(:func:`frame_pixels`, :func:`host_frames`). The same stream serves Wan2.1's VAE and Wan2.2's (the
+same class with residual blocks, 48 latent channels and ``patch_size`` 2: the decoder's output is
+unpatchified after the frames are joined, and a streamed encode patchifies its chunk first, both
+with diffusers' own public ``patchify``/``unpatchify``, as its one-shot ``decode``/``encode`` do).
+Must not know: the transformer, the sampler, sessions' control plane.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, patchify, unpatchify
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.build import build_vae
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.build import build_vae
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["DecoderCache", "VaeStream", "decoder_cache_bytes", "frame_pixels", "host_frames"]
 
@@ -51,6 +55,8 @@ class VaeStream:
         weight: Tensor = self.vae.post_quant_conv.weight
         self.convs = sum(isinstance(m, WanCausalConv3d) for m in self.vae.decoder.modules())
         self.encoder_convs = sum(isinstance(m, WanCausalConv3d) for m in self.vae.encoder.modules())
+        #: Wan2.2's pixel patches (its ``patch_size``: 2); 1 for Wan2.1's VAE.
+        self.patch = int(config.patch_size or 1)
         shape = (1, config.z_dim, 1, 1, 1)
         self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=weight.device).view(shape)
         self.std = torch.tensor(config.latents_std, dtype=torch.float32, device=weight.device).view(shape)
@@ -83,7 +89,10 @@ class VaeStream:
         then 4 frames at a time, which is how the library's one-shot ``encode`` walks a video, so
         the chunks' latents are the one-shot encode's, one latent frame per chunk.
         """
-        out = self.vae.encoder(video.to(self.dtype), feat_cache=cache, feat_idx=[0])
+        pixels = video.to(self.dtype)
+        if self.patch != 1:
+            pixels = patchify(pixels, patch_size=self.patch)  # type: ignore[no-untyped-call]
+        out = self.vae.encoder(pixels, feat_cache=cache, feat_idx=[0])
         mode: Tensor = self.vae.quant_conv(out)[:, : self.mean.shape[1]]
         return (mode.float() - self.mean) / self.std
 
@@ -119,7 +128,10 @@ class VaeStream:
                 )
             )
         _unstack(shared, caches)
-        return torch.clamp(torch.cat(outputs, dim=2), -1.0, 1.0)
+        video = torch.cat(outputs, dim=2)
+        if self.patch != 1:
+            video = unpatchify(video, patch_size=self.patch)  # type: ignore[no-untyped-call]
+        return torch.clamp(video, -1.0, 1.0)
 
     @staticmethod
     def nbytes(cache: DecoderCache) -> int:

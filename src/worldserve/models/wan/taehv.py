@@ -5,7 +5,7 @@ three memory blocks that also see the previous frame's input, nearest 2x upsampl
 temporal grow in the last two groups, so ``F`` latent frames make ``4F`` frames at 8x the size;
 its parameters are named as the published ``TAEHV.decoder`` ``nn.Sequential`` names them, so a
 ``taew2_1.pth`` state dict loads key by key), :class:`TaehvStream` (the same interface as
-:class:`~worldserve.models.wancausal.vae.VaeStream`'s decode: a session's decoder state is a
+:class:`~worldserve.models.wan.vae.VaeStream`'s decode: a session's decoder state is a
 list with one entry per memory block, the last frame that block saw, None before the first
 chunk; a batch's entries are stacked for one pass over every frame of the chunk and each row's
 new entries are fresh tensors, so a step that fails leaves the old list untouched; a session's
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, part_errors, read_tensors
+from worldserve.models.wan.statedict import WeightsError, check_shapes, part_errors, read_tensors
 
 __all__ = [
     "PUBLISHED_WIDTHS",

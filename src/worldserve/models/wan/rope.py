@@ -18,7 +18,7 @@ import torch
 from diffusers.models.embeddings import get_1d_rotary_pos_embed
 from torch import Tensor
 
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import WanCausalConfig
 
 __all__ = ["FrameRope", "apply_rope"]
 

@@ -1,7 +1,7 @@
 """Prompt text -> the transformer's text embeddings, cached per prompt.
 
 Owns: :class:`PromptEmbedder`. With an encoder (transformers' ``UMT5EncoderModel``, loaded
-by :mod:`~worldserve.models.wancausal.t5` from either published layout) and its tokenizer, it
+by :mod:`~worldserve.models.wan.t5` from either published layout) and its tokenizer, it
 cleans the prompt as Wan does (``clean='whitespace'``), pads to ``text_len`` and zeroes the
 padding positions, as Wan does. Without one, a
 documented deterministic embedding stands in so the path runs with nothing downloaded:
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.t5 import clean_prompt
+from worldserve.models.wan.t5 import clean_prompt
 
 __all__ = ["PromptEmbedder", "hashed_embedding"]
 

@@ -1,12 +1,11 @@
-"""Build the diffusers modules a configuration names, and the action-conditioning module.
+"""Build the diffusers modules a Wan configuration names.
 
 Owns: :func:`build_transformer` (diffusers' ``SkyReelsV2Transformer3DModel``: it takes a
-Wan2.1 state dict, and its dense block-causal forward is this family's numerical
-reference), :func:`build_vae` (``AutoencoderKLWan``, the causal video VAE),
-:class:`ActionEmbedding` (keys/camera -> a per-frame addition to the timestep modulation) and
-:func:`seeded_init` (modules built under it are initialised on the device from a seed, the
-caller's random state left as it was).
-Must not know: caches, sessions, the sampler, checkpoints' key names.
+Wan2.1 state dict, and its dense block-causal forward is the numerical reference of the
+cached forwards built on its blocks), :func:`build_vae` (``AutoencoderKLWan``, the causal video
+VAE) and :func:`seeded_init` (modules built under it are initialised on the device from a seed,
+the caller's random state left as it was).
+Must not know: caches, sessions, the sampler, checkpoints' key names, any family's conditioning.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from contextlib import contextmanager
 
 import torch
 from diffusers import AutoencoderKLWan, SkyReelsV2Transformer3DModel
-from torch import Tensor, nn
+from torch import nn
 
-from worldserve.models.wancausal.config import WanCausalConfig
+from worldserve.models.wan.config import WanCausalConfig
 
-__all__ = ["ActionEmbedding", "build_transformer", "build_vae", "seeded_init"]
+__all__ = ["build_transformer", "build_vae", "seeded_init"]
 
 
 @contextmanager
@@ -53,10 +52,21 @@ def build_transformer(config: WanCausalConfig) -> nn.Module:
 
 
 def build_vae(config: WanCausalConfig) -> nn.Module:
-    """A randomly initialised ``AutoencoderKLWan`` of ``config``'s size (8x spatial, 4x temporal)."""
+    """A randomly initialised ``AutoencoderKLWan`` of ``config``'s size: Wan2.1's (8x spatial, 4x temporal), or
+    Wan2.2's (``vae_residual``, ``vae_patch`` 2: 16x spatial) as diffusers' Wan2.2 configuration builds it."""
     kwargs: dict[str, object] = {}
     if config.vae_latents_mean is not None and config.vae_latents_std is not None:
         kwargs = {"latents_mean": list(config.vae_latents_mean), "latents_std": list(config.vae_latents_std)}
+    if config.vae_residual or config.vae_patch != 1 or config.vae_decoder_base_dim is not None:
+        pixels = 3 * config.vae_patch**2  # Wan2.2's: the encoder reads 2x2 patches of RGB, the decoder writes them
+        kwargs |= {
+            "decoder_base_dim": config.vae_decoder_base_dim,
+            "is_residual": config.vae_residual,
+            "patch_size": config.vae_patch if config.vae_patch != 1 else None,
+            "in_channels": pixels,
+            "out_channels": pixels,
+            "scale_factor_spatial": config.vae_spatial,
+        }
     model: nn.Module = AutoencoderKLWan(  # type: ignore[no-untyped-call, assignment]
         base_dim=config.vae_base_dim,
         z_dim=config.latent_channels,
@@ -67,29 +77,3 @@ def build_vae(config: WanCausalConfig) -> nn.Module:
         **kwargs,
     )
     return model
-
-
-class ActionEmbedding(nn.Module):
-    """Per-latent-frame action features -> an addition to the transformer's timestep projection.
-
-    The transformer modulates every block with ``time_proj(silu(temb))`` (shift, scale and
-    gate of its norms, 6 x dim per frame); this module adds ``W2 silu(W1 a)`` to it, so a
-    frame's keys/camera steer it the way its noise level does (adaLN conditioning, as
-    camera-conditioned video models do). Neither layer has a bias, so "no action" adds exactly
-    zero and the model is then exactly the transformer alone. Random-initialised unless a
-    checkpoint supplies ``action_embedding.*``.
-    """
-
-    def __init__(self, action_dim: int, dim: int) -> None:
-        super().__init__()
-        self.action_dim = action_dim
-        self.dim = dim
-        self.linear_1 = nn.Linear(action_dim, dim, bias=False)
-        self.act = nn.SiLU()
-        self.linear_2 = nn.Linear(dim, 6 * dim, bias=False)
-        with torch.no_grad():
-            self.linear_2.weight.mul_(0.1)
-
-    def forward(self, actions: Tensor) -> Tensor:
-        """``actions`` [..., action_dim] -> [..., 6 * dim]."""
-        return self.linear_2(self.act(self.linear_1(actions)))  # type: ignore[no-any-return]

@@ -37,6 +37,13 @@ class WanCausalConfig:
     vae_res_blocks: int = 2
     vae_latents_mean: tuple[float, ...] | None = None
     vae_latents_std: tuple[float, ...] | None = None
+    #: Wan2.2's VAE (``AutoencoderKLWan`` with ``is_residual``): a wider decoder than encoder
+    #: (``decoder_base_dim``; None: ``vae_base_dim``), residual up/down blocks, and pixels taken in
+    #: ``vae_patch`` x ``vae_patch`` patches (``patch_size``: 2, so 16x spatial with 48 latent
+    #: channels). Wan2.1's VAE: None, False, 1 (8x spatial).
+    vae_decoder_base_dim: int | None = None
+    vae_residual: bool = False
+    vae_patch: int = 1
     # Video and the AR block.
     height: int = 480
     width: int = 832
@@ -62,8 +69,11 @@ class WanCausalConfig:
     action_dim: int = 4
 
     def __post_init__(self) -> None:
-        if self.height % (8 * self.patch[1]) or self.width % (8 * self.patch[2]):
-            raise ValueError(f"height/width must be multiples of {8 * self.patch[1]}; got {self.height}x{self.width}.")
+        spatial = self.vae_spatial
+        if self.height % (spatial * self.patch[1]) or self.width % (spatial * self.patch[2]):
+            raise ValueError(
+                f"height/width must be multiples of {spatial * self.patch[1]}; got {self.height}x{self.width}."
+            )
         if self.block_frames <= 0 or self.sink_frames < 0 or self.window_frames <= 0:
             raise ValueError("block_frames and window_frames must be positive, sink_frames non-negative.")
         if self.sink_frames > self.block_frames:
@@ -78,12 +88,17 @@ class WanCausalConfig:
         return self.num_heads * self.head_dim
 
     @property
+    def vae_spatial(self) -> int:
+        """Pixels per latent along height and width: 8 (Wan2.1's VAE), 16 (Wan2.2's, 2x2 patches)."""
+        return 8 * self.vae_patch
+
+    @property
     def latent_height(self) -> int:
-        return self.height // 8
+        return self.height // self.vae_spatial
 
     @property
     def latent_width(self) -> int:
-        return self.width // 8
+        return self.width // self.vae_spatial
 
     @property
     def tokens_per_frame(self) -> int:
@@ -132,8 +147,11 @@ class WanCausalConfig:
         Every convolution of the decoder (``2 * C_in * C_out * kernel volume`` per output
         element) and the middle block's spatial attention, at the resolution and frame count it
         runs at: the first two levels double the frames (4 video frames per latent frame),
-        every level but the last doubles height and width.
+        every level but the last doubles height and width. Counted for Wan2.1's VAE: Wan2.2's
+        (residual blocks, a wider decoder, patches) is refused rather than miscounted.
         """
+        if self.vae_residual or self.vae_patch != 1 or self.vae_decoder_base_dim is not None:
+            raise ValueError("vae_decode_flops counts Wan2.1's VAE decoder; this configuration has Wan2.2's.")
         frames = latent_frames if latent_frames is not None else self.block_frames
         h, w = self.latent_height, self.latent_width
         z, base, mult, res = self.latent_channels, self.vae_base_dim, self.vae_dim_mult, self.vae_res_blocks

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from worldserve.models.wancausal.build import seeded_init
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.files import TAEHV_FILE, find_taehv
-from worldserve.models.wancausal.statedict import WeightsError
-from worldserve.models.wancausal.taehv import TaehvDecoder, TaehvStream, load_taehv_weights, taehv_state_bytes
-from worldserve.models.wancausal.vae import VaeStream, decoder_cache_bytes
+from worldserve.models.wan.build import seeded_init
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.files import TAEHV_FILE, find_taehv
+from worldserve.models.wan.statedict import WeightsError
+from worldserve.models.wan.taehv import TaehvDecoder, TaehvStream, load_taehv_weights, taehv_state_bytes
+from worldserve.models.wan.vae import VaeStream, decoder_cache_bytes
 
 __all__ = ["DECODERS", "DecoderChoice", "FrameDecoder", "build_frame_decoder", "choose_decoder", "frame_decoder_bytes"]
 

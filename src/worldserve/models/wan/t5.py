@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, one_line, read_tensors
+from worldserve.models.wan.statedict import WeightsError, check_shapes, one_line, read_tensors
 
 __all__ = ["TOKENIZER_FILES", "clean_prompt", "load_text_encoder", "load_tokenizer", "original_t5_layout", "umt5_names"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from worldserve.models.wancausal.config import WanCausalConfig
-from worldserve.models.wancausal.statedict import WeightsError, check_shapes, read_tensors
+from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.statedict import WeightsError, check_shapes, read_tensors
 
 __all__ = ["load_vae_weights", "original_vae_layout", "vae_layout_of"]
 
