@@ -119,6 +119,9 @@ class Model:
     calls: list[LifecycleCall] = field(default_factory=list)
     gate: asyncio.Future[str] | None = None
     tick_task: asyncio.Task[None] | None = None
+    #: The last commit while retract_chunk may undo it: its tick, its events, and what it replaced
+    #: (prompt, controls, settled floor); None once a tick starts, or after a reset, close or failure.
+    last: tuple[TickRequest, dict[int, SessionEvent], str | None, dict[str, ControlInput], int] | None = None
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -184,6 +187,10 @@ class Consumer:
 
     def chunk_metadata(self, output: ChunkMetadata) -> ChunkMetadata:
         return output
+
+    async def retract_tick(self, tick: TickRequest) -> None:
+        if self.refuse_cancel:
+            raise CancelUnsupportedError("cannot roll back")
 
     def cancel_tick(self, tick: TickRequest) -> None:
         model = self.machine.current[tick.session_id]
@@ -309,6 +316,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         for got, track in zip(tick.controls, sorted(controls), strict=True):
             assert got is controls[track], "controls are shared, last one per track, ordered by track"
         model.inflight = tick
+        model.last = None  # this step replaces the worker's undo record
         return model
 
     def on_lifecycle(self, method: str, session_id: str, fail: bool) -> bool:
@@ -339,6 +347,8 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert error is None, error
             assert result == ChunkMetadata.from_tick(tick)
             assert calls == []
+            events = {event_id: model.pending[event_id] for event_id in tick.applied_event_ids}
+            model.last = (tick, events, model.prompt, dict(model.controls), model.settled)
             for event_id in tick.applied_event_ids:
                 assert event_id not in model.applied
                 assert event_id not in model.dropped
@@ -397,6 +407,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             model.prompt, model.controls = None, {}
             model.next_index = 0
             model.epoch += 1
+            model.last = None
             model.committed_indexes.append([])
             model.failure_code = model.failure = None
             model.status = SessionStatus.ACTIVE
@@ -422,6 +433,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 assert model.session.take_dropped() == expected
                 model.prompt, model.controls = None, {}
                 model.status = SessionStatus.CLOSED
+                model.last = None
         if through_manager and model.status is SessionStatus.CLOSED and self.registered.get(model.sid) is model:
             del self.registered[model.sid]
         model.see(model.session.status)
@@ -525,6 +537,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             old_id
             for old_id, old in sorted(model.pending.items())
             if old_id not in in_flight
+            and old_id > model.floor  # pending again after a retract: applied again, never superseded
             and old_id < event.event_id
             and old.prompt is None
             and {control.track for control in old.controls} <= tracks
@@ -602,6 +615,36 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         else:
             assert error is None, error
             assert index == in_flight is not None
+        self.pump()
+
+    @precondition(lambda self: self._idle())
+    @rule(data=st.data(), refuse=sometimes)
+    def retract_chunk(self, data: st.DataObject, refuse: bool) -> None:
+        """A preemption: the last commit undone (or refused, changing nothing); else nothing to undo."""
+        model = self._pick(data, self._idle())
+        self.consumer.refuse_cancel = refuse
+        tick, error = self.run_now(model.session.retract_chunk())
+        self.consumer.refuse_cancel = False
+        if model.status is not SessionStatus.ACTIVE:
+            assert isinstance(error, SessionStateError), error
+        elif model.last is None:
+            assert isinstance(error, NothingToCancelError), error
+        elif refuse:
+            assert isinstance(error, CancelUnsupportedError), error
+            assert model.session.chunk_retractable == model.last[0].chunk_index  # still possible
+        else:
+            assert error is None, error
+            last, events, prompt, controls, settled = model.last
+            assert tick is last
+            model.last = None
+            for event_id, event in events.items():
+                model.applied.remove(event_id)
+                model.pending[event_id] = event
+            model.prompt, model.controls, model.settled = prompt, controls, settled
+            assert model.committed_indexes[-1].pop() == last.chunk_index
+            model.next_index -= 1
+            model.count("retracted")
+            model.count("unapplied", len(events))
         self.pump()
 
     @precondition(lambda self: self.current)
@@ -688,9 +731,11 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 name: model.counts.get(name, 0)
                 for name in ("dropped", "superseded", "chunks", "cancelled", "failures", "resets")
             }
-            observed |= {"accepted": len(model.accepted), "applied": len(model.applied)}
+            observed |= {name: model.counts.get(name, 0) for name in ("retracted", "unapplied")}
+            unapplied = model.counts.get("unapplied", 0)  # applied, undone, pending again: counted once more later
+            observed |= {"accepted": len(model.accepted), "applied": len(model.applied) + unapplied}
             assert {name: getattr(stats, name) for name in observed} == observed
-            assert stats.applied_latency.count == len(model.applied)
+            assert stats.applied_latency.count == len(model.applied) + unapplied
             total = total + stats
         summed = self.manager.stats()
         # Latency totals are float sums: the manager adds them in another order than this loop.

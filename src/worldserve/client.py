@@ -156,8 +156,13 @@ class WorldClient:
         token: str | None = None,
         open_timeout: float = 10.0,
         reply_timeout: float = 30.0,
+        auto_ack: bool = True,
     ) -> None:
         self.url = url
+        #: Ack each chunk as :meth:`next_chunk` hands it over (True), or leave it to :meth:`ack` (a
+        #: player that acks as it shows a chunk's first frame, as the page does: the server paces to
+        #: it and preempts only chunks not yet playing).
+        self.auto_ack = auto_ack
         self._token = token
         self._open_timeout = open_timeout
         self._reply_timeout = reply_timeout
@@ -487,7 +492,7 @@ class WorldClient:
     # -- chunks --------------------------------------------------------------------
 
     async def next_chunk(self, timeout: float | None = None) -> ClientChunk:
-        """The next chunk of the current epoch; acknowledges it to the server."""
+        """The next chunk of the current epoch; acknowledges it to the server (unless ``auto_ack`` is off)."""
         while True:
             item = await asyncio.wait_for(self._chunks.get(), timeout)
             if item is _CLOSED:
@@ -496,11 +501,16 @@ class WorldClient:
             if isinstance(item, BaseException):
                 raise item
             assert isinstance(item, ClientChunk)
-            if self._ws is not None:
-                with contextlib.suppress(websockets.ConnectionClosed):
-                    await self._ws.send(json.dumps({"type": "chunk.ack", "seq": item.seq}))
+            if self.auto_ack:
+                await self.ack(item.seq)
             if item.epoch >= self._epoch:
                 return item
+
+    async def ack(self, seq: int) -> None:
+        """Tell the server chunk ``seq`` is playing (its first frame shown); a closed socket is ignored."""
+        if self._ws is not None:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await self._ws.send(json.dumps({"type": "chunk.ack", "seq": seq}))
 
     async def chunks(self) -> AsyncIterator[ClientChunk]:
         """Chunks as they arrive, until the connection closes; a failure raises."""

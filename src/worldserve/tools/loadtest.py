@@ -399,7 +399,8 @@ async def _run_client(
     applied: Counter[int] = Counter()
     accepted: set[int] = set()
     try:
-        async with WorldClient(url, token=token) as client:
+        # It acks a chunk as its player shows the chunk's first frame, as the page does.
+        async with WorldClient(url, token=token, auto_ack=False) as client:
             started = time.monotonic()
             info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media=media, share_viewers=viewers > 0)
             report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
@@ -415,6 +416,12 @@ async def _run_client(
             # The page's player: its adaptive jitter buffer, starting at the slack given.
             player = JitterBuffer(frame, int(info.model["frames_per_chunk"]), start=playout_slack_frames)
             previous: _Counted | None = None  # what the last chunk added to the report (a preemption undoes it)
+            acks: dict[int, asyncio.TimerHandle] = {}  # seq -> its ack, due as its first frame plays
+            loop = asyncio.get_running_loop()
+
+            def ack_at(seq: int, at: float | None) -> None:
+                delay = 0.0 if at is None else max(0.0, at - time.monotonic())
+                acks[seq] = loop.call_later(delay, lambda: (acks.pop(seq, None), loop.create_task(client.ack(seq))))
 
             async def consume() -> None:
                 nonlocal last_seq, previous
@@ -431,11 +438,14 @@ async def _run_client(
                         # A preemption: the last chunk was made again with newer input; it is never shown.
                         previous.undo(report, applied)
                         player.supersede(previous.seq, chunk.received_at)  # the new one plays instead
+                        if (handle := acks.pop(previous.seq, None)) is not None:
+                            handle.cancel()  # never played: never acked
                         report.superseded_chunks += 1
                     mark = _Counted.mark(chunk, report)
                     report.arrivals.append(chunk.received_at)
                     played = player.arrive(chunk.seq, int(chunk.frames.shape[0]), chunk.received_at)
                     shown = chunk.received_at if played is None else played
+                    ack_at(chunk.seq, played)
                     if last_seq is not None and chunk.seq > last_seq + 1:
                         report.seq_gaps += chunk.seq - last_seq - 1
                     last_seq = chunk.seq
@@ -529,6 +539,8 @@ async def _run_client(
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
+            for handle in acks.values():  # the session is closed: nothing more to ack
+                handle.cancel()
             dropped = {event for notice in client.dropped for event in notice.event_ids}
             for event_id in client.skipped_applied:  # applied in chunks this client never got
                 applied[event_id] += 1
