@@ -1,4 +1,4 @@
-"""Capacity benchmark: the most sessions one server holds at real time, chunk clock on vs off.
+"""Capacity benchmark: the most sessions one server holds at real time, by side (chunk clock, lead, preemption).
 
 For each side (``worldserve serve --chunk-clock on`` and ``off``, the same model and
 options otherwise), starts a server on a free port, runs ``worldserve bench
@@ -12,7 +12,7 @@ one period plus one step.
 The clients run on the same machine as the server: on a small box they take CPU from it.
 
 Usage: ``python bench/capacity.py [--model tinyworld] [--model-option precision=float32]
-[--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off jit]
+[--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off jit nopreempt]
 [--server-arg '--step-budget 0.95']``.
 """
 
@@ -29,12 +29,22 @@ from servers import start_server
 from worldserve.tools.loadtest import CapacityStep, find_capacity, format_capacity_table
 
 #: What each side runs: the chunk clock on or off (a lead of one chunk), or on with --lead jit.
-_SIDES = {"on": "chunk clock on", "off": "chunk clock off", "jit": "chunk clock on, --lead jit"}
+_SIDES = {
+    "on": "chunk clock on",
+    "off": "chunk clock off",
+    "jit": "chunk clock on, --lead jit",
+    "nopreempt": "chunk clock on, --preempt off",
+}
 
 
 def _server_args(args: argparse.Namespace, side: str) -> list[str]:
     command = ["--model", args.model, "--workers", str(args.workers)]
-    command += ["--chunk-clock", "on", "--lead", "jit"] if side == "jit" else ["--chunk-clock", side]
+    if side == "jit":
+        command += ["--chunk-clock", "on", "--lead", "jit"]
+    elif side == "nopreempt":
+        command += ["--chunk-clock", "on", "--preempt", "off"]
+    else:
+        command += ["--chunk-clock", side]
     for option in args.model_option:
         command += ["--model-option", option]
     if args.threads_per_worker is not None:
@@ -98,9 +108,10 @@ def main() -> int:
     parser.add_argument(
         "--sides",
         nargs="+",
-        choices=["on", "off", "jit"],
+        choices=list(_SIDES),
         default=["on", "off"],
-        help="on / off: the chunk clock (lead 1 chunk); jit: the clock with --lead jit",
+        help="on / off: the chunk clock (lead 1 chunk, preemption on); jit: the clock with --lead jit; "
+        "nopreempt: the clock with --preempt off",
     )
     args = parser.parse_args()
 
