@@ -38,20 +38,24 @@ def server() -> Iterator[RunningServer]:
     running.stop()
 
 
+def _tap(page: Page, turn: int) -> None:
+    """Tap D (even turns) or A (odd ones): held about 3 frames, then a pause."""
+    key = "KeyD" if turn % 2 == 0 else "KeyA"
+    page.keyboard.down(key)
+    page.wait_for_timeout(180)
+    page.keyboard.up(key)
+    page.wait_for_timeout(120)
+
+
 def _press_until_superseded(page: Page, swaps: int) -> None:
-    """Tap D and A in turn, a key a chunk or so, until the page has swapped in ``swaps`` replacements."""
+    """Tap D and A in turn until the page has swapped in ``swaps`` replacements."""
     page.click("#screen")
     for turn in range(60):
-        key = "KeyD" if turn % 2 == 0 else "KeyA"
-        page.keyboard.down(key)
-        page.wait_for_timeout(180)
-        page.keyboard.up(key)
-        page.wait_for_timeout(120)
+        _tap(page, turn)
         if page.evaluate("() => window.worldserve.superseded") >= swaps:
             return
-    raise AssertionError(
-        f"no {swaps} preemptions in 60 key taps: {page.evaluate('() => window.worldserve.superseded')}"
-    )
+    done = page.evaluate("() => window.worldserve.superseded")
+    raise AssertionError(f"no {swaps} preemptions in 60 key taps: {done}")
 
 
 def _assert_versions_replayed(recording: Recording, drawn: list[Drawn], start_prompt: str) -> int:
@@ -129,11 +133,7 @@ def test_an_h264_world_is_preempted_only_while_a_chunk_is_being_made(server: Run
         assert page.evaluate("() => window.worldserve.media") == "h264"
         page.click("#screen")
         for turn in range(12):
-            key = "KeyD" if turn % 2 == 0 else "KeyA"
-            page.keyboard.down(key)
-            page.wait_for_timeout(180)
-            page.keyboard.up(key)
-            page.wait_for_timeout(120)
+            _tap(page, turn)
         last = page.evaluate("() => window.worldserve.chunkIndex")
         wait_for(page, f"window.worldserve.chunkIndex > {last + 3}")
         assert page.evaluate("() => window.worldserve.superseded") == 0
