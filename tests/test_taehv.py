@@ -25,9 +25,20 @@ from torch import Tensor  # noqa: E402
 from wan_files import one_thread  # noqa: E402, F401 (the autouse fixture)
 from worldserve.models import load_model  # noqa: E402
 from worldserve.models.base import SessionOptions  # noqa: E402
-from worldserve.models.wan.decoders import choose_decoder  # noqa: E402
+from worldserve.models.wan.config import CONFIGS  # noqa: E402
+from worldserve.models.wan.decoders import (  # noqa: E402
+    DecoderChoice,
+    build_frame_decoder,
+    choose_decoder,
+    frame_decoder_bytes,
+)
 from worldserve.models.wan.statedict import WeightsError  # noqa: E402
-from worldserve.models.wan.taehv import TaehvDecoder, TaehvStream, load_taehv_weights  # noqa: E402
+from worldserve.models.wan.taehv import (  # noqa: E402
+    TaehvDecoder,
+    TaehvStream,
+    load_taehv_weights,
+    taehv_variant,
+)
 from worldserve.protocol import TickRequest  # noqa: E402
 
 TOL = 1e-5
@@ -38,9 +49,10 @@ SMALL = (16, 8, 8, 8)
 
 
 def published_keys(
-    latent: int, widths: tuple[int, ...], grow_rows_first: int | None = None
+    latent: int, widths: tuple[int, ...], grow_rows_first: int | None = None, patch: int = 1
 ) -> dict[str, tuple[int, ...]]:
-    """``TAEHV.decoder``'s parameters: Clamp, conv, ReLU, 3 x (3 MemBlock, Upsample, TGrow, conv), ReLU, conv."""
+    """``TAEHV.decoder``'s parameters: Clamp, conv, ReLU, 3 x (3 MemBlock, Upsample, TGrow, conv), ReLU, conv
+    (to ``3 * patch**2`` channels: ``taew2_2``'s ``patch_size`` 2)."""
     keys: dict[str, tuple[int, ...]] = {"decoder.1.weight": (widths[0], latent, 3, 3), "decoder.1.bias": (widths[0],)}
     index = 3
     for group, stride in enumerate((1, 2, 2)):
@@ -58,8 +70,8 @@ def published_keys(
         index += 1
         keys[f"decoder.{index}.weight"] = (widths[group + 1], n, 3, 3)
         index += 1
-    keys[f"decoder.{index + 1}.weight"] = (3, widths[3], 3, 3)
-    keys[f"decoder.{index + 1}.bias"] = (3,)
+    keys[f"decoder.{index + 1}.weight"] = (3 * patch * patch, widths[3], 3, 3)
+    keys[f"decoder.{index + 1}.bias"] = (3 * patch * patch,)
     return keys
 
 
@@ -72,8 +84,9 @@ def random_published(latent: int, widths: tuple[int, ...], seed: int = 0, **kw: 
     return out
 
 
-def reference_decode(sd: dict[str, Tensor], latents: Tensor) -> Tensor:
-    """The published one-shot (parallel) decode of ``latents`` ``[N, T, C, h, w]``: ``[N, 4T - 3, 3, 8h, 8w]``."""
+def reference_decode(sd: dict[str, Tensor], latents: Tensor, patch: int = 1) -> Tensor:
+    """The published one-shot (parallel) decode of ``latents`` ``[N, T, C, h, w]``: ``[N, 4T - 3, 3, 8ph, 8pw]``
+    (``patch`` p: the published ``postprocess_output_frames``' pixel shuffle, then the clamp and the trim)."""
     n, t = latents.shape[:2]
     x = torch.tanh(latents.flatten(0, 1) / 3) * 3
     x = F.relu(F.conv2d(x, sd["decoder.1.weight"], sd["decoder.1.bias"], padding=1))
@@ -98,12 +111,14 @@ def reference_decode(sd: dict[str, Tensor], latents: Tensor) -> Tensor:
         x = F.conv2d(x, sd[f"decoder.{index}.weight"], padding=1)
         index += 1
     x = F.conv2d(F.relu(x), sd[f"decoder.{index + 1}.weight"], sd[f"decoder.{index + 1}.bias"], padding=1)
+    if patch > 1:
+        x = F.pixel_shuffle(x, patch)
     return x.reshape(n, t, *x.shape[1:]).clamp(0, 1)[:, 3:]
 
 
-def small_stream(latent: int = 4, seed: int = 0) -> tuple[TaehvStream, dict[str, Tensor]]:
-    sd = random_published(latent, SMALL, seed)
-    module = TaehvDecoder(latent, SMALL)
+def small_stream(latent: int = 4, seed: int = 0, patch: int = 1) -> tuple[TaehvStream, dict[str, Tensor]]:
+    sd = random_published(latent, SMALL, seed, patch=patch)
+    module = TaehvDecoder(latent, SMALL, patch=patch)
     module.decoder.load_state_dict({k.removeprefix("decoder."): v for k, v in sd.items()})
     return TaehvStream(module.eval()), sd
 
@@ -218,6 +233,97 @@ def test_the_decoder_option_is_taehv_or_vae_and_a_folder_s_file_is_used_only_wit
         choose_decoder(None, "x.pth", None, trained=False, model="m")
     with pytest.raises(ValueError, match="decoder must be one of vae, taehv"):
         choose_decoder("tiny", None, None, trained=False, model="m")
+
+
+# --- (3b) Wan2.2's latents: taew2_2.pth (48 channels, 2x2 pixel-shuffled patches, 16x spatial) ------------
+
+
+@torch.no_grad()
+def test_the_wan22_variant_streamed_and_batched_equals_the_published_one_shot_decode() -> None:
+    stream, sd = small_stream(latent=48, seed=11, patch=2)
+    torch.manual_seed(12)
+    latents = torch.randn(2, 48, 9, 3, 4)  # two sessions, 3 chunks of 3 latent frames
+    one_shot = reference_decode(sd, latents.transpose(1, 2), patch=2).transpose(1, 2)
+    assert one_shot.shape == (2, 3, 33, 48, 64)  # 16x spatial, 1 + 4(F - 1) frames
+    assert one_shot.std() > 0.01
+    caches = [stream.new_cache(), stream.new_cache()]
+    # Session 1 starts a chunk later than session 0: the middle chunk is one batch of a first and a later chunk.
+    parts: list[list[Tensor]] = [[], []]
+    parts[0] += stream.decode_rows(latents[:1, :, 0:3], caches[:1], [True])
+    for (a, b), firsts in (((3, 0), [False, True]), ((6, 3), [False, False])):
+        rows = torch.cat([latents[:1, :, a : a + 3], latents[1:, :, b : b + 3]])
+        out = stream.decode_rows(rows, caches, firsts)
+        parts[0].append(out[0])
+        parts[1].append(out[1])
+    parts[1] += stream.decode_rows(latents[1:, :, 6:9], caches[1:], [False])
+    for row in range(2):
+        streamed = (torch.cat(parts[row], dim=1) + 1) / 2
+        assert streamed.shape == one_shot[row].shape
+        assert (streamed - one_shot[row]).abs().max().item() <= TOL
+
+
+def test_a_taew2_2_shaped_file_loads_key_by_key_and_the_other_wan_s_file_is_refused(tmp_path: Path) -> None:
+    widths = (256, 128, 64, 64)
+    published = random_published(48, widths, seed=13, grow_rows_first=2 * widths[0], patch=2)
+    published["encoder.0.weight"] = torch.zeros(64, 12, 3, 3)  # its encoder takes 2x2 patches of RGB: skipped
+    assert published["decoder.22.weight"].shape == (12, 64, 3, 3)
+    path = tmp_path / "taew2_2.pth"
+    torch.save(published, path)
+    variant = taehv_variant(published)
+    assert variant is not None
+    assert variant.file == "taew2_2.pth"
+    module = TaehvDecoder(48, patch=2)
+    load_taehv_weights(path, module)
+    state = module.state_dict()
+    assert len([k for k in published if k.startswith("decoder.")]) == len(state)
+    for key, value in published.items():
+        if key.startswith("decoder."):
+            expect = value[-widths[0] :] if key == "decoder.7.conv.weight" else value
+            assert torch.equal(state[key], expect), key
+
+    with pytest.raises(
+        WeightsError,
+        match=r"^TAEHV decoder \S*taew2_2\.pth: the file decodes Wan2\.2's latent space \(48 channels, 16x spatial\); "
+        r"the model's latents are Wan2\.1's \(16 channels, 8x spatial\); expected madebyollin's TAEHV decoder for "
+        r"taew2_1\.pth",
+    ):
+        load_taehv_weights(path, TaehvDecoder(16))
+    wan21 = tmp_path / "taew2_1.pth"
+    torch.save(random_published(16, SMALL, seed=14), wan21)
+    with pytest.raises(
+        WeightsError,
+        match=r"^TAEHV decoder \S*taew2_1\.pth: the file decodes Wan2\.1's latent space \(16 channels, 8x spatial\); "
+        r"the model's latents are Wan2\.2's \(48 channels, 16x spatial\); expected .*taew2_2\.pth",
+    ):
+        load_taehv_weights(wan21, TaehvDecoder(48, SMALL, patch=2))
+    # Neither: the published _super decoder (its first layer a 1x1 convolution without a bias).
+    torch.save({"decoder.0.weight": torch.zeros(512, 48, 1, 1), "decoder.1.conv.0.weight": torch.zeros(1)}, wan21)
+    with pytest.raises(WeightsError, match=r"^TAEHV decoder \S*taew2_1\.pth: not a TAEHV decoder for Wan latents"):
+        load_taehv_weights(wan21, TaehvDecoder(48, SMALL, patch=2))
+
+
+@torch.no_grad()
+def test_a_wan22_configuration_decodes_with_the_wan22_variant_at_16x(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    config = replace(CONFIGS["tiny"], name="tiny-wan2.2", latent_channels=48, vae_patch=2, width=96)
+    assert (config.latent_height, config.latent_width) == (4, 6)
+    cpu = torch.device("cpu")
+    decoder = build_frame_decoder(DecoderChoice("taehv"), None, config, cpu, torch.float32, 0)  # type: ignore[arg-type]
+    assert isinstance(decoder, TaehvStream)
+    assert decoder.module.patch == 2
+    cache = decoder.new_cache()
+    first = decoder.decode(torch.randn(1, 48, 3, 4, 6), [cache], first=True)
+    later = decoder.decode(torch.randn(1, 48, 3, 4, 6), [cache])
+    assert first.shape == (1, 3, 9, 64, 96)
+    assert later.shape == (1, 3, 12, 64, 96)
+    assert decoder.nbytes(cache) == frame_decoder_bytes(DecoderChoice("taehv"), config, 4)
+    (tmp_path / "taehv").mkdir()
+    (tmp_path / "taehv" / "taew2_2.pth").write_bytes(b"")
+    found = choose_decoder("taehv", None, str(tmp_path), trained=True, model="m", taehv_file="taew2_2.pth")
+    assert found.taehv == tmp_path / "taehv" / "taew2_2.pth"
+    with pytest.raises(WeightsError, match=r"holds no taew2_1\.pth"):
+        choose_decoder("taehv", None, str(tmp_path), trained=True, model="m")
 
 
 # --- (4) the models with decoder=taehv ------------------------------------------------------------------

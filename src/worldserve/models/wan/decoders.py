@@ -1,11 +1,13 @@
 """Which decoder turns a session's latents into frames: Wan2.1's causal VAE or TAEHV.
 
 Owns: :class:`DecoderChoice` and :func:`choose_decoder` (the options ``decoder=vae|taehv`` and
-``taehv=PATH|random``, with ``weights=DIR``'s ``taew2_1.pth`` found by name but used only with
+``taehv=PATH|random``, with ``weights=DIR``'s ``taew2_1.pth`` (``taew2_2.pth`` for a model on
+Wan2.2's latents) found by name but used only with
 ``decoder=taehv``; TAEHV without a file is an error for a trained checkpoint unless
 ``taehv=random`` is given, and random weights by default with ``load=dummy``, as ``vae=random``
 is), :func:`build_frame_decoder` (the chosen decoder, loaded, on the device and in the serving
-precision; the VAE stays the start image's encoder either way) and :func:`frame_decoder_bytes`
+precision, for the configuration's latent space: Wan2.2's 16x VAE (``vae_patch`` 2) takes
+TAEHV's Wan2.2 variant; the VAE stays the start image's encoder either way) and :func:`frame_decoder_bytes`
 (a session's decoder state, for ``state_bytes``). Shared by ``wan-causal`` and ``matrix-game-2``.
 Must not know: sessions, the sampler, the transformer.
 """
@@ -47,9 +49,16 @@ class DecoderChoice:
 
 
 def choose_decoder(
-    decoder: str | None, taehv: str | None, weights: str | None, *, trained: bool, model: str
+    decoder: str | None,
+    taehv: str | None,
+    weights: str | None,
+    *,
+    trained: bool,
+    model: str,
+    taehv_file: str = TAEHV_FILE,
 ) -> DecoderChoice:
-    """The decoder the options ask for (see the module); ``trained``: the transformer is a checkpoint's."""
+    """The decoder the options ask for (see the module); ``trained``: the transformer is a checkpoint's;
+    ``taehv_file``: the published TAEHV file the model's latents take (looked for under ``weights``)."""
     kind = decoder if decoder is not None else "vae"
     if kind not in DECODERS:
         raise ValueError(f"{model} option decoder must be one of {', '.join(DECODERS)}; got {decoder!r}.")
@@ -61,13 +70,13 @@ def choose_decoder(
         return DecoderChoice("taehv")
     if taehv is not None:
         return DecoderChoice("taehv", Path(taehv))
-    found = find_taehv(weights) if weights is not None else None
+    found = find_taehv(weights, taehv_file) if weights is not None else None
     if found is not None:
         return DecoderChoice("taehv", found)
     if trained:
-        where = f"weights={weights} holds no {TAEHV_FILE}; " if weights is not None else ""
+        where = f"weights={weights} holds no {taehv_file}; " if weights is not None else ""
         raise WeightsError(
-            f"{model} decoder=taehv: {where}pass taehv=PATH (TAEHV's {TAEHV_FILE}, madebyollin/taehv), "
+            f"{model} decoder=taehv: {where}pass taehv=PATH (TAEHV's {taehv_file}, madebyollin/taehv), "
             "or taehv=random to decode with random weights."
         )
     return DecoderChoice("taehv")  # random weights throughout (load=dummy): the stand-in, said in the description
@@ -80,7 +89,7 @@ def build_frame_decoder(
     if choice.kind != "taehv":
         return vae
     with seeded_init(device, seed):
-        module = TaehvDecoder(config.latent_channels)
+        module = TaehvDecoder(config.latent_channels, patch=config.vae_patch)
     if choice.taehv is not None:
         load_taehv_weights(choice.taehv, module)
     module.to(device=device, dtype=dtype).eval().requires_grad_(False)

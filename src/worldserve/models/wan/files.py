@@ -3,9 +3,10 @@
 Owns: :func:`walk_published` (the published files and folders under a folder, a few levels down,
 in name order), :func:`single_candidate` (a part's one candidate, several being an error),
 :func:`expected_from` (what an error says was expected: a part's published names) and
-:func:`find_taehv` (TAEHV's ``taew2_1.pth``, :data:`TAEHV_FILE`, under a folder: the optional
-``decoder=taehv`` of the Wan models). Each model's own published names live with it
-(``wancausal.files``, ``matrixgame.files``). Names only: reading the files is the loaders' job.
+:func:`find_taehv` (TAEHV's ``taew2_1.pth``, :data:`TAEHV_FILE`, or Wan2.2's ``taew2_2.pth``,
+:data:`TAEHV22_FILE`, under a folder: the optional ``decoder=taehv`` of the Wan models). Each
+model's own published names live with it (``wancausal.files``, ``matrixgame.files``). Names
+only: reading the files is the loaders' job.
 Must not know: torch, the models, sessions.
 """
 
@@ -16,12 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["TAEHV_FILE", "expected_from", "find_taehv", "single_candidate", "walk_published"]
+__all__ = ["TAEHV22_FILE", "TAEHV_FILE", "expected_from", "find_taehv", "single_candidate", "walk_published"]
 
 K = TypeVar("K")
 
 #: TAEHV's published decoder for Wan2.1's latents (madebyollin/taehv): used only with ``decoder=taehv``.
 TAEHV_FILE = "taew2_1.pth"
+#: TAEHV's published decoder for Wan2.2's latents (48 channels, 16x spatial), as ABot-World's folder ships it.
+TAEHV22_FILE = "taew2_2.pth"
 _DEPTH = 4
 
 
@@ -63,8 +66,9 @@ def single_candidate(folder: Path, candidates: dict[str, list[Path]], part: str)
     return found[0] if found else None
 
 
-def find_taehv(folder: str | Path) -> Path | None:
-    """The one ``taew2_1.pth`` under ``folder`` (None: none; several are an error that lists them)."""
+def find_taehv(folder: str | Path, name: str = TAEHV_FILE) -> Path | None:
+    """The one ``name`` (``taew2_1.pth`` or ``taew2_2.pth``) under ``folder`` (None: none; several are an
+    error that lists them)."""
     folder = Path(folder)
-    found = walk_published(folder, lambda path: "taehv" if path.name == TAEHV_FILE and path.is_file() else None)
+    found = walk_published(folder, lambda path: "taehv" if path.name == name and path.is_file() else None)
     return single_candidate(folder, {"taehv": [path for path, _ in found]}, "taehv")

@@ -1,24 +1,32 @@
-"""TAEHV (madebyollin/taehv, MIT): a tiny per-frame decoder for Wan2.1 latents, streamed chunk by chunk.
+"""TAEHV (madebyollin/taehv, MIT): a tiny per-frame decoder for Wan2.1's or Wan2.2's latents, streamed.
 
 Owns: :class:`TaehvDecoder` (the published decoder: 2D convolutions per frame, three groups of
 three memory blocks that also see the previous frame's input, nearest 2x upsampling and a 2x
 temporal grow in the last two groups, so ``F`` latent frames make ``4F`` frames at 8x the size;
-its parameters are named as the published ``TAEHV.decoder`` ``nn.Sequential`` names them, so a
-``taew2_1.pth`` state dict loads key by key), :class:`TaehvStream` (the same interface as
+for Wan2.2's latents (``taew2_2.pth``: 48 channels, ``patch`` 2) the last convolution makes
+``3 * 2 * 2`` channels that a pixel shuffle turns into 2x2 pixels, 16x the size, as the
+published ``patch_size`` does; its parameters are named as the published ``TAEHV.decoder``
+``nn.Sequential`` names them, so a ``taew2_1.pth`` / ``taew2_2.pth`` state dict loads key by
+key), :data:`VARIANTS` and :func:`taehv_variant` (which latent space a file decodes, read from its
+shapes: the first convolution's input channels and the last one's output channels),
+:class:`TaehvStream` (the same interface as
 :class:`~worldserve.models.wan.vae.VaeStream`'s decode: a session's decoder state is a
 list with one entry per memory block, the last frame that block saw, None before the first
 chunk; a batch's entries are stacked for one pass over every frame of the chunk and each row's
 new entries are fresh tensors, so a step that fails leaves the old list untouched; a session's
 first chunk drops the first 3 frames, as the published one-shot decode trims them, which aligns
 the frames with the VAE's ``1 + 4(F - 1)``), :func:`load_taehv_weights` (strict: every decoder
-key with its shape; the file's ``encoder.*`` keys are not needed and skipped) and
+key with its shape; the file's ``encoder.*`` keys are not needed and skipped; a file for the
+other Wan's latents, or one that is neither (the ``_super`` decoders, another model's TAEHV),
+is refused saying what it is) and
 :func:`taehv_state_bytes`. Latents go in normalised (as the transformer makes them: the
 published wrapper's mean is 0, std 1). Must not know: the transformer, sessions, the VAE.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +37,14 @@ from worldserve.models.wan.statedict import WeightsError, check_shapes, part_err
 
 __all__ = [
     "PUBLISHED_WIDTHS",
+    "VARIANTS",
     "TaehvDecoder",
     "TaehvStream",
+    "TaehvVariant",
     "load_taehv_weights",
     "taehv_state_bytes",
+    "taehv_variant",
+    "variant_for",
 ]
 
 #: Channel widths of the published decoder's three groups and its last convolution.
@@ -40,8 +52,38 @@ PUBLISHED_WIDTHS = (256, 128, 64, 64)
 #: The published decoder's temporal grow per group (the first group's is disabled for Wan2.1).
 _TIME_GROW = (1, 2, 2)
 _PART = "TAEHV decoder"
-#: What ``taehv=`` is expected to be, as every load error of it says.
-_EXPECTED = "madebyollin's TAEHV decoder for Wan2.1's latents: taew2_1.pth (or .safetensors)"
+
+
+@dataclass(frozen=True, slots=True)
+class TaehvVariant:
+    """One published TAEHV for a Wan latent space: its file, latent channels and pixel patch."""
+
+    name: str
+    file: str
+    latent_channels: int
+    patch: int
+
+    def says(self) -> str:
+        return f"{self.file} ({self.name}'s latents: {self.latent_channels} channels, {8 * self.patch}x spatial)"
+
+
+#: The published decoders for Wan latents (madebyollin/taehv ``TAEHV.__init__``: ``taew2_2`` sets
+#: ``patch_size, latent_channels = 2, 48``; the default is 1 and 16, Wan2.1's).
+VARIANTS = (TaehvVariant("Wan2.1", "taew2_1.pth", 16, 1), TaehvVariant("Wan2.2", "taew2_2.pth", 48, 2))
+
+
+def variant_for(patch: int) -> TaehvVariant:
+    """The published variant whose output patch is ``patch`` (1: Wan2.1's 8x VAE, 2: Wan2.2's 16x)."""
+    for variant in VARIANTS:
+        if variant.patch == patch:
+            return variant
+    raise ValueError(f"TAEHV decodes Wan latents at 8x or 16x spatial (patch 1 or 2); got patch {patch}.")
+
+
+def _expected(module: TaehvDecoder) -> str:
+    """What ``taehv=`` is expected to be for ``module``, as every load error of it says."""
+    return f"madebyollin's TAEHV decoder for {variant_for(module.patch).says()} (or .safetensors)"
+
 
 #: One session's decoder state: per memory block, the last frame it saw ([C, H, W]) or None.
 TaehvCache = list[Any]
@@ -89,8 +131,11 @@ class _Grow(nn.Module):
 class TaehvDecoder(nn.Module):
     """The published decoder's layers, under ``decoder.N`` as the published ``TAEHV`` names them."""
 
-    def __init__(self, latent_channels: int = 16, widths: tuple[int, int, int, int] = PUBLISHED_WIDTHS) -> None:
+    def __init__(
+        self, latent_channels: int = 16, widths: tuple[int, int, int, int] = PUBLISHED_WIDTHS, *, patch: int = 1
+    ) -> None:
         super().__init__()
+        variant_for(patch)  # 1 or 2
         layers: list[nn.Module] = [_Clamp(), _conv(latent_channels, widths[0]), nn.ReLU()]
         for group in range(3):
             width = widths[group]
@@ -100,16 +145,19 @@ class TaehvDecoder(nn.Module):
                 _Grow(width, _TIME_GROW[group]),
                 _conv(width, widths[group + 1], bias=False),
             ]
-        layers += [nn.ReLU(), _conv(widths[3], 3)]
+        layers += [nn.ReLU(), _conv(widths[3], 3 * patch * patch)]
         self.decoder = nn.Sequential(*layers)
         self.latent_channels = latent_channels
+        #: Pixels per output value along height and width (2: Wan2.2's, RGB in 2x2 pixel-shuffled patches).
+        self.patch = patch
         self.memories = sum(isinstance(layer, _Memory) for layer in layers)
         #: Frames the first chunk's decode drops (the published ``frames_to_trim``).
         self.trim = 4 - 1
 
     def run(self, latents: Tensor, memory: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
         """``latents`` ``[N, T, C, h, w]`` and each memory block's previous frame ``[N, C, H, W]`` ->
-        frames ``[N, 4T, 3, 8h, 8w]`` in [0, 1] and each block's new last frame (one pass over all frames)."""
+        frames ``[N, 4T, 3, 8ph, 8pw]`` (``p``: :attr:`patch`) in [0, 1] and each block's new last frame
+        (one pass over all frames)."""
         rows, frames = latents.shape[:2]
         x = latents.reshape(rows * frames, *latents.shape[2:])
         last: list[Tensor] = []
@@ -123,6 +171,8 @@ class TaehvDecoder(nn.Module):
                 x = layer(x)
                 if isinstance(layer, _Grow):
                     frames *= layer.stride
+        if self.patch > 1:
+            x = nn.functional.pixel_shuffle(x, self.patch)
         return x.reshape(rows, frames, *x.shape[1:]).clamp(0.0, 1.0), last
 
 
@@ -198,14 +248,50 @@ def expected_shapes(module: TaehvDecoder) -> dict[str, tuple[int, ...]]:
     return {f"decoder.{key}": tuple(value.shape) for key, value in module.decoder.state_dict().items()}
 
 
+def taehv_variant(tensors: Mapping[str, Tensor]) -> TaehvVariant | None:
+    """The published variant a TAEHV state dict's shapes are (None: neither): its latent channels
+    (the first convolution's input, ``decoder.1.weight``) at any count, its output patch from the
+    last convolution's ``3 * patch * patch`` output channels."""
+    first = tensors.get("decoder.1.weight")
+    outs = [key for key in tensors if key.startswith("decoder.") and key.endswith(".bias")]
+    if first is None or first.ndim != 4 or not outs:
+        return None
+    last = max(outs, key=lambda key: int(key.split(".")[1]) if key.split(".")[1].isdigit() else -1)
+    for variant in VARIANTS:
+        if tensors[last].shape == (3 * variant.patch * variant.patch,):
+            return variant
+    return None
+
+
+def _check_variant(found: Mapping[str, Tensor], module: TaehvDecoder, path: Path) -> None:
+    """The file's latent space is the model's: a Wan2.1 file for Wan2.2's latents (or back) is named as such."""
+    want = variant_for(module.patch)
+    variant = taehv_variant(found)
+    if variant is None:
+        raise WeightsError(
+            "not a TAEHV decoder for Wan latents: no decoder.1.weight with a last convolution making 3 (Wan2.1) or "
+            "12 (Wan2.2, 2x2 patches) channels (the _super decoders and other models' TAEHVs are not served)",
+            path=path,
+        )
+    channels = int(found["decoder.1.weight"].shape[1])
+    if variant != want or channels != module.latent_channels:
+        raise WeightsError(
+            f"the file decodes {variant.name}'s latent space ({channels} channels, {8 * variant.patch}x spatial); "
+            f"the model's latents are {want.name}'s ({module.latent_channels} channels, {8 * want.patch}x spatial)",
+            path=path,
+        )
+
+
 def load_taehv_weights(path: str | Path, module: TaehvDecoder) -> None:
-    """Load a published ``taew2_1.pth`` (or ``.safetensors``) into ``module``: every decoder key with its
-    shape, nothing extra but the encoder's keys; a temporal grow stored for stride 2 where the model's is
-    stride 1 keeps its last frame's channels, as the published loader does. Errors name the part and the file."""
+    """Load a published ``taew2_1.pth`` / ``taew2_2.pth`` (or ``.safetensors``) into ``module``: the file's
+    variant must be the module's (:func:`taehv_variant`), then every decoder key with its shape, nothing
+    extra but the encoder's keys; a temporal grow stored for stride 2 where the model's is stride 1 keeps
+    its last frame's channels, as the published loader does. Errors name the part and the file."""
     path = Path(path)
-    with part_errors(_PART, path, _EXPECTED):
+    with part_errors(_PART, path, _expected(module)):
         tensors = read_tensors(path)
         found = {key: value for key, value in tensors.items() if not key.startswith("encoder.")}
+        _check_variant(found, module, path)
         expected = expected_shapes(module)
         for index, layer in enumerate(module.decoder):
             key = f"decoder.{index}.conv.weight"

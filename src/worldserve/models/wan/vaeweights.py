@@ -1,16 +1,24 @@
-"""The VAE's weights as Wan2.1 publishes them (``Wan2.1_VAE.pth``) or as a Diffusers ``vae/`` folder.
+"""The VAE's weights as Wan2.1 / Wan2.2 publish them (``Wan2.1_VAE.pth``, ``Wan2.2_VAE.pth``) or as Diffusers'.
 
 Owns: :func:`original_vae_layout` (the original key names and shapes of Wan2.1's causal VAE
 at a configuration's widths, as ``wan/modules/vae.py`` names them: ``encoder.downsamples.N``,
 ``decoder.upsamples.N``, ``decoder.head.0.gamma``, the ``conv1``/``conv2`` quant convolutions;
-194 keys at the released size) and :func:`load_vae_weights` (a file or folder in either
-layout; the original layout goes through diffusers' own public ``convert_wan_vae_to_diffusers``,
-one key at a time so every error names the user's key; strict, with shapes). Must not know:
-the transformer, sessions.
+194 keys at the released size), :func:`wan22_original_name` (the name Wan2.2's
+``wan/modules/vae2_2.py`` gives each parameter of diffusers' residual ``AutoencoderKLWan``:
+``encoder.downsamples.I.downsamples.J`` for ``encoder.down_blocks.I.resnets.J`` / ``.downsampler``,
+``decoder.upsamples.I.upsamples.J`` for ``decoder.up_blocks.I.resnets.J`` / ``.upsampler``, the
+rest as Wan2.1's; diffusers 0.42.1's converter takes only Wan2.1's layout), :func:`load_vae_weights`
+(a file or folder in either layout, for either VAE; Wan2.1's original layout goes through
+diffusers' own public ``convert_wan_vae_to_diffusers``, Wan2.2's through
+:func:`wan22_original_name`, one key at a time so every error names the user's key; strict, with
+shapes; an original file of the other Wan's VAE is named as such) and :func:`load_vae_part` (the
+same inside :func:`~worldserve.models.wan.statedict.part_errors`, so an error also names the part
+and the file given). Must not know: the transformer, sessions.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
@@ -19,11 +27,25 @@ import torch
 from torch import Tensor, nn
 
 from worldserve.models.wan.config import WanCausalConfig
-from worldserve.models.wan.statedict import WeightsError, check_shapes, read_tensors
+from worldserve.models.wan.statedict import WeightsError, check_shapes, part_errors, read_tensors
 
-__all__ = ["load_vae_weights", "original_vae_layout", "vae_layout_of"]
+__all__ = [
+    "VAE22_FILE",
+    "VAE_FILE",
+    "load_vae_part",
+    "load_vae_weights",
+    "original_vae_layout",
+    "vae_layout_of",
+    "wan22_original_name",
+]
 
 _DIFFUSERS_MARKERS = ("encoder.down_blocks.", "decoder.up_blocks.", "quant_conv.", "post_quant_conv.")
+#: The published VAE files (Wan-Video/Wan2.1, Wan-Video/Wan2.2; ABot-World's folder ships the latter).
+VAE_FILE = "Wan2.1_VAE.pth"
+VAE22_FILE = "Wan2.2_VAE.pth"
+#: An original-layout key of Wan2.2's VAE: its levels nest their blocks (``Down_ResidualBlock.downsamples``).
+_WAN22_NESTED = re.compile(r"^(encoder\.downsamples|decoder\.upsamples)\.\d+\.(downsamples|upsamples)\.")
+_RESNET = {"norm1": "residual.0", "conv1": "residual.2", "norm2": "residual.3", "conv2": "residual.6"}
 
 
 def _residual(prefix: str, in_dim: int, out_dim: int, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -123,11 +145,68 @@ def _convert(name: str) -> str:
     return str(converted)
 
 
-def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) -> str:
-    """Load a VAE file/folder (original ``Wan2.1_VAE.pth`` or Diffusers layout) into ``vae``; returns the layout.
+def _wan22_resnet(name: str) -> str:
+    """A residual block's parameter (``conv1.weight``, ``conv_shortcut.bias``, ...) by ``vae2_2.py``'s name."""
+    layer, _, rest = name.partition(".")
+    if layer == "conv_shortcut":
+        return f"shortcut.{rest}"
+    return f"{_RESNET[layer]}.{rest}"
 
-    The original layout's converter assumes the released structure (2 residual blocks per level,
-    4 levels); ``config`` must have it.
+
+def wan22_original_name(key: str, res_blocks: int = 2) -> str:
+    """The name ``wan/modules/vae2_2.py`` (``WanVAE_``) gives diffusers' ``AutoencoderKLWan(is_residual=True)``
+    parameter ``key``; ``res_blocks``: residual blocks per encoder level (the resample follows them; a decoder
+    level has one more). A key outside that structure is returned as it is."""
+    side, _, rest = key.partition(".")
+    top = {"quant_conv": "conv1", "post_quant_conv": "conv2"}
+    if side in top:
+        return f"{top[side]}.{rest}"
+    if side not in ("encoder", "decoder"):
+        return key
+    part, _, rest = rest.partition(".")
+    if part in ("conv_in", "conv_out", "norm_out"):
+        renamed = {"conv_in": "conv1", "norm_out": "head.0", "conv_out": "head.2"}[part]
+        return f"{side}.{renamed}.{rest}"
+    if part == "mid_block":
+        kind, _, rest = rest.partition(".")
+        index, _, rest = rest.partition(".")
+        if kind == "attentions":
+            return f"{side}.middle.1.{rest}"
+        if kind == "resnets" and index in ("0", "1"):
+            return f"{side}.middle.{2 * int(index)}.{_wan22_resnet(rest)}"
+        return key
+    blocks = {"down_blocks": ("downsamples", "downsampler", res_blocks), "up_blocks": ("upsamples", "upsampler", 0)}
+    if part not in blocks:
+        return key
+    nested, sampler, count = blocks[part]
+    count = count or res_blocks + 1
+    level, _, rest = rest.partition(".")
+    kind, _, rest = rest.partition(".")
+    if kind == "resnets":
+        index, _, rest = rest.partition(".")
+        return f"{side}.{nested}.{level}.{nested}.{index}.{_wan22_resnet(rest)}"
+    if kind == sampler:
+        return f"{side}.{nested}.{level}.{nested}.{count}.{rest}"
+    return key
+
+
+def _original_names(config: WanCausalConfig, expected: Mapping[str, object]) -> dict[str, str]:
+    """Each of the model's keys by the original layout's name for ``config``'s VAE (Wan2.1's or Wan2.2's)."""
+    if config.vae_residual:
+        return {key: wan22_original_name(key, config.vae_res_blocks) for key in expected}
+    names = {}
+    for original in original_vae_layout(config):
+        names[_convert(original)] = original
+    return names
+
+
+def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) -> str:
+    """Load a VAE file/folder (original ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth`` or Diffusers layout) into ``vae``;
+    returns the layout.
+
+    Wan2.1's original layout's converter assumes the released structure (2 residual blocks per
+    level, 4 levels); ``config`` must have it. Wan2.2's (``config.vae_residual``) is renamed by
+    :func:`wan22_original_name` at any widths and block counts.
     """
     raw = read_tensors(path, unwrap=False)
     layout = vae_layout_of(raw)
@@ -136,20 +215,32 @@ def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) 
     if layout == "diffusers":
         tensors: dict[str, Tensor] = dict(raw)
     else:
-        if config.vae_res_blocks != 2 or len(config.vae_dim_mult) != 4:
+        nested = any(_WAN22_NESTED.match(key) for key in raw)
+        if nested != config.vae_residual:
+            mine, theirs = ("Wan2.2", "Wan2.1") if config.vae_residual else ("Wan2.1", "Wan2.2")
+            raise WeightsError(
+                f"the file is {theirs}'s VAE in the original layout ({VAE22_FILE if nested else VAE_FILE}'s key "
+                f"names); config {config.name} has {mine}'s VAE",
+                path=path,
+            )
+        if not config.vae_residual and (config.vae_res_blocks != 2 or len(config.vae_dim_mult) != 4):
             raise WeightsError(
                 "the original VAE layout is converted by diffusers' convert_wan_vae_to_diffusers, which "
                 f"takes the released structure (2 residual blocks, 4 levels); config {config.name} has "
                 f"{config.vae_res_blocks} and {len(config.vae_dim_mult)}",
                 path=path,
             )
-        tensors = {}
-        for key, value in raw.items():
-            target = _convert(key)
-            tensors[target] = value
-            names[target] = key
-        for original in original_vae_layout(config):  # keys the file lacks, in the authors' names
-            names.setdefault(_convert(original), original)
+        names = _original_names(config, expected)
+        if config.vae_residual:
+            to_model = {original: key for key, original in names.items()}
+            tensors = {to_model.get(key, key): value for key, value in raw.items()}
+            names.update({key: key for key in raw if key not in to_model})
+        else:
+            tensors = {}
+            for key, value in raw.items():
+                target = _convert(key)
+                tensors[target] = value
+                names[target] = key
     check_shapes(
         tensors,
         expected,
@@ -160,3 +251,11 @@ def load_vae_weights(path: str | Path, vae: nn.Module, config: WanCausalConfig) 
     with torch.no_grad():
         vae.load_state_dict(tensors, strict=True)
     return layout
+
+
+def load_vae_part(path: str | Path, vae: nn.Module, config: WanCausalConfig, part: str = "VAE") -> str:
+    """:func:`load_vae_weights` with every error naming ``part``, the file given and the file expected."""
+    wan = ("Wan2.2", VAE22_FILE) if config.vae_residual else ("Wan2.1", VAE_FILE)
+    expected = f"{wan[0]}'s VAE: {wan[1]} (original Wan layout) or a Diffusers vae/ folder"
+    with part_errors(part, path, expected):
+        return load_vae_weights(path, vae, config)
