@@ -473,6 +473,8 @@ async def test_the_chunk_made_again_equals_the_chunk_made_with_the_input_in_time
 
 # -- a real server, several sessions, random input ------------------------------------------------------
 
+PROCEDURAL_PERIOD = 0.25  # 4 frames at 16 fps
+
 
 async def _play_randomly(url: str, seed: int, chunks: int) -> dict[str, Any]:
     """One scripted player: random keys at random instants; what it was shown and where its events went."""
@@ -481,7 +483,17 @@ async def _play_randomly(url: str, seed: int, chunks: int) -> dict[str, Any]:
     accepted: set[int] = set()
     dropped: set[int] = set()
     superseded = 0
+    loop = asyncio.get_running_loop()
+    slots: list[float] = []  # when each chunk kept begins to play
+    acks: list[asyncio.TimerHandle] = []
     async with websockets.connect(url, max_size=None) as ws:
+        sending: set[asyncio.Task[None]] = set()
+
+        def send_ack(seq: int) -> None:
+            task = loop.create_task(ws.send(json.dumps({"type": "chunk.ack", "seq": seq})))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+
         await ws.send(json.dumps({"type": "session.start", "seed": seed, "options": {"media": "raw"}}))
         session_id = ""
         event_id = 0
@@ -518,7 +530,16 @@ async def _play_randomly(url: str, seed: int, chunks: int) -> dict[str, Any]:
                         superseded += 1
                     frames = [await asyncio.wait_for(ws.recv(), 60) for _ in range(message["frames"]["count"])]
                     shown.append((message, frames))  # type: ignore[arg-type]
-                    await ws.send(json.dumps({"type": "chunk.ack", "seq": message["seq"]}))
+                    # It acks a chunk as it would begin to play it (a period after the one before),
+                    # as a player does: the server preempts only a chunk nobody began to play.
+                    now = loop.time()
+                    if message.get("supersedes") is not None and acks:
+                        acks.pop().cancel()  # the replaced chunk never plays: its replacement takes its slot
+                        play_at = slots.pop()
+                    else:
+                        play_at = now if not slots else max(now, slots[-1] + PROCEDURAL_PERIOD)
+                    slots.append(play_at)
+                    acks.append(loop.call_later(play_at - now, send_ack, message["seq"]))
                     received += 1
                     if received == chunks and presser is not None:
                         presser.cancel()
@@ -531,6 +552,8 @@ async def _play_randomly(url: str, seed: int, chunks: int) -> dict[str, Any]:
         finally:
             if presser is not None:
                 presser.cancel()
+            for handle in acks:
+                handle.cancel()
     return {
         "session_id": session_id,
         "shown": shown,

@@ -123,6 +123,13 @@ def test_atomic_model_failure_fails_only_the_culprit() -> None:
     assert "poisoned session bad" in failed(report.results[1], "model_error")
     assert np.array_equal(ok(report.results[2]), truth["c"].next(None, ()))
     assert r.resident_sessions() == ("a", "c")
+    # A tick after the failure (the engine cancelled the failed one mid-step, a preemption, and made
+    # it again) is told why the state is gone, not merely that it is: until a reset.
+    assert not r.rollback_ar_diffusion_session("bad", 0)
+    again = r.step([tick("bad", 0)]).results[0]
+    assert "the session's last step failed: model step raised RuntimeError: poisoned session bad" in failed(
+        again, "model_error"
+    )
     # The survivors continue from exactly where they were (not advanced twice).
     report = r.step([tick("a", 1, keys("D")), tick("c", 1)])
     assert np.array_equal(ok(report.results[0]), truth["a"].next(None, [keys("D")]))

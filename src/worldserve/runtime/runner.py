@@ -117,7 +117,9 @@ class ModelRunner:
         self._capacity = self._limits.capacity(self._spec.state_bytes)
         self._worker = worker
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recently used first
-        self._tombstones: OrderedDict[str, None] = OrderedDict()  # evicted, not yet reset/closed
+        # Sessions whose state is gone, not yet reset/closed, and why: evicted, or their last step
+        # failed (a tick cancelled mid-step, whose result nobody took, says so to the next tick).
+        self._tombstones: OrderedDict[str, TickFailure] = OrderedDict()
         self._evictions = 0
         self._compute_s = 0.0  # time inside model.step during the current step call
         self._encode_threads = encode_threads
@@ -189,10 +191,28 @@ class ModelRunner:
     def _evict(self, session_id: str) -> None:
         resident = self._resident.pop(session_id)
         self._release(session_id, resident)
-        self._tombstones[session_id] = None
+        self._bury(
+            session_id,
+            TickFailure(
+                ErrorCode.EVICTED,
+                f"session {session_id!r} was evicted from worker {self._worker} (not in use, least recently "
+                "used) to admit another session; reset it to start over.",
+            ),
+        )
+        self._evictions += 1
+
+    def _bury(self, session_id: str, failure: TickFailure) -> None:
+        """The session's state is gone for ``failure``: its later ticks fail so until a reset or close."""
+        self._tombstones[session_id] = failure
+        self._tombstones.move_to_end(session_id)
         if len(self._tombstones) > _MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
-        self._evictions += 1
+
+    def _lost(self, session_id: str, failure: TickFailure) -> TickFailure:
+        """A step failed for the session: its state is released, and its next tick says why."""
+        self._drop(session_id)
+        self._bury(session_id, TickFailure(failure.code, f"the session's last step failed: {failure.message}"))
+        return failure
 
     def _new_state(self, session_id: str, options: SessionOptions) -> Any:
         try:
@@ -396,11 +416,7 @@ class ModelRunner:
         resident = self._resident.get(sid)
         if resident is None:
             if sid in self._tombstones:
-                return TickFailure(
-                    ErrorCode.EVICTED,
-                    f"session {sid!r} was evicted from worker {self._worker} (not in use, least recently used) "
-                    "to admit another session; reset it to start over.",
-                )
+                return self._tombstones[sid]
             return TickFailure(
                 ErrorCode.NOT_RESIDENT,
                 f"session {sid!r} holds no state on worker {self._worker}; reset it to start over.",
@@ -437,23 +453,20 @@ class ModelRunner:
             if len(group) > 1 and self._spec.atomic_step:
                 # The model promises an untouched batch: retry alone to isolate the culprit.
                 return [outcome for item in group for outcome in self._run([item])]
-            for _, sid, _, _ in group:
-                self._drop(sid)
             detail = f"model step raised {type(error).__name__}: {error}"
             if len(group) > 1:
                 detail += (
                     f" (in a batch of {len(group)} sessions; the model cannot isolate the failing one, "
                     "so every state of the batch was released)"
                 )
-            return [TickFailure(ErrorCode.MODEL_ERROR, f"{detail}; reset the session to go on.")] * len(group)
+            failure = TickFailure(ErrorCode.MODEL_ERROR, f"{detail}; reset the session to go on.")
+            return [self._lost(sid, failure) for _, sid, _, _ in group]
         self._compute_s += time.perf_counter() - began
         if not isinstance(envelopes, list) or len(envelopes) != len(group):
-            for _, sid, _, _ in group:
-                self._drop(sid)
             failure = TickFailure(
                 ErrorCode.BAD_OUTPUT, f"model step returned {_describe(envelopes)} for {len(group)} ticks."
             )
-            return [failure] * len(group)
+            return [self._lost(sid, failure) for _, sid, _, _ in group]
         return [self._finish(item, envelope) for item, envelope in zip(group, envelopes, strict=True)]
 
     def _finish(self, item: tuple[int, str, _Resident, TickRequest], envelope: Any) -> TickOutput | TickFailure:
@@ -465,8 +478,8 @@ class ModelRunner:
             if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.shape != expected:
                 raise ValueError(f"payload must be uint8 {list(expected)}; got {_describe(payload)}")
         except ValueError as error:
-            self._drop(sid)
-            return TickFailure(ErrorCode.BAD_OUTPUT, f"model output for session {sid!r} is not a chunk: {error}.")
+            failure = TickFailure(ErrorCode.BAD_OUTPUT, f"model output for session {sid!r} is not a chunk: {error}.")
+            return self._lost(sid, failure)
         resident.next_chunk += 1
         if tick.close_session:
             self._drop(sid)

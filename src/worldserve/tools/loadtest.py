@@ -419,9 +419,17 @@ async def _run_client(
             acks: dict[int, asyncio.TimerHandle] = {}  # seq -> its ack, due as its first frame plays
             loop = asyncio.get_running_loop()
 
+            sending: set[asyncio.Task[None]] = set()  # acks on their way (a reference keeps each alive)
+
+            def send_ack(seq: int) -> None:
+                acks.pop(seq, None)
+                task = loop.create_task(client.ack(seq))
+                sending.add(task)
+                task.add_done_callback(sending.discard)
+
             def ack_at(seq: int, at: float | None) -> None:
                 delay = 0.0 if at is None else max(0.0, at - time.monotonic())
-                acks[seq] = loop.call_later(delay, lambda: (acks.pop(seq, None), loop.create_task(client.ack(seq))))
+                acks[seq] = loop.call_later(delay, send_ack, seq)
 
             async def consume() -> None:
                 nonlocal last_seq, previous
