@@ -590,3 +590,18 @@ async def test_eight_sessions_with_random_input_lose_nothing_apply_nothing_twice
         total_superseded += player["superseded"]
     assert total_superseded > 0  # input came before chunks played, and they were made again
     assert 'worldserve_preempted_chunks_total{how="undone"}' in metrics
+
+
+async def test_the_engine_grants_an_extra_step_only_from_its_headroom_and_asking_costs_nothing() -> None:
+    async with Runtime("procedural", workers=1) as runtime:
+        session = await runtime.create_session(prompt="islands", seed=1)
+        for _ in range(2):
+            await session.next_chunk()
+        steps = runtime.engine._workers[0].gathering.steps
+        for _ in range(5):  # a step of 0.1 s in a 0.25 s period (budget 0.9): room for one more, not two
+            steps.observe(1, 0.1)
+        assert runtime.preempt_cost(session.session_id) == pytest.approx(0.1)
+        assert runtime.preempt_cost(session.session_id) == pytest.approx(0.1)  # a query: asking grants nothing
+        await session.retract_chunk()  # a step made twice: the period's headroom is spent
+        assert runtime.preempt_cost(session.session_id) is None
+        await runtime.close_session(session.session_id)

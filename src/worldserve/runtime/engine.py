@@ -156,7 +156,7 @@ class _Worker:
         self.hang_timer: asyncio.TimerHandle | None = None
         self.ready = False
         self.overdue = False  # a tick of the step in flight missed its deadline
-        self.preempted: deque[float] = deque()  # when its recent preemptions' extra steps were granted
+        self.preempted: deque[float] = deque()  # when its recent steps made twice were made (preempt_cost)
 
     def stalled(self, now: float, stall_after_s: float) -> bool:
         """Whether the step in flight is overdue (an admission would wait behind it): one of its
@@ -368,6 +368,7 @@ class Engine:
                     args = (tick.session_id, tick.chunk_index)
                     future = self._executor.call(worker.index, ROLLBACK_SESSION_RPC, args)
                     future.add_done_callback(self._on_rollback_done)
+                    self._extra_step(tick.session_id)  # the step runs to its end for nothing
                     self._cancelled(entry.item)
                     return
         raise NothingToCancelError(
@@ -397,16 +398,18 @@ class Engine:
                 f"chunk {tick.chunk_index} of session {tick.session_id!r} could not be undone on its worker."
             )
         self._counters.ticks_retracted += 1
+        self._extra_step(tick.session_id)
 
     def preempt_cost(self, session_id: str) -> float | None:
         """The step time one more step of the session alone is expected to take, when its worker has the
         headroom for it, else None.
 
         A preemption makes a chunk twice. Its worker grants one only when, in its chunk period,
-        its usual step (all its sessions' batch) and one lone step more for each preemption it
-        granted in the last period, this one included, fit its step budget; and only once it
-        measured both. So preemptions use only the headroom admission left, and fast input
-        cannot starve the stream: they stop where real time would be lost.
+        its usual step (all its sessions' batch) and one lone step more for each step it made twice
+        in the last period (a retract or a running tick cancelled), and this one, fit its step
+        budget; and only once it measured both. So preemptions use only the headroom admission
+        left, and fast input cannot starve the stream: they stop where real time would be lost.
+        A query: asking changes nothing (the steps made twice are counted as they happen).
         """
         loop = self._require_running()
         route = self._router.find(session_id)
@@ -425,8 +428,14 @@ class Engine:
             granted.popleft()
         if usual + extra * (len(granted) + 1) > period * self.config.step_budget:
             return None
-        granted.append(now)
         return extra
+
+    def _extra_step(self, session_id: str) -> None:
+        """A step of the session is made twice (a preemption's retract, or a running tick cancelled):
+        its worker counts it against its headroom for the next period (:meth:`preempt_cost`)."""
+        route = self._router.find(session_id)
+        if route is not None and route.worker is not None:
+            self._workers[route.worker].preempted.append(self._require_running().time())
 
     def _cancelled(self, pending: _Tick) -> None:
         self._counters.ticks_cancelled += 1

@@ -687,21 +687,20 @@ class WorldHost:
             self._metrics.preempt_wasted.inc(max(0.0, now - self._tick_started))
             return
         last = self._last
-        if (
-            last is None
-            or self._undo_wanted is not None
-            or last.epoch != epoch
-            or last.chunk_index == 0
-            or session.chunk_retractable != last.chunk_index
-            or self._preempted == (epoch, last.chunk_index)
-        ):
+        if self._undo_wanted is not None or last is None or self._preempted == (epoch, last.chunk_index):
             return
         if "h264" in self._media_in_use():
             return  # a fragment sent may be decoded already: an H.264 member's chunk is never replaced
-        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
-        if self.preempt.worth(now, due, self._preempt_cost(session)):
+        if self._undoable(session, last, now):
             self._undo_wanted = last.seq  # the generator undoes it between ticks (pacing stays its own)
             self._wake.set()
+
+    def _undoable(self, session: Session[Chunk], last: _Made, now: float) -> bool:
+        """Whether ``last``, the chunk made last, can still be undone and made again before it plays."""
+        if last.epoch != session.epoch or last.chunk_index == 0 or session.chunk_retractable != last.chunk_index:
+            return False
+        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
+        return self.preempt.worth(now, due, self._preempt_cost(session))
 
     def _plays_at(self, seq: int, paced: float | None) -> float | None:
         """When chunk ``seq`` begins to play for the first connected member to play it: the pacer's
@@ -736,16 +735,8 @@ class WorldHost:
         before it, so the next tick makes it again with the events since; that chunk supersedes it."""
         wanted, self._undo_wanted = self._undo_wanted, None
         last = self._last
-        if (
-            last is None
-            or last.seq != wanted
-            or last.epoch != session.epoch
-            or session.chunk_retractable != last.chunk_index
-        ):
-            return
-        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
-        if not self.preempt.worth(self._clock(), due, self._preempt_cost(session)):
-            return  # too late by now (the generator was busy)
+        if last is None or last.seq != wanted or not self._undoable(session, last, self._clock()):
+            return  # another chunk since, or too late by now (the generator was busy)
         try:
             await session.retract_chunk()
         except (NothingToCancelError, CancelUnsupportedError, SessionStateError):
