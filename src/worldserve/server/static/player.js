@@ -76,7 +76,7 @@
     shownSeq: -1,
     superseded: 0, // chunks a preemption replaced (the server made them again with newer input)
     supersededSeqs: new Set(), // their seqs: frames of theirs still decoding are never queued
-    chunkOf: new Map(), // seq -> {count, shown, applied: [[event id, input instant]]}, for the last chunks
+    chunkOf: new Map(), // seq -> {shown, skip, applied: [[event id, input instant]]}, for the last chunks
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
@@ -694,7 +694,7 @@
     state.supersededSeqs.add(seq);
     jitterDropSeq(seq);
     const shownOld = old ? old.shown : 0;
-    state.chunkOf.set(by, { count: 0, shown: 0, skip: shownOld, applied: [] });
+    state.chunkOf.set(by, { shown: 0, skip: shownOld, applied: [] });
     if (old && shownOld === 0) old.applied.forEach(([id, at]) => { if (!state.sentAt.has(id)) state.sentAt.set(id, at); });
     log(`chunk ${seq} replaced by ${by} (input came before it played; ${shownOld} of its frames were shown, ${state.queue.length} queued)`);
   }
@@ -705,10 +705,10 @@
   // null: none of ours.
   function inputsApplied(header) {
     let photon = null;
-    const info = state.chunkOf.get(header.seq) || { count: 0, shown: 0, skip: 0, applied: [] };
-    info.count = header.frames.count;
+    const info = state.chunkOf.get(header.seq) || { shown: 0, skip: 0, applied: [] };
     state.chunkOf.set(header.seq, info);
     for (const seq of state.chunkOf.keys()) { if (seq < header.seq - 8) state.chunkOf.delete(seq); }
+    for (const seq of state.supersededSeqs) { if (seq < header.seq - 8) state.supersededSeqs.delete(seq); }
     header.applied_event_ids.forEach((id, index) => {
       const at = state.sentAt.get(id);
       if (at !== undefined) {
