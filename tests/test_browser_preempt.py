@@ -39,12 +39,13 @@ def server() -> Iterator[RunningServer]:
 
 
 def _tap(page: Page, turn: int) -> None:
-    """Tap D (even turns) or A (odd ones): held about 3 frames, then a pause."""
+    """Tap D (even turns) or A (odd ones): held about 3 frames, then a pause of over two chunks, so
+    that a chunk applying no input (the kind a key can preempt) is made before the next tap."""
     key = "KeyD" if turn % 2 == 0 else "KeyA"
     page.keyboard.down(key)
     page.wait_for_timeout(180)
     page.keyboard.up(key)
-    page.wait_for_timeout(120)
+    page.wait_for_timeout(620)
 
 
 def _press_until_superseded(page: Page, swaps: int) -> None:

@@ -424,6 +424,36 @@ async def test_an_input_during_a_step_without_it_cancels_that_step_and_it_is_mad
         await host.shutdown("test over")
 
 
+async def test_a_chunk_that_applies_inputs_is_never_made_again() -> None:
+    """An input keeps the chunk it came in: made again, it would share one with a newer input whose
+    controls win (a key tapped and released within a chunk would never show)."""
+    backend = _Backend(cost=None)  # no headroom yet: event 1 preempts nothing
+    host, me, _, clock, metrics = _world(backend)
+    host.start()
+    try:
+        await _until(lambda: len(me.chunks()) == 2, "the lead chunk")
+        member = host.members[0]
+        await host.accept(member, SessionEvent(1, controls=(_keys("W"),)))
+        gate = backend.hold = asyncio.Event()
+        clock.now += PERIOD  # chunk 2's tick goes with event 1, and is held in flight
+        await _until(backend.holding.is_set, "chunk 2 in flight")
+        backend.cost = 0.1  # headroom now: only the rule keeps chunk 2
+        await host.accept(member, SessionEvent(2, controls=(_keys("A"),)))
+        assert backend.cancelled == []
+        gate.set()
+        await _until(lambda: len(me.chunks()) == 3, "chunk 2")
+        assert (me.chunks()[2].chunk_index, me.chunks()[2].applied_event_ids) == (2, [1])
+        await host.accept(member, SessionEvent(3, controls=(_keys("D"),)))  # chunk 2, sent, applied event 1
+        await asyncio.sleep(0.05)
+        assert backend.retracted == []
+        assert _count(metrics, "worldserve_preempted_chunks_total", how="undone") == 0
+        clock.now += PERIOD
+        await _until(lambda: len(me.chunks()) == 4, "chunk 3")
+        assert (me.chunks()[3].chunk_index, me.chunks()[3].applied_event_ids) == (3, [2, 3])
+    finally:
+        await host.shutdown("test over")
+
+
 def test_the_policy_and_the_pacer_in_simulated_time() -> None:
     rule = Preempt(True, margin_s=0.05)
     assert rule.worth(0.0, 1.0, 0.9)

@@ -368,6 +368,7 @@ class WorldHost:
         self._undo_wanted: int | None = None  # the seq of the chunk the generator is to undo (an event came for it)
         self._superseded: int | None = None  # the seq the next chunk sent replaces
         self._redo = False  # the next tick makes a preempted chunk again: at once
+        self._tick_applies = False  # the tick in flight applies inputs (it takes every one pending)
         self._stopping = False
         self._wake = asyncio.Event()
         self._started_at = clock()
@@ -672,8 +673,8 @@ class WorldHost:
         epoch, now = session.epoch, self._clock()
         in_flight = session.chunk_in_flight
         if in_flight is not None:
-            if in_flight == 0 or self._preempted == (epoch, in_flight):
-                return
+            if in_flight == 0 or self._tick_applies or self._preempted == (epoch, in_flight):
+                return  # a chunk that applies inputs keeps them to itself (see _undoable)
             due = self._plays_at(self._seq + 1, self._tick_due)
             if not self.preempt.worth(now, due, self._preempt_cost(session)):
                 return
@@ -698,6 +699,10 @@ class WorldHost:
     def _undoable(self, session: Session[Chunk], last: _Made, now: float) -> bool:
         """Whether ``last``, the chunk made last, can still be undone and made again before it plays."""
         if last.epoch != session.epoch or last.chunk_index == 0 or session.chunk_retractable != last.chunk_index:
+            return False
+        if last.accepted:
+            # It applies inputs: made again, they would share a chunk with the new one, whose
+            # controls win (a key tapped and released within a chunk would never show).
             return False
         due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
         return self.preempt.worth(now, due, self._preempt_cost(session))
@@ -958,6 +963,7 @@ class WorldHost:
                     log.exception("session %s: the route's before-tick step failed", self.session_id)
             started = self._tick_started = self._clock()
             self._tick_due, self._undo_wanted = plan.due, None  # this tick takes every event accepted so far
+            self._tick_applies = session.pending_event_count > 0
             try:
                 chunk = await session.next_chunk()
             except SessionStateError:
