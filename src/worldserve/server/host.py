@@ -1082,8 +1082,7 @@ class WorldHost:
         its next chunk on: a chunk or two)."""
         frames = chunk.frames
         made = frames.versions() if isinstance(frames, EncodedFrames) else {}
-        for media in made:
-            self._metrics.chunk_encodings.labels(media=media).inc()
+        counted = list(made)  # the chunk's encodings, counted together once all are made (one scrape sees all or none)
         encoded: dict[str, EncodedFrames] = {}
         arrays = frames if not isinstance(frames, EncodedFrames) else None
         spent = 0.0
@@ -1106,8 +1105,10 @@ class WorldHost:
                 spec = self._backend.spec
                 encoder = self._encoders[media] = FrameEncoder(wanted, spec.width, spec.height, spec.fps)
             encoded[media] = await asyncio.to_thread(encoder.encode, arrays)
-            self._metrics.chunk_encodings.labels(media=media).inc()
+            counted.append(media)
             spent += time.perf_counter() - began
+        for media in counted:
+            self._metrics.chunk_encodings.labels(media=media).inc()
         return encoded, (chunk.encode_s if made else 0.0) + spent
 
     def _want_keyframe(self) -> None:
