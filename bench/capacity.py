@@ -4,16 +4,20 @@ For each side (``worldserve serve --chunk-clock on`` and ``off``, the same model
 options otherwise), starts a server on a free port, runs ``worldserve bench
 --find-capacity`` against it (clients start at uniform random offsets, the client count
 steps up by doubling then bisects) and stops it; then prints each side's steps and the
-two figures side by side: sessions held at <= 1 % late chunks (a chunk is late when it
-arrives after its playout instant: the first chunk's arrival plus k periods,
-re-anchored after a stall), the mean batch at that count, event->applied p99 against
-one period plus one step.
+two figures side by side: sessions held at <= 1 % late chunks, the mean batch at that
+count, event->applied p99 against one period plus one step. A chunk is late (``--late-by
+player``, the default) when it finds its client's jitter buffer run dry: each client plays
+as the page does, from a buffer that starts at ``--slack-frames`` (1) and grows a frame
+after each underrun, so the figure is what a viewer sees stall. ``--late-by arrival``
+counts the chunks that arrive after a fixed playout instant instead (the first chunk's
+arrival plus the slack, then k periods, re-anchored after a stall: the figure before the
+page had a jitter buffer).
 
 The clients run on the same machine as the server: on a small box they take CPU from it.
 
 Usage: ``python bench/capacity.py [--model tinyworld] [--model-option precision=float32]
 [--duration 20] [--stagger 5] [--start 2] [--max-clients 32] [--sides on off jit nopreempt]
-[--server-arg '--step-budget 0.95']``.
+[--media raw] [--slack-frames 1] [--late-by player|arrival] [--server-arg '--step-budget 0.95']``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ async def _side(args: argparse.Namespace, side: str) -> tuple[int, list[Capacity
             duration=args.duration,
             stagger=args.stagger,
             seed=args.seed,
+            media=args.media,
+            playout_slack_frames=args.slack_frames,
+            late_by=args.late_by,
         )
     finally:
         server.stop()
@@ -105,6 +112,20 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=2, help="first client count")
     parser.add_argument("--max-clients", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--media", choices=("raw", "jpeg", "h264"), default="raw", help="how the frames travel")
+    parser.add_argument(
+        "--slack-frames",
+        type=float,
+        default=1.0,
+        help="each client's jitter buffer starts at this many frames, as the page's does (1); 0: on arrival",
+    )
+    parser.add_argument(
+        "--late-by",
+        choices=("player", "arrival"),
+        default="player",
+        help="a chunk is late when it finds the jitter buffer run dry (player) or arrives after a fixed "
+        "playout instant (arrival: the figure before the page had a jitter buffer)",
+    )
     parser.add_argument(
         "--sides",
         nargs="+",
@@ -127,7 +148,9 @@ def main() -> int:
         f"capacity bench: model {args.model} ({options}), {args.workers} worker(s){threads}, {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()}, torch's CPU kernels: "
         f"{torch.backends.cpu.get_cpu_capability()}), {args.duration:g} s per session, "
-        f"start offsets uniform in [0, {args.stagger:g}] s; load average {os.getloadavg()[0]:.1f}"
+        f"start offsets uniform in [0, {args.stagger:g}] s, media {args.media}, players starting "
+        f"{args.slack_frames:g} frame(s) after the first chunk, late by {args.late_by}; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     results: dict[str, tuple[int, list[CapacityStep]]] = {}
     for side in args.sides:

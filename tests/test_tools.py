@@ -202,8 +202,29 @@ async def test_find_capacity_doubles_then_bisects(monkeypatch: pytest.MonkeyPatc
     assert tried == [2, 4, 8, 16, 12, 10, 11]
     assert [step.held for step in steps] == [True, True, True, False, False, True, True]
     table = loadtest.format_capacity_table(capacity, steps)
-    assert "sessions held at <= 1 % late chunks: 11" in table
+    assert "sessions held at <= 1 % late chunks (counted by the player's underruns): 11" in table
     assert "at 12 clients, first error: session 'x' refused: no real-time headroom" in table
+
+
+def test_a_capacity_step_is_held_by_what_the_player_saw_or_by_arrival() -> None:
+    """By the player, a chunk that ran its jitter buffer dry is late although it met a fixed instant, and a
+    chunk that missed the fixed instant but found frames still queued is not; by arrival, the other way."""
+    import worldserve.tools.loadtest as loadtest
+
+    def result(underruns: int, arrivals: list[float]) -> loadtest.BenchResult:
+        report = loadtest.ClientReport(chunk_period=0.25, chunks=len(arrivals), underruns=underruns)
+        report.arrivals = arrivals
+        return loadtest.BenchResult(clients=1, duration=1.0, reports=[report])
+
+    on_time = [0.25 * k for k in range(10)]
+    one_late = [*on_time[:5], 1.3, *on_time[6:]]  # chunk 5 is 50 ms past its instant
+    assert loadtest.held(result(0, on_time))
+    assert loadtest.held(result(0, on_time), by="arrival")
+    assert not loadtest.held(result(1, on_time))  # 1 underrun in 9 chunks: 11 % > 1 %
+    assert loadtest.held(result(1, on_time), by="arrival")
+    assert loadtest.held(result(0, one_late))  # a buffer with slack absorbed it
+    assert not loadtest.held(result(0, one_late), by="arrival")
+    assert loadtest.held(result(1, on_time), limit=0.2)
 
 
 def test_playout_lateness_counts_a_late_chunk_once_and_reanchors() -> None:

@@ -256,7 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--find-capacity",
         action="store_true",
         help="step the client count (from --clients, doubling then bisecting) to find the most sessions "
-        "held at <= 1%% late chunks",
+        "held at <= 1%% late chunks (--late-by)",
+    )
+    bench.add_argument(
+        "--late-by",
+        choices=("player", "arrival"),
+        default="player",
+        help="--find-capacity: a chunk is late when it finds the client's jitter buffer run dry (player: what "
+        "a viewer of the page sees stall) or when it arrives after a fixed playout instant (arrival: chunk 0 "
+        "--slack-frames after it arrives, then one period each)",
     )
     bench.add_argument("--max-clients", type=positive_int, default=64, help="--find-capacity: the most to try")
     bench.add_argument("--seed", type=int, default=0, help="seed of the start offsets and arrivals")
@@ -600,6 +608,8 @@ def _bench(args: argparse.Namespace) -> int:
                     stagger=args.stagger,
                     seed=args.seed,
                     media=args.media,
+                    playout_slack_frames=args.slack_frames,
+                    late_by=args.late_by,
                     **common,
                 )
             )

@@ -7,7 +7,8 @@ playback as a player would see it (chunk *k* plays at the first chunk's arrival 
 *k* periods, re-anchored after a stall: the late-chunk ratio and stall time per
 session), arrivals (all at once, staggered by uniform random offsets, or open-loop at a
 rate with a lifetime each), the capacity search (the most sessions held at <= 1 % late
-chunks, by stepping the client count), and the summary tables: time to first chunk,
+chunks, by stepping the client count; a chunk is late when it finds the client's jitter buffer
+run dry, or, asked, when it arrives after its fixed playout instant), and the summary tables: time to first chunk,
 frames/s, late chunks, mean batch, event->applied latency percentiles against the bound
 of one chunk period plus one chunk's compute. With
 ``viewers``, each session is shared and that many viewers join it (a run without
@@ -36,7 +37,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from worldserve.client import ClientChunk, SessionInfo, WorldClient, WorldClientError, WorldError, keys
@@ -48,6 +49,7 @@ __all__ = [
     "CapacityStep",
     "K2P_PARTS",
     "ClientReport",
+    "LateBy",
     "KeyToPhoton",
     "ServerSample",
     "ViewerReport",
@@ -65,8 +67,14 @@ __all__ = [
     "run_viewers_bench",
 ]
 
-#: A session is held when at most this share of its chunks arrive after their playout instant.
+#: A session is held when at most this share of its chunks came late (see :data:`LateBy`).
 LATE_LIMIT = 0.01
+
+#: What counts a chunk late for the capacity search: ``"player"``, the chunks that found the client's
+#: jitter buffer run dry (an underrun: what a viewer of the page sees stall), or ``"arrival"``, the
+#: chunks that arrived after a fixed playout instant (chunk 0's arrival plus the slack, then a period
+#: each, re-anchored after a stall; the figure before the page had a jitter buffer).
+LateBy = Literal["player", "arrival"]
 
 _HELD_CHOICES = ((), ("W",), ("A",), ("S",), ("D",), ("W", "D"), ("S", "A"))
 _PROMPTS = ("islands", "desert dunes", "deep forest", "snowy tundra")
@@ -197,6 +205,16 @@ class ClientReport:
     def late_ratio(self) -> float:
         late, _ = self.late
         return late / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
+
+    @property
+    def underrun_ratio(self) -> float:
+        """The player's view: underruns of its jitter buffer per chunk after the first (a viewer's stalls)."""
+        return self.underruns / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
+
+    def late_by(self, by: LateBy) -> float:
+        """The late ratio a capacity search holds to: ``"player"`` (the jitter buffer's underruns, what a
+        viewer of the page sees) or ``"arrival"`` (chunks after a fixed-slack playout instant)."""
+        return self.underrun_ratio if by == "player" else self.late_ratio
 
 
 @dataclass(frozen=True)
@@ -656,10 +674,11 @@ def _load() -> float | None:
         return None
 
 
-def held(result: BenchResult, limit: float = LATE_LIMIT) -> bool:
-    """Every session started, got chunks, hit no error and had at most ``limit`` late chunks."""
+def held(result: BenchResult, limit: float = LATE_LIMIT, by: LateBy = "player") -> bool:
+    """Every session started, got chunks, hit no error and had at most ``limit`` late chunks, counted
+    ``by`` its player's underruns or by arrival (:meth:`ClientReport.late_by`)."""
     return bool(result.reports) and all(
-        report.chunks > 1 and not report.errors and report.late_ratio <= limit for report in result.reports
+        report.chunks > 1 and not report.errors and report.late_by(by) <= limit for report in result.reports
     )
 
 
@@ -668,6 +687,7 @@ class CapacityStep:
     clients: int
     result: BenchResult
     held: bool
+    late_by: LateBy = "player"  # what counted a chunk late for ``held``
 
 
 async def find_capacity(
@@ -683,12 +703,16 @@ async def find_capacity(
     settle: float = 5.0,
     seed: int = 0,
     media: str = "raw",
+    playout_slack_frames: float = 1.0,
+    late_by: LateBy = "player",
 ) -> tuple[int, list[CapacityStep]]:
     """The most concurrent sessions held at <= ``limit`` late chunks, and every step measured.
 
     Steps the client count up from ``start`` (doubling) until a count is not held, then
     bisects between the last held count and it. Each step is a closed-loop
-    :func:`run_bench` with these arguments (``media``: how its sessions' frames travel).
+    :func:`run_bench` with these arguments (``media``: how its sessions' frames travel;
+    ``playout_slack_frames``: where each client's jitter buffer starts, the page's 1 frame by
+    default). ``late_by``: what counts a chunk late (:data:`LateBy`).
     """
     steps: list[CapacityStep] = []
 
@@ -703,9 +727,10 @@ async def find_capacity(
             settle=settle,
             seed=seed,
             media=media,
+            playout_slack_frames=playout_slack_frames,
         )
-        ok = held(result, limit)
-        steps.append(CapacityStep(clients, result, ok))
+        ok = held(result, limit, late_by)
+        steps.append(CapacityStep(clients, result, ok, late_by))
         return ok
 
     good, bad = 0, None
@@ -1004,14 +1029,22 @@ def format_viewers_table(alone: BenchResult, shared: BenchResult) -> str:
 def format_capacity_table(capacity: int, steps: list[CapacityStep], *, label: str = "") -> str:
     """One row per step of a capacity search, and the figure found."""
     header = (
-        "| clients | held | late % (mean / worst) | stall s (worst) | mean batch | frames/s per client (min) "
-        "| event->applied p99 ms (bound) | errors |"
+        "| clients | held | underruns % (mean / worst) | late % by arrival (mean / worst) | stall s by arrival (worst) "
+        "| mean batch | frames/s per client (min) | event->applied p99 ms (bound) | errors |"
     )
-    lines = [header, "|" + "|".join("---" for _ in range(8)) + "|"]
+    lines = [header, "|" + "|".join("---" for _ in range(9)) + "|"]
     for step in sorted(steps, key=lambda item: item.clients):
         lines.append("| " + " | ".join(_step_cells(step)) + " |")
     lines.append("")
-    lines.append(f"{label}sessions held at <= {LATE_LIMIT * 100:g} % late chunks: {capacity}")
+    by = {step.late_by for step in steps}
+    counted = (
+        "the player's underruns"
+        if by == {"player"}
+        else "arrival after a fixed playout instant"
+        if by == {"arrival"}
+        else "mixed criteria"
+    )
+    lines.append(f"{label}sessions held at <= {LATE_LIMIT * 100:g} % late chunks (counted by {counted}): {capacity}")
     for step in sorted(steps, key=lambda item: item.clients):  # why sessions failed: the server's words
         said = next((message for r in step.result.reports for message in r.error_messages), None)
         if said is not None:
@@ -1022,6 +1055,7 @@ def format_capacity_table(capacity: int, steps: list[CapacityStep], *, label: st
 def _step_cells(step: CapacityStep) -> list[str]:
     reports = step.result.reports
     late = [r.late_ratio for r in reports if r.chunks > 1]
+    underruns = [r.underrun_ratio for r in reports if r.chunks > 1]
     stalls = [r.late[1] for r in reports if r.chunks > 1]
     batch_sizes = [value for r in reports for value in r.batch_sizes]
     fps = [r.frames / r.seconds for r in reports if r.seconds > 0]
@@ -1035,6 +1069,7 @@ def _step_cells(step: CapacityStep) -> list[str]:
     return [
         f"{step.clients}",
         "yes" if step.held else "no",
+        f"{statistics.mean(underruns) * 100:.2f} / {max(underruns) * 100:.2f}" if underruns else "-",
         f"{statistics.mean(late) * 100:.2f} / {max(late) * 100:.2f}" if late else "-",
         f"{max(stalls):.2f}" if stalls else "-",
         f"{statistics.mean(batch_sizes):.2f}" if batch_sizes else "-",
