@@ -32,12 +32,13 @@ import sys
 from servers import start_server
 from worldserve.tools.loadtest import CapacityStep, find_capacity, format_capacity_table
 
-#: What each side runs: the chunk clock on or off (a lead of one chunk), or on with --lead jit.
+#: What each side runs: the chunk clock on or off (a lead of one chunk), or on with --lead jit
+#: (the server's default), or a chunk ahead without preemption.
 _SIDES = {
-    "on": "chunk clock on",
-    "off": "chunk clock off",
+    "on": "chunk clock on, --lead 1",
+    "off": "chunk clock off, --lead 1",
     "jit": "chunk clock on, --lead jit",
-    "nopreempt": "chunk clock on, --preempt off",
+    "nopreempt": "chunk clock on, --lead 1, --preempt off",
 }
 
 
@@ -46,9 +47,9 @@ def _server_args(args: argparse.Namespace, side: str) -> list[str]:
     if side == "jit":
         command += ["--chunk-clock", "on", "--lead", "jit"]
     elif side == "nopreempt":
-        command += ["--chunk-clock", "on", "--preempt", "off"]
+        command += ["--chunk-clock", "on", "--lead", "1", "--preempt", "off"]
     else:
-        command += ["--chunk-clock", side]
+        command += ["--chunk-clock", side, "--lead", "1"]
     for option in args.model_option:
         command += ["--model-option", option]
     if args.threads_per_worker is not None:
@@ -131,8 +132,8 @@ def main() -> int:
         nargs="+",
         choices=list(_SIDES),
         default=["on", "off"],
-        help="on / off: the chunk clock (lead 1 chunk, preemption on); jit: the clock with --lead jit; "
-        "nopreempt: the clock with --preempt off",
+        help="on / off: the chunk clock (lead 1 chunk, preemption on); jit: the clock with --lead jit (the "
+        "server's default); nopreempt: the clock, lead 1 chunk, --preempt off",
     )
     args = parser.parse_args()
 

@@ -46,10 +46,11 @@ def row(model: str, lead: str, clients: int, result: BenchResult, load: float) -
     chunks = sum(r.chunks for r in result.reports)
     ledger = f"{sum(r.lost for r in result.reports)} / {sum(r.applied_twice for r in result.reports)}"
     late_said = f"{statistics.mean(late):.2f} / {max(late):.2f}" if late else "-"
+    underruns = sum(r.underruns for r in result.reports)
     return (
         f"| {model} | {lead} | {clients} ({len(reports)} played) | {_ms(total, 0.5)} / {_ms(total, 0.95)} / "
         f"{_ms(total, 0.99)} | {_ms([p['wait_tick'] for p in parts], 0.5)} | {_ms([p['model'] for p in parts], 0.5)} | "
-        f"{_ms([p['playout'] for p in parts], 0.5)} | {late_said} | {preempted} of {chunks} | {ledger} | "
+        f"{_ms([p['playout'] for p in parts], 0.5)} | {underruns} | {late_said} | {preempted} of {chunks} | {ledger} | "
         f"{statistics.mean(batch) if batch else math.nan:.2f} | {refused} | {len(samples)} | {load:.1f} |"
     )
 
@@ -91,9 +92,9 @@ def main() -> int:
     print()
     print(
         "| model | lead | clients | key-to-photon p50 / p95 / p99 ms | wait_tick p50 | model p50 | playout p50 "
-        "| late % (mean / worst) | preempted | lost / twice | mean batch | refused | events | load |"
+        "| underruns | late % (mean / worst) | preempted | lost / twice | mean batch | refused | events | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for model in args.models:
         servers = {
             lead: start_server(_serve_args(model, lead, extra), f"leads-{model}-{lead.replace(':', '-')}")
@@ -122,8 +123,9 @@ def main() -> int:
     print(
         "key-to-photon: an event's send to the first frame of the chunk that applied it playing (a player at the "
         "model's rate: chunk 0 --slack-frames after it is decoded, each next one a period later, or when decoded "
-        "if later); late %: "
-        "chunks that came after their playout instant; preempted: chunks made again with newer input (their "
+        "if later, through the adaptive jitter buffer); underruns: times a player's jitter buffer ran dry (a "
+        "stall a viewer sees), all sessions; late %: chunks that came after a fixed playout instant (chunk 0 "
+        "--slack-frames after it arrived, then a period each); preempted: chunks made again with newer input (their "
         "replacements shown instead) of the chunks shown; lost / twice: accepted events neither applied in a chunk "
         "shown nor reported dropped / applied in two; refused: sessions admission turned away (no headroom); "
         "events: applied events measured; load: the 1-minute load average as the run began."

@@ -162,6 +162,16 @@ async def test_a_real_server_plays_from_a_start_image_shares_resumes_and_replays
         live = np.concatenate([c.frames for c in got])
         # Frame for frame, the chunks after the cancelled one included: the replay never made it.
         assert np.array_equal(replayed.frames[: len(live)], live)
+
+        # worldserve bench steers an image-to-world model too: it reads /v1/models, sends a start image.
+        from worldserve.tools.loadtest import run_bench
+
+        bench = await run_bench(server.ws, clients=1, duration=2.0, event_interval=0.5, settle=60.0, media="jpeg")
+        (report,) = bench.reports
+        assert not report.errors, report.error_messages
+        assert report.chunks > 0
+        assert report.accepted > 0
+        assert report.applied_once == report.accepted  # every event it pressed, applied once
     finally:
         server.stop()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import math
 import os
 import random
@@ -40,7 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import numpy as np
+import numpy.typing as npt
+
 from worldserve.client import ClientChunk, SessionInfo, WorldClient, WorldClientError, WorldError, keys
+from worldserve.protocol import ControlInput
 from worldserve.tools.jitter import JitterBuffer
 
 __all__ = [
@@ -65,6 +70,7 @@ __all__ = [
     "playout_lateness",
     "run_bench",
     "run_viewers_bench",
+    "start_image",
 ]
 
 #: A session is held when at most this share of its chunks came late (see :data:`LateBy`).
@@ -363,6 +369,41 @@ def _read_sample(url: str, token: str | None) -> ServerSample | None:
     )
 
 
+def _read_spec(url: str, token: str | None) -> dict[str, Any] | None:
+    """The served model's spec from ``/v1/models`` (None: not there, or not readable)."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    request = urllib.request.Request(f"{scheme}://{parts.netloc}/v1/models")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = json.loads(response.read().decode())
+    except (OSError, ValueError):
+        return None
+    models = data.get("data") if isinstance(data, dict) else None
+    return models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else None
+
+
+def start_image(height: int, width: int, seed: int = 0) -> npt.NDArray[np.uint8]:
+    """A start image for a model that needs one (``requires_image``): smooth colour gradients, some
+    bands and a horizon, different per ``seed``; the bench sends it with each session's start."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
+    x = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :]
+    phase = rng.uniform(0.0, 2 * np.pi, size=3).astype(np.float32)
+    horizon = (y > rng.uniform(0.35, 0.65)).astype(np.float32)
+    channels = [0.5 + 0.35 * np.sin(6.0 * x + 3.0 * y + p) - 0.2 * horizon for p in phase]
+    image: npt.NDArray[np.uint8] = (np.clip(np.stack(channels, axis=-1), 0.0, 1.0) * 255.0).astype(np.uint8)
+    return image
+
+
+def _event_controls(spec: dict[str, Any], held: tuple[str, ...]) -> list[ControlInput]:
+    """The bench's held keys as a control of ``spec``'s model, or none where it takes no ``keys``."""
+    tracks = {control.get("track") for control in spec.get("controls", [])}
+    return [keys(*held)] if "keys" in tracks else []
+
+
 async def _run_viewer(url: str, token: str | None, session: SessionInfo, stop: asyncio.Event) -> ViewerReport:
     report = ViewerReport()
     assert session.viewer_token is not None
@@ -407,6 +448,7 @@ async def _run_client(
     delay: float = 0.0,
     media: str = "raw",
     playout_slack_frames: float = 0.0,
+    image: npt.NDArray[np.uint8] | None = None,
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -420,7 +462,9 @@ async def _run_client(
         # It acks a chunk as its player shows the chunk's first frame, as the page does.
         async with WorldClient(url, token=token, auto_ack=False) as client:
             started = time.monotonic()
-            info = await client.start(prompt=rng.choice(_PROMPTS), seed=seed, media=media, share_viewers=viewers > 0)
+            info = await client.start(
+                prompt=rng.choice(_PROMPTS), seed=seed, image=image, media=media, share_viewers=viewers > 0
+            )
             report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
             stop_viewers = asyncio.Event()
             viewer_tasks = [asyncio.create_task(_run_viewer(url, token, info, stop_viewers)) for _ in range(viewers)]
@@ -530,13 +574,13 @@ async def _run_client(
                     report.resumes += 1
                 await asyncio.sleep(event_interval * rng.uniform(0.5, 1.5))
                 event_id += 1
-                prompt = rng.choice(_PROMPTS) if rng.random() < 0.1 else None
+                controls = _event_controls(info.model, rng.choice(_HELD_CHOICES))
+                # A model without keys is steered by its prompt: every event carries one then.
+                prompt = rng.choice(_PROMPTS) if rng.random() < 0.1 or not controls else None
                 sent_at[event_id] = time.monotonic()
                 report.sent += 1
                 try:
-                    acceptance = await client.send_event(
-                        event_id=event_id, prompt=prompt, controls=[keys(*rng.choice(_HELD_CHOICES))]
-                    )
+                    acceptance = await client.send_event(event_id=event_id, prompt=prompt, controls=controls)
                 except WorldError as error:
                     report.errors[error.code] += 1
                     report.error_messages.append(str(error))
@@ -632,6 +676,8 @@ async def run_bench(
         offsets = [rng.uniform(0.0, stagger) if stagger > 0 else 0.0 for _ in range(clients)]
         arrivals = f"staggered: uniform offsets in [0, {stagger:g}] s" if stagger > 0 else "all at once"
     before = await asyncio.to_thread(_read_sample, url, token)
+    spec = await asyncio.to_thread(_read_spec, url, token)
+    needs_image = spec is not None and bool(spec.get("requires_image"))
     load_before = _load()
     viewer_reports: list[ViewerReport] = []
     reports = await asyncio.gather(
@@ -649,6 +695,7 @@ async def run_bench(
                 delay=offset,
                 media=media,
                 playout_slack_frames=playout_slack_frames,
+                image=start_image(int(spec["height"]), int(spec["width"]), index) if needs_image and spec else None,
             )
             for index, offset in enumerate(offsets)
         )
