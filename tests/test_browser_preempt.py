@@ -1,7 +1,7 @@
 """Preemption through the real page, in Debian's headless Chromium: a chunk made again with an input
 (``supersedes``) is swapped in, and no frame of the one it replaced is drawn after the swap.
 
-The server runs the procedural model as served by default (a chunk ahead, ``--preempt auto``), so
+The server runs the procedural model a chunk ahead (``--lead 1``, ``--preempt auto``), so
 a key pressed while the page plays often lands before the chunk already made begins to play, and
 the server makes it again with the key. Every frame the page draws is then checked against the world
 where the chunks that were *shown* put it (a replacement's applied events win over those of the
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    running = start_server("--model", "procedural")
+    running = start_server("--model", "procedural", "--lead", "1")
     yield running
     running.stop()
 

@@ -100,6 +100,7 @@ def test_the_server_config_gives_just_in_time_a_frame_of_margin() -> None:
     from worldserve.models.procedural import ProceduralModel
 
     spec = ProceduralModel().spec
-    assert ServerConfig().lead_for(spec) == Lead(1)
+    assert ServerConfig().lead_for(spec) == Lead(0, 1.0 / spec.fps)  # the default: just in time
+    assert ServerConfig(lead_chunks=1).lead_for(spec) == Lead(1)
     assert ServerConfig(lead_chunks=0).lead_for(spec) == Lead(0, 1.0 / spec.fps)
     assert ServerConfig(lead_chunks=0, lead_margin_s=0.1).lead_for(spec).margin_s == 0.1

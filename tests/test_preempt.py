@@ -42,7 +42,7 @@ from worldserve.server.config import ServerConfig
 from worldserve.server.host import Role, WorldHost, WorldHosts
 from worldserve.server.messages import ChunkMessage
 from worldserve.server.metrics import ServerMetrics
-from worldserve.server.pacing import Pacer, Preempt
+from worldserve.server.pacing import Lead, Pacer, Preempt
 from worldserve.session import (
     PreparedControls,
     Session,
@@ -312,7 +312,8 @@ def _world(backend: _Backend, **config: Any) -> tuple[WorldHost, _Outlet, _Outle
     host = WorldHost(
         session,
         backend=backend,
-        config=ServerConfig(chunk_clock=False, max_lag_chunks=8, **config),
+        # A chunk ahead: the lead that leaves a chunk made and not yet playing to preempt.
+        config=ServerConfig(**{"chunk_clock": False, "max_lag_chunks": 8, "lead_chunks": 1, **config}),
         metrics=metrics,
         registry=WorldHosts(),
         media="raw",
@@ -461,7 +462,7 @@ def test_the_policy_and_the_pacer_in_simulated_time() -> None:
     assert not rule.worth(0.0, None, 0.1)
     assert not rule.worth(0.0, 1.0, None)
     assert not Preempt(False).worth(0.0, 10.0, 0.0)
-    pacer = Pacer(0.25, ServerConfig().lead_for(SPEC))
+    pacer = Pacer(0.25, Lead(1))
     pacer.made(0, 10.0, 10.1)
     pacer.made(0, 10.1, 10.2)
     assert pacer.due_of(1) == pytest.approx(10.35)
@@ -471,7 +472,7 @@ def test_the_policy_and_the_pacer_in_simulated_time() -> None:
     assert plan.want == pytest.approx(10.1)
     pacer.made(0, 10.2, 10.25)
     with pytest.raises(ValueError, match="after an epoch's first"):
-        Pacer(0.25, ServerConfig().lead_for(SPEC)).unmade()
+        Pacer(0.25, Lead(1)).unmade()
 
 
 # -- real runtimes -----------------------------------------------------------------------------------

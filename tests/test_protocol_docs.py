@@ -295,6 +295,12 @@ async def test_session_joined_seq_is_this_connections_numbering(server: RunningS
     host = await Wire.open(server)
     started = await host.start(seed=4, share={"viewers": True})
     await host.until("chunk", seq=1)
+
+    async def keep_playing() -> None:  # the host reads (and acks) on: its world never waits on backpressure
+        while True:
+            await host.next()
+
+    playing = asyncio.create_task(keep_playing())
     joiner = await Wire.open(server)
     await joiner.start(seed=5)  # this connection's own session first: its chunks take seq 0, 1, 2, ...
     await joiner.until("chunk", seq=2)
@@ -306,11 +312,15 @@ async def test_session_joined_seq_is_this_connections_numbering(server: RunningS
     )  # fmt: skip
     first = await joiner.until("chunk")
     assert first["seq"] == joined["seq"] + 1
-    host_seq = {m["request_id"]: m["seq"] for m in host.seen if m["type"] == "chunk"}
-    while first["request_id"] not in host_seq:  # the same chunk, as the host numbers it
-        got = await host.until("chunk")
-        host_seq[got["request_id"]] = got["seq"]
-    assert first["seq"] == host_seq[first["request_id"]] + base
+
+    def host_seq() -> dict[str, int]:
+        return {m["request_id"]: m["seq"] for m in host.seen if m["type"] == "chunk"}
+
+    async with asyncio.timeout(60):
+        while first["request_id"] not in host_seq():  # noqa: ASYNC110 - the same chunk, as the host numbers it
+            await asyncio.sleep(0.01)
+    playing.cancel()
+    assert first["seq"] == host_seq()[first["request_id"]] + base
     await joiner.close()
     await host.close()
 

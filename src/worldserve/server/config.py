@@ -34,9 +34,10 @@ class ServerConfig:
     idle_timeout: float = 300.0
     #: Generation pauses while this many chunks are un-acked (at most this many are in flight).
     max_lag_chunks: int = 3
-    #: How many chunks generation may run ahead of playback time; 0: just in time (each chunk's
-    #: tick on its worker's instant, playing ``lead_margin_s`` after it is due to be ready; pacing.py).
-    lead_chunks: int = 1
+    #: How many chunks generation may run ahead of playback time; 0 (the default): just in time
+    #: (each chunk's tick on its worker's instant, playing ``lead_margin_s`` after it is due to be
+    #: ready; pacing.py). N >= 1: N whole chunks ahead (a key waits behind them: docs/latency.md).
+    lead_chunks: int = 0
     #: Just in time: the viewer's slack (seconds; None: one frame of the model).
     lead_margin_s: float | None = None
     #: Preemption on input (``auto``): an event that arrives while the chunk made (or being made)

@@ -155,11 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--lead",
         type=_lead_chunks,
-        default=1,
+        default=0,
         metavar="jit|N",
-        help="how far generation runs ahead of playback: N whole chunks, or jit (just in time: each tick on its "
-        "worker's instant, its chunk played one frame after it is due to be ready; a key answered about a chunk "
-        "sooner, a slow step seen as a stall; docs/capacity.md, 'Lead')",
+        help="how far generation runs ahead of playback: jit (the default: just in time, each tick on its "
+        "worker's instant, its chunk played one frame after it is due to be ready; a slow step is seen as a "
+        "stall, which the player's jitter buffer then absorbs) or N whole chunks (a slow step hidden, a key "
+        "answered about N chunks later; docs/latency.md, 'A chunk ahead, or just in time')",
     )
     serve.add_argument(
         "--preempt",
