@@ -45,3 +45,4 @@ bench: venv
 	$(BIN)/python bench/capacity.py
 	$(BIN)/python bench/media.py
 	$(BIN)/python bench/leads.py
+	$(BIN)/python bench/page_latency.py

@@ -134,3 +134,14 @@ def test_leads_benchmark_smoke() -> None:
         assert re.search(rf"\| procedural \| {side} \| 1 \(1 played\) \| \d+ / \d+ / \d+ \|", done.stdout), done.stdout
     off = r"\| procedural \| 1:off \|[^\n]*\| 0 of \d+ \| 0 / 0 \|"  # preemption off: none made again, none lost
     assert re.search(off, done.stdout), done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_page_latency_benchmark_smoke() -> None:
+    """The page's own key-to-photon figures, through headless Chromium, beside the bench's, in one table."""
+    done = subprocess.run(
+        [sys.executable, "bench/page_latency.py", "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=230
+    )
+    assert done.returncode == 0, done.stderr
+    figure = r"\d+ / \d+ / \d+ \(\d+\)"
+    assert re.search(rf"\| procedural \| jit \| jpeg \| {figure} \| {figure} \| [+-]\d+ % \|", done.stdout), done.stdout

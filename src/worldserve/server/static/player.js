@@ -24,6 +24,7 @@
   const MAX_PAN = 4; // px per frame, the camera schema's bound
   const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 5000]; // then 5 s between tries
   const RESTART_GIVE_UP_MS = 10 * 60 * 1000; // after a server restart, wait this long for it at most
+  const PHOTON_LOG_MAX = 1000; // key-to-photon figures kept for window.worldserve.keyToPhotonLog
 
   // chunk.skipped's reason, as the log says it (docs/protocol.md).
   const SKIPPED_BECAUSE = {
@@ -58,6 +59,7 @@
     serverAppliedMs: null, // the server's figure: acceptance -> commit of the chunk that applied our event
     photonMs: null, // this page's figure: input -> first frame on screen that applied it
     photonParts: null, // and its parts (photonParts()), where the chunk told the server's instants
+    photonLog: [], // the last PHOTON_LOG_MAX figures with their parts, oldest first (bench/page_latency.py reads it)
     fpsTimes: [],
     nextFrameAt: 0,
     media: null, // what this session's frames arrive as
@@ -91,6 +93,7 @@
     get spec() { return state.spec; },
     get keyToPhotonMs() { return state.photonMs; },
     get keyToPhotonParts() { return state.photonParts && { ...state.photonParts }; },
+    get keyToPhotonLog() { return state.photonLog.map((entry) => ({ ...entry })); },
     get jitter() {
       const { target, underruns, most, playing, takenBack } = jitter;
       return { target, underruns, most, playing, takenBack, changes: jitter.changes.map((change) => change.slice()) };
@@ -736,6 +739,7 @@
     const t = photon.times;
     if (!t) {
       state.photonParts = null;
+      logPhoton({ total: state.photonMs });
       return;
     }
     const parts = {
@@ -748,6 +752,12 @@
     };
     parts.transfer = state.photonMs - parts.wait_tick - parts.step - parts.encode - parts.decode - parts.buffer;
     state.photonParts = { total: state.photonMs, ...parts };
+    logPhoton(state.photonParts);
+  }
+
+  function logPhoton(figure) {
+    state.photonLog.push({ ...figure, media: state.media });
+    if (state.photonLog.length > PHOTON_LOG_MAX) state.photonLog.shift();
   }
 
   function photonPartsText() {
