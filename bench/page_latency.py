@@ -8,9 +8,10 @@ The page measures each figure itself (``window.worldserve.keyToPhotonLog``: inpu
 frame on screen of the chunk that applied it, from the earliest input that chunk applied).
 Then ``worldserve bench``'s client (``run_bench``, one session, the same media, the same input
 rate, its player the page's jitter buffer) runs against the same server, and its figure is
-counted the page's way: per chunk, from its earliest applied input. One table out: page and
-bench p50 / p95 / p99, the bench's p50 against the page's, and the page's jitter-buffer
-underruns.
+counted the page's way: per chunk, from its earliest applied input. Two tables out: page and
+bench p50 / p95 / p99, the bench's p50 against the page's, and both jitter buffers' underruns;
+then each part's p50, the page's beside the bench's (the page's parts: wait_tick, step = queue
++ model, encode, transfer = up + handoff + down, decode, buffer = playout; docs/latency.md).
 
 Usage: ``python bench/page_latency.py [--models procedural tinyworld] [--leads jit 1]
 [--media jpeg h264] [--duration 20] [--interval 0.5]``; ``--smoke``: one short run (procedural,
@@ -35,12 +36,25 @@ from servers import BenchServer, start_server
 from worldserve.tools.loadtest import KeyToPhoton, run_bench
 
 CHROMIUM = os.environ.get("WORLDSERVE_CHROMIUM", "/usr/bin/chromium")
+#: The page's parts of key-to-photon (player.js, photonShown) and the bench's that make each up.
+PARTS = {
+    "wait_tick": ("wait_tick",),
+    "step": ("queue", "model"),
+    "encode": ("encode",),
+    "transfer": ("up", "handoff", "down"),
+    "decode": ("decode",),
+    "buffer": ("playout",),
+}
 _KEYS = ("KeyW", "KeyA", "KeyS", "KeyD")
 
 
 def _ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _p50(values: list[float]) -> str:
+    return f"{_ms(values, 0.5):.0f}" if values else "-"
 
 
 def _spread(values: list[float]) -> str:
@@ -83,7 +97,8 @@ def page_figures(server: BenchServer, media: str, duration: float, interval: flo
             jitter = page.evaluate("window.worldserve.jitter")
         finally:
             browser.close()
-    return {"totals": [float(entry["total"]) for entry in log], "underruns": int(jitter["underruns"])}
+    parts = {part: [float(e[part]) for e in log if part in e] for part in PARTS}
+    return {"totals": [float(entry["total"]) for entry in log], "parts": parts, "underruns": int(jitter["underruns"])}
 
 
 def bench_figures(server: BenchServer, media: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
@@ -103,8 +118,17 @@ def bench_figures(server: BenchServer, media: str, duration: float, interval: fl
     by_chunk: dict[float, list[KeyToPhoton]] = defaultdict(list)
     for sample in result.k2p:
         by_chunk[sample.shown].append(sample)  # the events one chunk applied share its first frame's instant
-    totals = [max(s.total for s in samples) * 1000 for samples in by_chunk.values()]
-    return {"totals": totals, "underruns": sum(r.underruns for r in result.reports)}
+    earliest = [max(samples, key=lambda s: s.total) for samples in by_chunk.values()]
+    parts: dict[str, list[float]] = {part: [] for part in PARTS}
+    for sample in earliest:
+        split = sample.parts(result.offset)
+        for part, names in PARTS.items():  # the bench's finer parts, summed into the page's
+            parts[part].append(sum(split[name] for name in names) * 1000)
+    return {
+        "totals": [s.total * 1000 for s in earliest],
+        "parts": parts,
+        "underruns": sum(r.underruns for r in result.reports),
+    }
 
 
 def main() -> int:
@@ -133,6 +157,7 @@ def main() -> int:
         "| bench p50 vs page | underruns page / bench | load |"
     )
     print("|---|---|---|---|---|---|---|---|", flush=True)
+    split: list[str] = []
     for model in args.models:
         for lead in args.leads:
             server = start_server(["--model", model, "--lead", lead], f"page-{model}-{lead}", timeout=300.0)
@@ -150,8 +175,14 @@ def main() -> int:
                         f"| {versus} | {page['underruns']} / {bench['underruns']} | {load:.1f} |",
                         flush=True,
                     )
+                    cells = [f"{_p50(page['parts'][part])} / {_p50(bench['parts'][part])}" for part in PARTS]
+                    split.append(f"| {model} | {lead} | {media} | " + " | ".join(cells) + " |")
             finally:
                 server.stop()
+    print()
+    print("| model | lead | media | " + " | ".join(f"{part} p50 page / bench" for part in PARTS) + " |")
+    print("|---|---|---|" + "---|" * len(PARTS))
+    print("\n".join(split))
     print()
     print(
         "page: the player's own figure (window.worldserve.keyToPhotonLog): an input's send to the first frame on "
