@@ -125,6 +125,8 @@ def test_bad_arguments_are_refused() -> None:
         JitterBuffer(FRAME, 0)
     with pytest.raises(ValueError, match="start"):
         JitterBuffer(FRAME, FPC, start=-1)
+    with pytest.raises(ValueError, match="ahead"):
+        JitterBuffer(FRAME, FPC, ahead=-1)
 
 
 def test_a_server_a_chunk_ahead_keeps_its_chunk_queued() -> None:
@@ -134,6 +136,28 @@ def test_a_server_a_chunk_ahead_keeps_its_chunk_queued() -> None:
     assert (buffer.taken_back, buffer.underruns, buffer.target) == (0, 0, 1.0)
     assert buffer.queued == 2 * FPC  # the lead chunk and the newest
     assert buffer.first_played(40) == pytest.approx(FRAME + 40 * PERIOD)  # still a chunk and a frame behind
+
+
+@pytest.mark.parametrize(("ahead", "taken_back", "level"), [(0, 2, 1), (FPC, 0, 3)])
+def test_a_slow_start_is_taken_back_to_the_target_just_in_time_and_kept_a_chunk_ahead(
+    ahead: int, taken_back: int, level: int
+) -> None:
+    """Chunk 0 was decoded 2.5 frames late against the stream that follows (a slow first decode), so
+    every later chunk finds 3 frames queued. Just in time (``ahead`` 0: the server queues nothing by
+    design) the player takes 2 back, a frame a chunk, down to its target of 1 and no further; for a
+    server a chunk ahead (``ahead`` one chunk) 3 frames are within what it keeps queued, and stay."""
+    buffer = JitterBuffer(FRAME, FPC, ahead=ahead)
+    arrivals = [2.5 * FRAME] + [k * PERIOD for k in range(1, 40)]
+    levels = []
+    for seq, at in enumerate(arrivals):
+        buffer.advance(at)
+        levels.append(buffer.queued)
+        buffer.arrive(seq, FPC, at)
+    assert levels[1:5] == [3, 3, 3, 3]
+    assert (buffer.taken_back, buffer.underruns, buffer.target) == (taken_back, 0, 1.0)
+    assert levels[-10:] == [level] * 10
+    buffer.advance(arrivals[-1] + 2 * PERIOD)  # the last chunk plays out
+    assert_every_frame_once_in_order(buffer, len(arrivals))  # nothing dropped
 
 
 def test_a_stalls_burst_is_drained_to_target_plus_a_chunk_by_playing_early() -> None:

@@ -84,6 +84,7 @@ class SessionInfo:
     max_pending_events: int
     max_lag_chunks: int
     role: str = "host"  # "host", "controller" or "viewer"
+    lead_chunks: int = 0  # whole chunks the server makes ahead of playback (0: just in time)
     resume_token: str | None = None  # for resume() after a dropped connection (None: the server has it off)
     resume_grace_s: float | None = None  # how long the server keeps a dropped connection's place
     viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
@@ -332,6 +333,7 @@ class WorldClient:
             media=reply["media"],
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
+            lead_chunks=int(reply.get("lead_chunks", 1)),  # a server before the field made a chunk ahead
             role=reply["role"],
             resume_token=reply.get("resume_token"),
             resume_grace_s=reply.get("resume_grace_s"),
@@ -418,6 +420,7 @@ class WorldClient:
             media=reply["media"],
             max_pending_events=reply["max_pending_events"],
             max_lag_chunks=reply["max_lag_chunks"],
+            lead_chunks=int(reply.get("lead_chunks", 1)),  # a server before the field made a chunk ahead
             resume_token=reply.get("resume_token"),
             resume_grace_s=reply.get("resume_grace_s"),
             viewer_token=(reply.get("share") or {}).get("viewer"),

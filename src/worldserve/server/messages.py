@@ -307,6 +307,10 @@ class SessionStarted(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
+    lead_chunks: int = Field(
+        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
+        "queue holds about this many chunks beyond its own slack by design (always present)."
+    )
     resume_token: str | None = Field(
         default=None, description="Send it with session.resume after a dropped connection (absent: resume is off)."
     )
@@ -338,6 +342,10 @@ class SessionJoined(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
+    lead_chunks: int = Field(
+        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
+        "queue holds about this many chunks beyond its own slack by design (always present)."
+    )
     seq: int = Field(
         description="The world's last chunk seq, in this connection's numbering; the next chunk it gets is seq + 1."
     )
@@ -355,6 +363,10 @@ class SessionResumed(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
+    lead_chunks: int = Field(
+        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
+        "queue holds about this many chunks beyond its own slack by design (always present)."
+    )
     seq: int = Field(description="The world's last chunk seq now.")
     replayed: int = Field(description="Buffered chunks after last_seq that follow this message.")
 

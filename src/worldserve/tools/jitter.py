@@ -15,10 +15,11 @@ The rule (WebRTC NetEq's idea, cut down to whole frames):
   below ``start``), and the player takes that frame back by playing the next two frames half a
   period early each: nothing is dropped.
 - The *level*: the frames still queued when a chunk arrives (the slack it found). When the
-  least level of the last ``LEVEL_WINDOW`` chunks is above the target plus a chunk (a server
-  a chunk ahead keeps one chunk queued by design; more is what a stall's burst left behind),
-  the player takes a frame back the same way, once per chunk, until it is not: a stall leaves
-  no lasting delay.
+  least level of the last ``LEVEL_WINDOW`` chunks is above the target plus ``ahead`` (the
+  frames the server keeps queued by design: its lead, ``lead_chunks`` whole chunks, told in
+  ``session.started``; 0 just in time), the player takes a frame back the same way, once per
+  chunk, until it is not: neither a stall's burst nor a slow start (a first chunk decoded
+  late, which sets every later chunk's wait) leaves a lasting delay.
 - :meth:`JitterBuffer.supersede` removes the frames of one chunk (by seq) that have not played
   yet (a chunk that a later one replaces); frames behind them move up.
 
@@ -59,6 +60,7 @@ class JitterBuffer:
         start: float = 1.0,
         cap: float | None = None,
         shrink_after: float = SHRINK_AFTER_S,
+        ahead: int | None = None,
     ) -> None:
         if not frame > 0:
             raise ValueError(f"frame must be positive seconds; got {frame!r}.")
@@ -66,11 +68,15 @@ class JitterBuffer:
             raise ValueError(f"frames_per_chunk must be at least 1; got {frames_per_chunk!r}.")
         if not start >= 0:
             raise ValueError(f"start must be non-negative frames; got {start!r}.")
+        if ahead is not None and ahead < 0:
+            raise ValueError(f"ahead must be non-negative frames; got {ahead!r}.")
         self.frame = float(frame)
         self.frames_per_chunk = frames_per_chunk
         self.start = float(start)
         self.cap = max(self.start, float(2 * frames_per_chunk if cap is None else cap))
         self.shrink_after = float(shrink_after)
+        #: Frames the server keeps queued by design (its lead); None: one chunk (a server a chunk ahead).
+        self.ahead = frames_per_chunk if ahead is None else ahead
         self.target = self.start  # frames of slack wanted now
         self.underruns = 0
         self.most = self.start  # the largest target so far
@@ -82,7 +88,7 @@ class JitterBuffer:
         self._early = 0.0  # seconds still to take back (a shrink)
         self._live = True  # an empty queue is an underrun only while the stream is live
         self._levels: deque[int] = deque(maxlen=LEVEL_WINDOW)  # frames queued as each of the last chunks came
-        self.taken_back = 0  # frames played early to drain a queue above target + a chunk
+        self.taken_back = 0  # frames played early to drain a queue above target + ahead
         self.shown: list[Shown] = []
 
     @property
@@ -96,7 +102,7 @@ class JitterBuffer:
         self.advance(now)
         if frames and self._playing:
             self._levels.append(len(self._queue))
-            excess = len(self._levels) == LEVEL_WINDOW and min(self._levels) > self.target + self.frames_per_chunk
+            excess = len(self._levels) == LEVEL_WINDOW and min(self._levels) > self.target + self.ahead
             if excess:
                 self._early += self.frame
                 self.taken_back += 1

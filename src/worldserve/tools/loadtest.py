@@ -476,7 +476,8 @@ async def _run_client(
             frame = 1.0 / float(info.model["fps"])
             report.playout_slack = playout_slack_frames * frame
             # The page's player: its adaptive jitter buffer, starting at the slack given.
-            player = JitterBuffer(frame, int(info.model["frames_per_chunk"]), start=playout_slack_frames)
+            per_chunk = int(info.model["frames_per_chunk"])
+            player = JitterBuffer(frame, per_chunk, start=playout_slack_frames, ahead=info.lead_chunks * per_chunk)
             previous: _Counted | None = None  # what the last chunk added to the report (a preemption undoes it)
             acks: dict[int, asyncio.TimerHandle] = {}  # seq -> its ack, due as its first frame plays
             loop = asyncio.get_running_loop()

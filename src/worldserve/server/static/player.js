@@ -40,6 +40,7 @@
     role: null, // "host", "controller" or "viewer"
     resumeToken: null,
     resumeGraceS: null, // how long the server keeps our place after a drop (session.started)
+    leadChunks: 0, // whole chunks the server makes ahead of playback, by design queued here (session.started)
     lastSeq: -1, // the last chunk received: what a resume asks to go on from
     join: null, // {session, token, role} from a share link, until it has been joined
     started: null, // {prompt, seed}: what this page's world was started with (a restart starts it again)
@@ -170,6 +171,7 @@
     state.photonParts = null;
     state.serverAppliedMs = null;
     state.media = message.media;
+    state.leadChunks = message.lead_chunks ?? 1; // a server before the field made a chunk ahead
     jitterReset();
     mseClose();
     canvas.width = message.model.width;
@@ -543,6 +545,7 @@
           showShare(share);
         }
         state.role = message.role;
+        state.leadChunks = message.lead_chunks ?? state.leadChunks;
         state.resumes += 1;
         setStatus("live", message.role === "host" ? "live" : `live (${message.role})`);
         notice("");
@@ -801,13 +804,14 @@
     });
   }
 
-  // A chunk arrived and found `level` frames queued ahead of it: true when a frame should be taken back.
+  // A chunk arrived and found `level` frames queued ahead of it: true when a frame should be taken back
+  // (the least of the last few levels is above the target plus what the server's lead queues by design).
   function jitterLevel(level) {
     if (!jitter.playing) return false;
     jitter.levels.push(level);
     if (jitter.levels.length > JITTER_LEVEL_WINDOW) jitter.levels.shift();
-    const chunk = state.spec ? state.spec.frames_per_chunk : 4;
-    const excess = jitter.levels.length === JITTER_LEVEL_WINDOW && Math.min(...jitter.levels) > jitter.target + chunk;
+    const ahead = state.leadChunks * (state.spec ? state.spec.frames_per_chunk : 4);
+    const excess = jitter.levels.length === JITTER_LEVEL_WINDOW && Math.min(...jitter.levels) > jitter.target + ahead;
     if (excess) jitter.takenBack += 1;
     return excess;
   }
