@@ -138,14 +138,15 @@ def test_a_server_a_chunk_ahead_keeps_its_chunk_queued() -> None:
     assert buffer.first_played(40) == pytest.approx(FRAME + 40 * PERIOD)  # still a chunk and a frame behind
 
 
-@pytest.mark.parametrize(("ahead", "taken_back", "level"), [(0, 2, 1), (FPC, 0, 3)])
+@pytest.mark.parametrize(("ahead", "taken_back", "level"), [(0, 3, 0), (FPC, 0, 3)])
 def test_a_slow_start_is_taken_back_to_the_target_just_in_time_and_kept_a_chunk_ahead(
     ahead: int, taken_back: int, level: int
 ) -> None:
     """Chunk 0 was decoded 2.5 frames late against the stream that follows (a slow first decode), so
-    every later chunk finds 3 frames queued. Just in time (``ahead`` 0: the server queues nothing by
-    design) the player takes 2 back, a frame a chunk, down to its target of 1 and no further; for a
-    server a chunk ahead (``ahead`` one chunk) 3 frames are within what it keeps queued, and stay."""
+    every later chunk finds 3 frames queued and waits 3.5. Just in time (``ahead`` 0: the server queues
+    nothing by design) the player takes the 2.5 frames beyond its target of 1 back, at most a frame a
+    chunk (1, 1, 0.5), and no more: each chunk then waits exactly the target; for a server a chunk
+    ahead (``ahead`` one chunk) 3.5 frames are within what it keeps queued, and stay."""
     buffer = JitterBuffer(FRAME, FPC, ahead=ahead)
     arrivals = [2.5 * FRAME] + [k * PERIOD for k in range(1, 40)]
     levels = []
@@ -157,6 +158,8 @@ def test_a_slow_start_is_taken_back_to_the_target_just_in_time_and_kept_a_chunk_
     assert (buffer.taken_back, buffer.underruns, buffer.target) == (taken_back, 0, 1.0)
     assert levels[-10:] == [level] * 10
     buffer.advance(arrivals[-1] + 2 * PERIOD)  # the last chunk plays out
+    settled = 1.0 if ahead == 0 else 3.5  # the last chunk's wait: the target, or as it came
+    assert [s.at for s in buffer.shown if s.index == 0][-1] - arrivals[-1] == pytest.approx(settled * FRAME)
     assert_every_frame_once_in_order(buffer, len(arrivals))  # nothing dropped
 
 

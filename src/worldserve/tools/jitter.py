@@ -14,12 +14,13 @@ The rule (WebRTC NetEq's idea, cut down to whole frames):
 - After ``shrink_after`` seconds of play with no underrun, ``target`` shrinks by one frame (not
   below ``start``), and the player takes that frame back by playing the next two frames half a
   period early each: nothing is dropped.
-- The *level*: the frames still queued when a chunk arrives (the slack it found). When the
-  least level of the last ``LEVEL_WINDOW`` chunks is above the target plus ``ahead`` (the
-  frames the server keeps queued by design: its lead, ``lead_chunks`` whole chunks, told in
-  ``session.started``; 0 just in time), the player takes a frame back the same way, once per
-  chunk, until it is not: neither a stall's burst nor a slow start (a first chunk decoded
-  late, which sets every later chunk's wait) leaves a lasting delay.
+- The *level*: how long an arriving chunk waits before its first frame plays (the frames
+  queued ahead of it, in time). When the least level of the last ``LEVEL_WINDOW`` chunks is
+  above the target plus ``ahead`` (the frames the server keeps queued by design: its lead,
+  ``lead_chunks`` whole chunks, told in ``session.started``; 0 just in time), the player
+  takes the excess back the same way (at most a frame per chunk, played half a period early
+  at a time), until the least level is the target: neither a stall's burst nor a slow start
+  (a first chunk decoded late, which sets every later chunk's wait) leaves a lasting delay.
 - :meth:`JitterBuffer.supersede` removes the frames of one chunk (by seq) that have not played
   yet (a chunk that a later one replaces); frames behind them move up.
 
@@ -87,8 +88,8 @@ class JitterBuffer:
         self._calm_since = 0.0  # the last underrun, shrink or start
         self._early = 0.0  # seconds still to take back (a shrink)
         self._live = True  # an empty queue is an underrun only while the stream is live
-        self._levels: deque[int] = deque(maxlen=LEVEL_WINDOW)  # frames queued as each of the last chunks came
-        self.taken_back = 0  # frames played early to drain a queue above target + ahead
+        self._levels: deque[float] = deque(maxlen=LEVEL_WINDOW)  # each of the last chunks' wait as it came (s)
+        self.taken_back = 0  # chunks whose arrival took time back (a queue above target + ahead)
         self.shown: list[Shown] = []
 
     @property
@@ -101,10 +102,11 @@ class JitterBuffer:
         plays (None: it has none). Later arrivals never move that instant; a :meth:`supersede` may."""
         self.advance(now)
         if frames and self._playing:
-            self._levels.append(len(self._queue))
-            excess = len(self._levels) == LEVEL_WINDOW and min(self._levels) > self.target + self.ahead
-            if excess:
-                self._early += self.frame
+            # the wait of this chunk's first frame: behind every frame queued, less what is being taken back
+            self._levels.append(self._next_due - now + len(self._queue) * self.frame - self._early)
+            excess = min(self._levels) - (self.target + self.ahead) * self.frame
+            if len(self._levels) == LEVEL_WINDOW and excess > 1e-9:
+                self._early += min(excess, self.frame)
                 self.taken_back += 1
         self._queue.extend((seq, index) for index in range(frames))
         if not self._playing and self._hold_until is None and self._queue:

@@ -675,7 +675,10 @@
     Promise.all(pending).then((images) => {
       if (state.supersededSeqs.has(header.seq)) return; // replaced while it was decoding
       if (photon) photon.decoded = performance.now();
-      if (images.length && jitterLevel(state.queue.length)) jitter.earlyMs += framePeriodMs();
+      if (images.length) { // its wait: behind every frame queued, less what is being taken back
+        const now = performance.now();
+        jitter.earlyMs += jitterLevel(state.nextFrameAt - now + state.queue.length * framePeriodMs() - jitter.earlyMs);
+      }
       // A replacement plays from where the chunk it replaces was (its frames shown are not shown again).
       const from = Math.min(info ? info.skip : 0, images.length);
       images.forEach((image, index) => {
@@ -794,7 +797,7 @@
     playing: false, holdUntil: null, calmSince: null, earlyMs: 0,
     changes: [], // [["grow"|"shrink", target], ...]: each change of the target, in order (the last 200)
     levels: [], // frames queued as each of the last chunks arrived
-    takenBack: 0, // frames played early to drain a queue above target + a chunk
+    takenBack: 0, // chunks whose arrival took time back (a queue above the target + the server's lead)
   };
 
   function jitterReset() {
@@ -804,16 +807,19 @@
     });
   }
 
-  // A chunk arrived and found `level` frames queued ahead of it: true when a frame should be taken back
-  // (the least of the last few levels is above the target plus what the server's lead queues by design).
-  function jitterLevel(level) {
-    if (!jitter.playing) return false;
-    jitter.levels.push(level);
+  // A chunk arrived and waits `waitMs` before its first frame plays (the frames queued ahead of it, in
+  // time): the ms to take back (0: none), at most a frame, when the least wait of the last few chunks is
+  // above the target plus what the server's lead queues by design (tools/jitter.py: the same rule).
+  function jitterLevel(waitMs) {
+    if (!jitter.playing) return 0;
+    jitter.levels.push(waitMs);
     if (jitter.levels.length > JITTER_LEVEL_WINDOW) jitter.levels.shift();
     const ahead = state.leadChunks * (state.spec ? state.spec.frames_per_chunk : 4);
-    const excess = jitter.levels.length === JITTER_LEVEL_WINDOW && Math.min(...jitter.levels) > jitter.target + ahead;
-    if (excess) jitter.takenBack += 1;
-    return excess;
+    const period = framePeriodMs();
+    const excess = Math.min(...jitter.levels) - (jitter.target + ahead) * period;
+    if (jitter.levels.length < JITTER_LEVEL_WINDOW || excess <= 0.001) return 0;
+    jitter.takenBack += 1;
+    return Math.min(excess, period);
   }
 
   function jitterChanged(kind) {
@@ -1058,7 +1064,8 @@
       mseOpen(type);
     }
     const count = header.frames.count;
-    if (count && jitterLevel(mseBuffered())) mse.fastUntil = performance.now() + 2000 / state.spec.fps; // a frame back
+    const back = count ? jitterLevel(mseBufferedMs()) : 0; // played at 1.5x for twice as long takes it back
+    if (back > 0) mse.fastUntil = performance.now() + 2 * back;
     if (header.frames.keyframe) mse.keys.push(mse.frames);
     const chunk = { start: mse.frames, count, seq: header.seq, epoch: header.epoch, chunk: header.chunk_index, acked: false };
     if (photon) chunk.photon = photon;
@@ -1090,6 +1097,12 @@
       mse.keys = mse.keys.filter((frame) => frame >= cut);
       buffer.remove(0, cut / fps);
     }
+  }
+
+  function mseBufferedMs() {
+    const video = mse.video;
+    if (!video || !video.buffered.length) return 0;
+    return Math.max(0, (video.buffered.end(video.buffered.length - 1) - video.currentTime) * 1000);
   }
 
   function mseBuffered() {
