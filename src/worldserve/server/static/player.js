@@ -60,6 +60,7 @@
     serverAppliedMs: null, // the server's figure: acceptance -> commit of the chunk that applied our event
     photonMs: null, // this page's figure: input -> first frame on screen that applied it
     photonParts: null, // and its parts (photonParts()), where the chunk told the server's instants
+    decoding: Promise.resolve(), // the chunks being decoded, chained so that they queue in arrival order
     photonLog: [], // the last PHOTON_LOG_MAX figures with their parts, oldest first (bench/page_latency.py reads it)
     fpsTimes: [],
     nextFrameAt: 0,
@@ -672,7 +673,9 @@
     if (photon) photon.received = performance.now(); // its last binary message is in
     state.lastChunkMs = header.timings.tick_ms;
     const info = state.chunkOf.get(header.seq);
-    Promise.all(pending).then((images) => {
+    // Queued in the order the chunks came, whichever decodes first (a burst after a stall decodes at once).
+    const decoded = Promise.all(pending);
+    state.decoding = state.decoding.then(() => decoded).then((images) => {
       if (state.supersededSeqs.has(header.seq)) return; // replaced while it was decoding
       if (photon) photon.decoded = performance.now();
       if (images.length) { // its wait: behind every frame queued, less what is being taken back
@@ -689,7 +692,7 @@
       });
       if (images.length === from) ack(header.seq);
       else jitterArrived(performance.now());
-    });
+    }).catch((error) => console.error("a chunk's frames could not be decoded", error));
   }
 
   // A preemption: input came before chunk `seq` began to play, so the server made it again with that
