@@ -560,8 +560,9 @@ async def _run_client(
 
             consumer = asyncio.create_task(consume())
             event_id = 0
-            deadline = started + duration
-            drop_at = started + duration * rng.uniform(0.3, 0.7) if drop_resume else None
+            steering = time.monotonic()  # it steers for ``duration`` once its session started, however slow that was
+            deadline = steering + duration
+            drop_at = steering + duration * rng.uniform(0.3, 0.7) if drop_resume else None
             while time.monotonic() < deadline:
                 if drop_at is not None and time.monotonic() >= drop_at:
                     drop_at = None
@@ -651,8 +652,9 @@ async def run_bench(
 ) -> BenchResult:
     """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
-    Closed loop (the default): ``clients`` sessions of ``duration`` seconds each, each
-    starting after a uniform random offset in ``[0, stagger]``. Open loop
+    Closed loop (the default): ``clients`` sessions, each steered for ``duration`` seconds
+    from the moment it started (a slow start does not shorten it), each starting after a
+    uniform random offset in ``[0, stagger]``. Open loop
     (``arrival_rate``): sessions arrive at that rate (exponential gaps) for ``duration``
     seconds and each lives ``session_seconds`` (default: ``duration``). ``viewers`` join
     each session; with ``drop_resume`` every client loses its socket once and resumes.
