@@ -300,6 +300,17 @@ class ShareTokens(_Outgoing):
     controller: str | None = None
 
 
+#: ``--lead`` as the sessions' messages tell it (started, joined, resumed): what a player's buffer
+#: holds by design.
+LeadChunks = Annotated[
+    int,
+    Field(
+        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
+        "queue holds about this many chunks beyond its own slack by design (always present)."
+    ),
+]
+
+
 class SessionStarted(_ServerMessage):
     type: Literal["session.started"] = "session.started"
     session_id: str
@@ -307,10 +318,7 @@ class SessionStarted(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
-    lead_chunks: int = Field(
-        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
-        "queue holds about this many chunks beyond its own slack by design (always present)."
-    )
+    lead_chunks: LeadChunks
     resume_token: str | None = Field(
         default=None, description="Send it with session.resume after a dropped connection (absent: resume is off)."
     )
@@ -342,10 +350,7 @@ class SessionJoined(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
-    lead_chunks: int = Field(
-        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
-        "queue holds about this many chunks beyond its own slack by design (always present)."
-    )
+    lead_chunks: LeadChunks
     seq: int = Field(
         description="The world's last chunk seq, in this connection's numbering; the next chunk it gets is seq + 1."
     )
@@ -363,10 +368,7 @@ class SessionResumed(_ServerMessage):
     media: Media
     max_pending_events: int
     max_lag_chunks: int
-    lead_chunks: int = Field(
-        description="Whole chunks the server makes ahead of playback (0: just in time, --lead jit): a player's "
-        "queue holds about this many chunks beyond its own slack by design (always present)."
-    )
+    lead_chunks: LeadChunks
     seq: int = Field(description="The world's last chunk seq now.")
     replayed: int = Field(description="Buffered chunks after last_seq that follow this message.")
 

@@ -210,12 +210,15 @@ class ClientReport:
     @property
     def late_ratio(self) -> float:
         late, _ = self.late
-        return late / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
+        return self._per_chunk_after_first(late)
 
     @property
     def underrun_ratio(self) -> float:
         """The player's view: underruns of its jitter buffer per chunk after the first (a viewer's stalls)."""
-        return self.underruns / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
+        return self._per_chunk_after_first(self.underruns)
+
+    def _per_chunk_after_first(self, count: int) -> float:
+        return count / (len(self.arrivals) - 1) if len(self.arrivals) > 1 else 0.0
 
     def late_by(self, by: LateBy) -> float:
         """The late ratio a capacity search holds to: ``"player"`` (the jitter buffer's underruns, what a
@@ -336,20 +339,23 @@ async def check_server(url: str, token: str | None = None) -> str | None:
     return None
 
 
-def _metrics_url(url: str) -> str:
+def _http_get(url: str, token: str | None, path: str) -> str | None:
+    """GET ``path`` of the server behind the WebSocket ``url`` (None: unreachable or refused)."""
     parts = urlsplit(url)
     scheme = "https" if parts.scheme == "wss" else "http"
-    return f"{scheme}://{parts.netloc}/metrics"
-
-
-def _read_sample(url: str, token: str | None) -> ServerSample | None:
-    request = urllib.request.Request(_metrics_url(url))
+    request = urllib.request.Request(f"{scheme}://{parts.netloc}{path}")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read().decode()
+            return str(response.read().decode())
     except OSError:
+        return None
+
+
+def _read_sample(url: str, token: str | None) -> ServerSample | None:
+    text = _http_get(url, token, "/metrics")
+    if text is None:
         return None
     values: dict[str, float] = {}
     media_bytes = 0.0
@@ -371,15 +377,10 @@ def _read_sample(url: str, token: str | None) -> ServerSample | None:
 
 def _read_spec(url: str, token: str | None) -> dict[str, Any] | None:
     """The served model's spec from ``/v1/models`` (None: not there, or not readable)."""
-    parts = urlsplit(url)
-    scheme = "https" if parts.scheme == "wss" else "http"
-    request = urllib.request.Request(f"{scheme}://{parts.netloc}/v1/models")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    text = _http_get(url, token, "/v1/models")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = json.loads(response.read().decode())
-    except (OSError, ValueError):
+        data = None if text is None else json.loads(text)
+    except ValueError:
         return None
     models = data.get("data") if isinstance(data, dict) else None
     return models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else None
@@ -398,10 +399,9 @@ def start_image(height: int, width: int, seed: int = 0) -> npt.NDArray[np.uint8]
     return image
 
 
-def _event_controls(spec: dict[str, Any], held: tuple[str, ...]) -> list[ControlInput]:
-    """The bench's held keys as a control of ``spec``'s model, or none where it takes no ``keys``."""
-    tracks = {control.get("track") for control in spec.get("controls", [])}
-    return [keys(*held)] if "keys" in tracks else []
+def _takes_keys(spec: dict[str, Any]) -> bool:
+    """Whether ``spec``'s model has the ``keys`` track the bench steers with."""
+    return any(control.get("track") == "keys" for control in spec.get("controls", []))
 
 
 async def _run_viewer(url: str, token: str | None, session: SessionInfo, stop: asyncio.Event) -> ViewerReport:
@@ -560,6 +560,7 @@ async def _run_client(
 
             consumer = asyncio.create_task(consume())
             event_id = 0
+            steer_keys = _takes_keys(info.model)
             steering = time.monotonic()  # it steers for ``duration`` once its session started, however slow that was
             deadline = steering + duration
             drop_at = steering + duration * rng.uniform(0.3, 0.7) if drop_resume else None
@@ -576,7 +577,7 @@ async def _run_client(
                     report.resumes += 1
                 await asyncio.sleep(event_interval * rng.uniform(0.5, 1.5))
                 event_id += 1
-                controls = _event_controls(info.model, rng.choice(_HELD_CHOICES))
+                controls: list[ControlInput] = [keys(*rng.choice(_HELD_CHOICES))] if steer_keys else []
                 # A model without keys is steered by its prompt: every event carries one then.
                 prompt = rng.choice(_PROMPTS) if rng.random() < 0.1 or not controls else None
                 sent_at[event_id] = time.monotonic()
@@ -680,7 +681,7 @@ async def run_bench(
         arrivals = f"staggered: uniform offsets in [0, {stagger:g}] s" if stagger > 0 else "all at once"
     before = await asyncio.to_thread(_read_sample, url, token)
     spec = await asyncio.to_thread(_read_spec, url, token)
-    needs_image = spec is not None and bool(spec.get("requires_image"))
+    image_size = (int(spec["height"]), int(spec["width"])) if spec and spec.get("requires_image") else None
     load_before = _load()
     viewer_reports: list[ViewerReport] = []
     reports = await asyncio.gather(
@@ -698,7 +699,7 @@ async def run_bench(
                 delay=offset,
                 media=media,
                 playout_slack_frames=playout_slack_frames,
-                image=start_image(int(spec["height"]), int(spec["width"]), index) if needs_image and spec else None,
+                image=None if image_size is None else start_image(*image_size, index),
             )
             for index, offset in enumerate(offsets)
         )
@@ -1087,13 +1088,8 @@ def format_capacity_table(capacity: int, steps: list[CapacityStep], *, label: st
         lines.append("| " + " | ".join(_step_cells(step)) + " |")
     lines.append("")
     by = {step.late_by for step in steps}
-    counted = (
-        "the player's underruns"
-        if by == {"player"}
-        else "arrival after a fixed playout instant"
-        if by == {"arrival"}
-        else "mixed criteria"
-    )
+    criteria = {"player": "the player's underruns", "arrival": "arrival after a fixed playout instant"}
+    counted = criteria[next(iter(by))] if len(by) == 1 else "mixed criteria"
     lines.append(f"{label}sessions held at <= {LATE_LIMIT * 100:g} % late chunks (counted by {counted}): {capacity}")
     for step in sorted(steps, key=lambda item: item.clients):  # why sessions failed: the server's words
         said = next((message for r in step.result.reports for message in r.error_messages), None)

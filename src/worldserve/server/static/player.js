@@ -799,7 +799,7 @@
     target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
     playing: false, holdUntil: null, calmSince: null, earlyMs: 0,
     changes: [], // [["grow"|"shrink", target], ...]: each change of the target, in order (the last 200)
-    levels: [], // frames queued as each of the last chunks arrived
+    levels: [], // each of the last chunks' wait as it arrived (ms: the frames queued ahead of it)
     takenBack: 0, // chunks whose arrival took time back (a queue above the target + the server's lead)
   };
 
@@ -1108,10 +1108,8 @@
     return Math.max(0, (video.buffered.end(video.buffered.length - 1) - video.currentTime) * 1000);
   }
 
-  function mseBuffered() {
-    const video = mse.video;
-    if (!video || !video.buffered.length) return 0;
-    return Math.max(0, Math.round((video.buffered.end(video.buffered.length - 1) - video.currentTime) * state.spec.fps));
+  function mseBuffered() { // in frames
+    return Math.round((mseBufferedMs() * state.spec.fps) / 1000);
   }
 
   function mseShow(mediaTime) {
