@@ -1,8 +1,10 @@
 """One world on the server and the connections attached to it: resume and multiplayer.
 
-Owns, per session: the session itself, the paced generation task (when each tick goes and
-when its chunk plays is :class:`~.pacing.Pacer`'s: ``lead_chunks`` ahead of real time, or just
-in time; paused while the controlling connections lag ``max_lag_chunks`` chunks), the session's
+Owns, per session: the session itself, its :class:`~.pacing_loop.PacingLoop` (the generation
+task and the latency policy: when each tick goes and when its chunk plays, ``lead_chunks`` ahead
+of real time or just in time, and preemption; the host answers what it asks: paused while the
+controlling connections lag ``max_lag_chunks`` chunks, when a member's acks say a chunk plays,
+sending a chunk made and undoing one), the session's
 chunk ``seq``, frame encoding (once per chunk and media in use, shared by every member of that
 media: each member picks its media on join or resume, the host's is the world's; the world tells
 the runtime which other media are in use, :meth:`WorldBackend.set_extra_encodings`, so
@@ -39,21 +41,14 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from worldserve.errors import (
-    CancelUnsupportedError,
-    ChunkCancelledError,
-    ErrorCode,
-    InvalidEventError,
-    NothingToCancelError,
-    StaleEventError,
-)
+from worldserve.errors import ErrorCode, InvalidEventError, StaleEventError
 from worldserve.media import MEDIA, EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
@@ -69,7 +64,7 @@ from worldserve.server.messages import (
     SessionFailed,
 )
 from worldserve.server.metrics import ServerMetrics
-from worldserve.server.pacing import Pacer
+from worldserve.server.pacing_loop import PacingLoop, TickClock
 from worldserve.session import (
     EventAcceptance,
     EventAcceptanceStatus,
@@ -85,8 +80,8 @@ __all__ = ["Member", "Outlet", "Role", "WorldBackend", "WorldHost", "WorldHosts"
 log = logging.getLogger("worldserve.server")
 
 
-class WorldBackend(Protocol):
-    """What a world needs from the runtime."""
+class WorldBackend(TickClock, Protocol):
+    """What a world needs from the runtime (its pacing loop: the chunk clock and the headroom)."""
 
     @property
     def spec(self) -> ModelSpec: ...
@@ -111,17 +106,8 @@ class WorldBackend(Protocol):
         encodes them itself)."""
         ...
 
-    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
-        """When the session's next tick should be issued (its worker's chunk clock); ``due``: when its chunk plays."""
-        ...
-
     def mark_in_use(self, session_id: str, seconds: float) -> None:
         """Someone plays the session: never evict it for the next ``seconds`` (0: it may be evicted)."""
-        ...
-
-    def preempt_cost(self, session_id: str) -> float | None:
-        """The step time of the session made once more, when its worker grants that extra step now
-        (a preemption), else None."""
         ...
 
     def capacity(self) -> Capacity:
@@ -356,26 +342,21 @@ class WorldHost:
         self._accepted_at: dict[int, float] = {}  # pending session event id -> when it was accepted
         self._next_sid = 0
         self._failure_key: tuple[int, str | None, str | None] | None = None
-        self._generator: asyncio.Task[None] | None = None
-        #: Playback pacing (pacing.py): when each tick goes, when its chunk plays, late chunks.
-        self.pacer = Pacer(backend.spec.chunk_seconds, config.lead_for(backend.spec), session.epoch)
-        #: Preemption on input (pacing.py): whether an event makes the chunk without it again.
-        self.preempt = config.preempt_for(backend.spec)
-        self._tick_due: float | None = None  # when the chunk being made plays (None: not known)
-        self._tick_started = 0.0
-        self._last: _Made | None = None  # the last chunk made, while a preemption may undo it
-        self._preempted: tuple[int, int] | None = None  # (epoch, chunk index) preempted last: once a chunk
-        self._undo_wanted: int | None = None  # the seq of the chunk the generator is to undo (an event came for it)
-        self._superseded: int | None = None  # the seq the next chunk sent replaces
-        self._redo = False  # the next tick makes a preempted chunk again: at once
-        self._tick_applies = False  # the tick in flight applies inputs (it takes every one pending)
-        self._stopping = False
-        self._wake = asyncio.Event()
+        self._last: _Made | None = None  # the last chunk sent, while a preemption may undo it
         self._started_at = clock()
         self._first_chunk_sent = False
-        #: Called right before each tick is issued (after pacing): what the next chunk applies is
-        #: decided there by a route that schedules events per chunk (``/v1/realtime/video``).
-        self.before_tick: Callable[[Session[Chunk]], Awaitable[None]] | None = None
+        #: The generation task and the latency policy (pacing_loop.py): lead, preemption, backpressure.
+        self.pacing = PacingLoop(
+            session,
+            self,
+            backend,
+            period=backend.spec.chunk_seconds,
+            lead=config.lead_for(backend.spec),
+            preempt=config.preempt_for(backend.spec),
+            metrics=metrics,
+            chunk_clock=config.chunk_clock,
+            clock=clock,
+        )
         registry.add(self)
 
     @property
@@ -403,7 +384,7 @@ class WorldHost:
             sent_seq=self._seq,
         )
         self.members.append(member)
-        self._wake.set()
+        self.pacing.wake()
         self._in_use()
         return member
 
@@ -412,7 +393,7 @@ class WorldHost:
         return self._add(Role.HOST, outlet, seq_base)
 
     def start(self) -> None:
-        self._generator = asyncio.create_task(self._generate(self.session), name=f"generate-{self.session_id}")
+        self.pacing.start()
 
     def join(
         self, token: str, role: Role, outlet: Outlet, seq_base: int = 0, *, media: str | None = None
@@ -532,7 +513,7 @@ class WorldHost:
         for messages in held:
             outlet.post(messages)
         self._report_failure()
-        self._wake.set()
+        self.pacing.wake()
         return replayed
 
     async def disconnected(self, member: Member, outlet: Outlet, *, clean: bool) -> None:
@@ -566,7 +547,7 @@ class WorldHost:
         ``failure``: why the world cannot go on anyway (e.g. the runtime lost every worker): each
         connected member not told of a failure yet gets ``session.failed`` with its code first.
         """
-        await self._stop_generator(grace=0)
+        await self.pacing.stop(grace=0)
         if failure is not None:
             self._report_lost(failure)
         try:
@@ -596,7 +577,7 @@ class WorldHost:
         with contextlib.suppress(ValueError):
             self.members.remove(member)
         self._sync_media()
-        self._wake.set()
+        self.pacing.wake()
         self._unattended()
 
     def _in_use(self) -> None:
@@ -611,7 +592,7 @@ class WorldHost:
 
     def wake(self) -> None:
         """Something the pacing depends on changed (a socket drained): look again."""
-        self._wake.set()
+        self.pacing.wake()
 
     def ack(self, member: Member, wire_seq: int) -> None:
         self._in_use()
@@ -621,7 +602,7 @@ class WorldHost:
             member.acked_at = self._clock()
             _forget_acked(member)
             if member.can_control:
-                self._wake.set()
+                self.pacing.wake()
 
     # -- events ----------------------------------------------------------------------
 
@@ -659,55 +640,12 @@ class WorldHost:
         member.recent[wire] = None
         if len(member.recent) > session.max_pending_events:
             member.recent.popitem(last=False)
-        if self.preempt.enabled:
-            await self._consider_preempt(session)
+        await self.pacing.consider_preempt()
         return replace(acceptance, event_id=wire)
 
-    # -- preemption (pacing.py's Preempt) -------------------------------------------------
+    # -- what the pacing loop asks of the world (pacing_loop.World) ----------------------
 
-    async def _consider_preempt(self, session: Session[Chunk]) -> None:
-        """An event was accepted: if the chunk made, or being made, without it has not begun to play
-        and can be made again in time, have it made again with the event (once per chunk)."""
-        if session.status is not SessionStatus.ACTIVE or self._stopping:
-            return
-        epoch, now = session.epoch, self._clock()
-        in_flight = session.chunk_in_flight
-        if in_flight is not None:
-            if in_flight == 0 or self._tick_applies or self._preempted == (epoch, in_flight):
-                return  # a chunk that applies inputs keeps them to itself (see _undoable)
-            due = self._plays_at(self._seq + 1, self._tick_due)
-            if not self.preempt.worth(now, due, self._preempt_cost(session)):
-                return
-            try:
-                await session.cancel_chunk()
-            except SessionError:
-                return  # done already, or it cannot be cancelled: the event goes into the next chunk
-            self._preempted = (epoch, in_flight)
-            self._redo = True
-            self._metrics.preempted_chunks.labels(how="cancelled").inc()
-            self._metrics.preempt_wasted.inc(max(0.0, now - self._tick_started))
-            return
-        last = self._last
-        if self._undo_wanted is not None or last is None or self._preempted == (epoch, last.chunk_index):
-            return
-        if "h264" in self._media_in_use():
-            return  # a fragment sent may be decoded already: an H.264 member's chunk is never replaced
-        if self._undoable(session, last, now):
-            self._undo_wanted = last.seq  # the generator undoes it between ticks (pacing stays its own)
-            self._wake.set()
-
-    def _undoable(self, session: Session[Chunk], last: _Made, now: float) -> bool:
-        """Whether ``last``, the chunk made last, can still be undone and made again before it plays."""
-        if last.epoch != session.epoch or last.chunk_index == 0 or session.chunk_retractable != last.chunk_index:
-            return False
-        if last.accepted:
-            # It applies inputs: made again, they would share a chunk with the new one, whose
-            # controls win (a key tapped and released within a chunk would never show).
-            return False
-        due = self._plays_at(last.seq, self.pacer.due_of(last.chunk_index))
-        return self.preempt.worth(now, due, self._preempt_cost(session))
-
-    def _plays_at(self, seq: int, paced: float | None) -> float | None:
+    def plays_at(self, seq: int, paced: float | None) -> float | None:
         """When chunk ``seq`` begins to play for the first connected member to play it: the pacer's
         instant ``paced``, or sooner where a member's acks say so (an ack: it showed that chunk's
         first frame; the chunks after it follow a period apart, or at once when its player ran
@@ -717,7 +655,7 @@ class WorldHost:
         if paced is None:
             return None
         due = paced
-        period = self.pacer.period
+        period = self._backend.spec.chunk_seconds
         catch_up = period / self._backend.spec.frames_per_chunk  # a player behind shows one frame early
         for member in self.members:
             if member.outlet is None or member.gone:
@@ -728,30 +666,17 @@ class WorldHost:
                 due = min(due, member.acked_at + (seq - member.acked_seq) * period - catch_up)
         return due
 
-    def _preempt_cost(self, session: Session[Chunk]) -> float | None:
-        try:
-            return self._backend.preempt_cost(session.session_id)
-        except Exception:  # the runtime is going away: no preemption
-            log.debug("no preemption cost for session %s", session.session_id, exc_info=True)
-            return None
+    def replaceable(self) -> bool:
+        """A chunk sent may be replaced unless an H.264 member has it (a fragment may be decoded already)."""
+        return "h264" not in self._media_in_use()
 
-    async def _undo_last(self, session: Session[Chunk]) -> None:
-        """Undo the last chunk made (and sent): the session, the pacer and the members' ledgers go back to
-        before it, so the next tick makes it again with the events since; that chunk supersedes it."""
-        wanted, self._undo_wanted = self._undo_wanted, None
-        last = self._last
-        if last is None or last.seq != wanted or not self._undoable(session, last, self._clock()):
-            return  # another chunk since, or too late by now (the generator was busy)
-        try:
-            await session.retract_chunk()
-        except (NothingToCancelError, CancelUnsupportedError, SessionStateError):
-            return
-        except Exception:
-            self._report_failure()
-            return
-        self._last = None
-        self._preempted = (last.epoch, last.chunk_index)
-        self.pacer.unmade()
+    def undo(self, seq: int) -> None:
+        """The pacing loop undid chunk ``seq``, the last sent (a preemption): the members' ledgers,
+        this world's encoders and the replay buffer go back to before it; the chunk made again
+        supersedes it."""
+        last, self._last = self._last, None
+        if last is None or last.seq != seq:
+            raise ValueError(f"chunk {seq} is not the last sent; nothing of it can be undone.")
         for media, encoder in self._encoders.items():  # this world's own encoders made it: roll them back too
             if media in last.versions:
                 encoder.rollback(last.versions[media].frames.count)
@@ -767,10 +692,6 @@ class WorldHost:
                 member.acked_seq = last.seq
         with contextlib.suppress(ValueError):
             self._replay.remove(last)
-        self._superseded = last.seq
-        self._redo = True
-        self._metrics.preempted_chunks.labels(how="undone").inc()
-        self._metrics.preempt_wasted.inc(last.timings.get("model_ms", 0.0) / 1000.0 / max(1, last.batch_size))
 
     def forward_dropped(self) -> None:
         """Tell each member of its discarded events, except those already reported with ``session.failed``."""
@@ -837,7 +758,7 @@ class WorldHost:
                 )
             member.outlet.post(tuple(messages))
 
-    def report_failure(self, requester: Member, message_id: str | None = None) -> None:
+    def report_failure(self, requester: Member | None = None, message_id: str | None = None) -> None:
         self._report_failure(requester=requester, message_id=message_id)
 
     async def reset(self) -> None:
@@ -848,21 +769,21 @@ class WorldHost:
         for member in self.members:
             if member.outlet is not None:  # nothing of the old epoch counts as lag any more
                 member.acked_seq = member.sent_seq = self._seq
-        self._wake.set()
+        self.pacing.wake()
         self.forward_dropped()
 
     # -- the world's end -------------------------------------------------------------
 
     async def close(self, reason: str, *, requester: Member, message_id: str | None) -> Exception | None:
         """Stop after the chunk in flight, release the session, tell everyone; the error if cleanup failed."""
-        self._stopping = True
-        self._wake.set()
+        self.pacing.stopping = True
+        self.pacing.wake()
         try:
-            # Waits for the tick in flight; the generator then sends that last chunk and stops.
+            # Waits for the tick in flight; the pacing loop then sends that last chunk and stops.
             await self._backend.close_session(self.session_id)
         except Exception as error:
             return error
-        await self._stop_generator(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
+        await self.pacing.stop(grace=self._backend.spec.chunk_seconds * 4 + 1.0)
         self._finish(reason, requester=requester, message_id=message_id)
         return None
 
@@ -884,27 +805,12 @@ class WorldHost:
                 member.expiry = None
         self.members.clear()
 
-    async def _stop_generator(self, grace: float) -> None:
-        """Let the generation task finish within ``grace`` seconds, else cancel it."""
-        self._stopping = True
-        self._wake.set()
-        generator = self._generator
-        if generator is None:
-            return
-        if grace > 0:
-            await asyncio.wait({generator}, timeout=grace)
-        if not generator.done():
-            generator.cancel()
-            with contextlib.suppress(BaseException):
-                await generator
-        self._generator = None
-
     # -- generation ----------------------------------------------------------------
 
     def _drivers(self) -> Iterator[Member]:
         return (m for m in self.members if m.can_control and m.outlet is not None)
 
-    def _held_back(self) -> bool:
+    def held_back(self) -> bool:
         """Backpressure: nobody controlling is connected, or the slowest of them lags ``max_lag_chunks``.
 
         Lag is un-acked chunks, or chunks not yet written to its socket, whichever is more.
@@ -915,71 +821,8 @@ class WorldHost:
         )
         return lag is None or lag >= self._config.max_lag_chunks
 
-    async def _wait(self, timeout: float | None) -> None:
-        """Sleep until woken (ack, reset, close, a member's arrival) or ``timeout`` passes."""
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
-
-    def _tick_target(self, session: Session[Chunk], want: float | None, *, eager: bool, due: float | None) -> float:
-        """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""
-        if self._config.chunk_clock:
-            try:
-                return self._backend.tick_due(session.session_id, want, eager=eager, due=due)
-            except Exception:  # the runtime is going away: pace alone; the tick reports why
-                log.debug("no chunk clock for session %s", session.session_id, exc_info=True)
-        return self._clock() if want is None else want
-
-    async def _generate(self, session: Session[Chunk]) -> None:
-        """Produce chunks paced to playback, with client backpressure, until stopped."""
-        pacer = self.pacer
-        while not self._stopping:
-            if session.status is not SessionStatus.ACTIVE:
-                await self._wait(None)  # failed: wait for a reset (or close)
-                continue
-            if self._undo_wanted is not None:
-                await self._undo_last(session)  # preemption: an event came for the chunk made last
-                continue
-            if self._held_back():
-                await self._wait(None)  # backpressure: the controllers lag, or none is connected
-                continue
-            if session.epoch != pacer.epoch:
-                pacer.restart(session.epoch)
-            plan = pacer.plan(self._clock())  # playback pacing (pacing.py): when to tick, when it plays
-            if self._redo:  # a preemption's chunk goes at once, off the clock's instants: it has a deadline
-                self._redo, target = False, self._clock()
-            else:
-                target = self._tick_target(session, plan.want, eager=plan.eager, due=plan.due)
-            if target > self._clock():
-                await self._wait(target - self._clock())
-                if self._stopping or session.epoch != pacer.epoch or self._undo_wanted is not None:
-                    continue
-                if self._clock() < target:
-                    continue  # woken early (an ack): wait out the rest
-            if self.before_tick is not None:
-                try:
-                    await self.before_tick(session)
-                except Exception:
-                    log.exception("session %s: the route's before-tick step failed", self.session_id)
-            started = self._tick_started = self._clock()
-            self._tick_due, self._undo_wanted = plan.due, None  # this tick takes every event accepted so far
-            self._tick_applies = session.pending_event_count > 0
-            try:
-                chunk = await session.next_chunk()
-            except SessionStateError:
-                continue  # a reset or close got in first
-            except ChunkCancelledError:
-                continue  # chunk.cancel: the session is back at its last commit; make the chunk again
-            except Exception:
-                self._report_failure()
-                continue
-            chunk_epoch = session.epoch
-            finished = self._clock()
-            if pacer.made(chunk_epoch, started, finished):
-                self._metrics.late_chunks.inc()
-            await self._send_chunk(chunk, chunk_epoch, started=started, committed=finished)
-
-    async def _send_chunk(self, chunk: Chunk, epoch: int, *, started: float, committed: float) -> None:
+    async def send(self, chunk: Chunk, epoch: int, *, started: float, committed: float, supersedes: int | None) -> int:
+        """Hand a committed chunk to every member (the pacing loop made it); its seq."""
         tick_seconds = committed - started
         metadata = chunk.metadata
         encoded, encode_s = await self._encoded(chunk)
@@ -1033,11 +876,10 @@ class WorldHost:
             },
             batch_size=chunk.batch_size,
             instants=(started, dispatched, stepped, encoded_at),
-            supersedes=self._superseded,
+            supersedes=supersedes,
             ledger=tuple(ledger),
             accepted=tuple(known.items()),
         )
-        self._superseded = None
         self._last = made
         self._replay.append(made)
         for member in self.members:
@@ -1045,6 +887,7 @@ class WorldHost:
         if not self._first_chunk_sent:
             self._first_chunk_sent = True
             self._metrics.time_to_first_chunk.observe(self._clock() - self._started_at)
+        return seq
 
     def _media_in_use(self) -> list[str]:
         """The media members use (parked ones too: they may resume), the host's first."""

@@ -343,8 +343,8 @@ class RealtimeVideoConnection:
             clock=self._clock,
         )
         self._member = host.attach_host(self)
-        host.before_tick = self._before_tick
-        host.preempt = Preempt(enabled=False)  # vllm-omni's protocol has no way to replace a chunk sent
+        host.pacing.before_tick = self._before_tick
+        host.pacing.preempt = Preempt(enabled=False)  # vllm-omni's protocol has no way to replace a chunk sent
         self._metrics.sessions_started.inc()
         self._metrics.sessions_active.inc()
         self._metrics.realtime_sessions_started.inc()

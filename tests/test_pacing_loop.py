@@ -1,0 +1,195 @@
+"""The pacing loop (issue 26, item 5) driven alone: a real session, a recorder of what it asks of the
+world, and a clock the test moves; no host, no members, no socket."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from worldserve.models.base import ModelSpec
+from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
+from worldserve.runtime.chunk import Chunk
+from worldserve.server.metrics import ServerMetrics
+from worldserve.server.pacing import Lead, Preempt
+from worldserve.server.pacing_loop import PacingLoop
+from worldserve.session import Session, SessionEvent, SessionManager
+
+PERIOD = 1.0
+SPEC = ModelSpec(
+    name="fake",
+    frames_per_chunk=4,
+    fps=4.0,
+    height=2,
+    width=2,
+    controls=(),
+    max_batch_size=1,
+    state_bytes=1,
+    can_rollback=True,
+)
+
+
+class _Backend:
+    """Chunks at once; undoes the last one; a fixed step cost for a preemption."""
+
+    def __init__(self) -> None:
+        self.ticks: list[TickRequest] = []
+        self.retracted: list[TickRequest] = []
+
+    async def execute_tick(self, tick: TickRequest) -> Chunk:
+        self.ticks.append(tick)
+        frames = np.zeros((4, 2, 2, 3), np.uint8)
+        return Chunk(frames, ChunkMetadata.from_tick(tick), 0, 1, 0.0, 0.0, 0.0)
+
+    def chunk_metadata(self, output: Chunk) -> ChunkMetadata:
+        return output.metadata
+
+    async def retract_tick(self, tick: TickRequest) -> None:
+        self.retracted.append(tick)
+
+    async def reset_session(self, session_id: str) -> None:
+        return None
+
+    async def close_session(self, session_id: str) -> None:
+        return None
+
+    def tick_due(self, session_id: str, want: float | None, *, eager: bool = False, due: float | None = None) -> float:
+        raise AssertionError("the loop is run without the chunk clock here")
+
+    def preempt_cost(self, session_id: str) -> float | None:
+        return 0.1
+
+
+class _World:
+    """Records what the loop asks; held back while told so."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int, int | None, tuple[int, ...]]] = []  # seq, chunk index, supersedes, ids
+        self.undone: list[int] = []
+        self.failures = 0
+        self.hold = False
+        self.replace_ok = True
+
+    def held_back(self) -> bool:
+        return self.hold
+
+    def plays_at(self, seq: int, paced: float | None) -> float | None:
+        return paced
+
+    def replaceable(self) -> bool:
+        return self.replace_ok
+
+    def report_failure(self) -> None:
+        self.failures += 1
+
+    async def send(self, chunk: Chunk, epoch: int, *, started: float, committed: float, supersedes: int | None) -> int:
+        seq = len(self.sent)
+        self.sent.append((seq, chunk.metadata.chunk_index, supersedes, chunk.metadata.applied_event_ids))
+        return seq
+
+    def undo(self, seq: int) -> None:
+        self.undone.append(seq)
+
+
+class _Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _until(predicate: Any) -> None:
+    async with asyncio.timeout(10):
+        while not predicate():  # noqa: ASYNC110 - the recorder is plain
+            await asyncio.sleep(0.001)
+
+
+def _loop(backend: _Backend, world: _World, clock: _Clock, *, preempt: bool = True) -> PacingLoop:
+    session: Session[Chunk] = Session("s", tick_consumer=backend, lifecycle=backend, max_pending_events=8)
+    metrics = ServerMetrics(SessionManager(tick_consumer=backend, lifecycle=backend, max_pending_events=8))
+    return PacingLoop(
+        session,
+        world,
+        backend,
+        period=PERIOD,
+        lead=Lead(1),
+        preempt=Preempt(preempt, 0.25),
+        metrics=metrics,
+        chunk_clock=False,
+        clock=clock,
+    )
+
+
+def _keys(*held: str) -> ControlInput:
+    return ControlInput("keys", "worldserve.keys.v1", {"held": list(held)})
+
+
+async def test_ticks_follow_the_lead_and_wait_while_the_world_is_held_back() -> None:
+    backend, world, clock = _Backend(), _World(), _Clock()
+    loop = _loop(backend, world, clock)
+    loop.start()
+    try:
+        await _until(lambda: len(world.sent) == 2)  # the first chunk, then the lead chunk at once
+        await asyncio.sleep(0.02)
+        assert len(world.sent) == 2  # chunk 2 waits for its instant on the (still) clock
+        clock.now += PERIOD
+        loop.wake()
+        await _until(lambda: len(world.sent) == 3)  # chunk 2 at its instant
+        world.hold = True  # checked before each wait for an instant
+        clock.now += 5 * PERIOD
+        loop.wake()
+        await asyncio.sleep(0.02)
+        assert len(world.sent) <= 4  # the tick it was waiting for at most, then none however late
+        held = len(world.sent)
+        loop.wake()
+        await asyncio.sleep(0.02)
+        assert len(world.sent) == held
+        world.hold = False
+        loop.wake()
+        await _until(lambda: len(world.sent) == held + 1)
+        assert [index for _, index, _, _ in world.sent] == list(range(held + 1))
+    finally:
+        await loop.stop(grace=0)
+
+
+async def test_an_input_has_the_chunk_sent_without_it_undone_and_made_again_once() -> None:
+    backend, world, clock = _Backend(), _World(), _Clock()
+    loop = _loop(backend, world, clock)
+    loop.start()
+    try:
+        await _until(lambda: len(world.sent) == 2)
+        await loop.session.accept_event(SessionEvent(1, controls=(_keys("W"),)))
+        await loop.consider_preempt()
+        await _until(lambda: len(world.sent) == 3)
+        assert world.undone == [1]
+        assert world.sent[2] == (2, 1, 1, (1,))  # chunk 1 again, with the input, superseding seq 1
+        assert [t.chunk_index for t in backend.retracted] == [1]
+        await loop.session.accept_event(SessionEvent(2, controls=(_keys("A"),)))
+        await loop.consider_preempt()  # once per chunk (and this one applies an input)
+        await asyncio.sleep(0.02)
+        assert len(world.sent) == 3
+        assert world.undone == [1]
+    finally:
+        await loop.stop(grace=0)
+
+
+async def test_no_undo_when_the_world_cannot_replace_a_chunk_or_preemption_is_off() -> None:
+    for preempt, replaceable in ((True, False), (False, True)):
+        backend, world, clock = _Backend(), _World(), _Clock()
+        world.replace_ok = replaceable
+        loop = _loop(backend, world, clock, preempt=preempt)
+        loop.start()
+        try:
+            await _until(lambda: len(world.sent) == 2)  # noqa: B023 - awaited within the iteration
+            await loop.session.accept_event(SessionEvent(1, controls=(_keys("W"),)))
+            await loop.consider_preempt()
+            await asyncio.sleep(0.02)
+            assert world.undone == []
+            assert backend.retracted == []
+            clock.now += PERIOD
+            loop.wake()
+            await _until(lambda: len(world.sent) == 3)  # noqa: B023
+            assert world.sent[2] == (2, 2, None, (1,))  # the input in the next chunk, as without preemption
+        finally:
+            await loop.stop(grace=0)
