@@ -20,7 +20,14 @@ what the sampler asks of a step's caches (:class:`BatchKV`, or a model's bundle 
 block can also be *staged* (kept in the scratch slots, moved into the sink or window by the next
 step's :class:`BatchKV`), so a step can be undone without a copy of what it overwrites. Also
 :class:`BlockLog` (the clean latents a re-cache
-recomputes the context from). Must not know: the transformer's weights, the sampler, sessions.
+recomputes the context from).
+
+A cache may also hold *reference slots* (``ref_tokens``: ABot-World's reference images' tokens, which
+every query attends to): laid out ``[scratch block | reference | sink | window ring]``, written once
+(:meth:`KVCache.write_refs`, unrotated keys kept beside) and rotated again at the times the model's
+relative RoPE puts them (:meth:`KVCache.rotate_refs`; :mod:`~worldserve.models.wan.rope`). And a
+block shorter than the configured one (ABot-World's first, the start image's one latent frame)
+is committed with ``frames``. Must not know: the transformer's weights, the sampler, sessions.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch
 from torch import Tensor
 
 from worldserve.models.wan.config import WanCausalConfig
+from worldserve.models.wan.rope import apply_rope
 
 __all__ = ["BatchKV", "BlockLog", "KVCache", "StepCaches"]
 
@@ -50,6 +58,8 @@ class KVCache:
         "block",
         "keys",
         "next_frame",
+        "ref",
+        "ref_keys",
         "ring_written",
         "sink",
         "sink_filled",
@@ -69,21 +79,26 @@ class KVCache:
         heads: int | None = None,
         head_dim: int | None = None,
         tokens_per_frame: int | None = None,
+        ref_tokens: int = 0,
     ) -> None:
         """The self-attention's cache of ``config``; ``layers``/``heads``/``head_dim``/``tokens_per_frame``
-        size another attention's cache on the same frames (block, sink and window are ``config``'s)."""
+        size another attention's cache on the same frames (block, sink and window are ``config``'s);
+        ``ref_tokens``: reference slots' tokens every query sees (none: the Wan2.1 families)."""
         self.tpf = tokens_per_frame if tokens_per_frame is not None else config.tokens_per_frame
         self.block = config.block_frames
         self.sink = config.sink_frames
         self.window = config.window_frames
+        self.ref = ref_tokens
         shape = (
             layers if layers is not None else config.num_layers,
             heads if heads is not None else config.num_heads,
-            config.cache_frames * self.tpf,
+            config.cache_frames * self.tpf + ref_tokens,
             head_dim if head_dim is not None else config.head_dim,
         )
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        #: The reference slots' keys before rotation (rotated again when the relative RoPE's base moves).
+        self.ref_keys: Tensor | None = None
         self.sink_filled = 0
         self.ring_written = 0
         #: The absolute latent-frame index (the RoPE position) of the next block's first frame.
@@ -98,24 +113,53 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
+        refs = 0 if self.ref_keys is None else self.ref_keys.numel() * self.ref_keys.element_size()
+        return self.keys.numel() * self.keys.element_size() * 2 + refs
 
     def write_scratch(self, layer: int, keys: Tensor, values: Tensor) -> None:
-        """The current block's K and V (``[heads, block * tpf, head_dim]``) for ``layer``."""
-        span = self.block * self.tpf
+        """The current block's K and V (``[heads, block * tpf, head_dim]``; a shorter block's fewer) for ``layer``."""
+        span = keys.shape[1]
         self.keys[layer, :, :span] = keys
         self.values[layer, :, :span] = values
 
+    @property
+    def valid_tokens(self) -> int:
+        """Tokens attention reads: the scratch block, the reference slots, the sink and the filled window."""
+        return (self.block + self.cached_frames) * self.tpf + self.ref
+
     def visible(self, layer: int) -> tuple[Tensor, Tensor]:
-        """K and V attention reads for ``layer``: the scratch block, the sink and the filled window."""
-        end = (self.block + self.cached_frames) * self.tpf
+        """K and V attention reads for ``layer``: the scratch block, the references, the sink and the filled window."""
+        end = self.valid_tokens
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
-    def _slots(self, *, advance: bool = True) -> list[tuple[int, int, int]]:
+    def write_refs(self, keys: Tensor, values: Tensor, cos: Tensor, sin: Tensor) -> None:
+        """The reference slots' K (unrotated) and V, ``[layers, heads, ref_tokens, head_dim]``; the keys are
+        kept rotated by ``cos``/``sin`` (``[1, ref_tokens, 1, head_dim]``, their times now)."""
+        if keys.shape[2] != self.ref:
+            raise ValueError(f"this cache holds {self.ref} reference tokens; got {keys.shape[2]}.")
+        self.ref_keys = keys.clone()
+        start = self.block * self.tpf
+        self.values[:, :, start : start + self.ref] = values
+        self.rotate_refs(cos, sin)
+
+    def rotate_refs(self, cos: Tensor, sin: Tensor) -> None:
+        """Rotate the reference slots' keys to new times (the relative RoPE's base moved)."""
+        if self.ref_keys is None:
+            raise ValueError("no reference slots written yet.")
+        start = self.block * self.tpf
+        rotated = apply_rope(self.ref_keys.transpose(1, 2), cos[0], sin[0]).transpose(1, 2)
+        self.keys[:, :, start : start + self.ref] = rotated
+
+    def _token(self, slot: int) -> int:
+        """The first token of frame slot ``slot`` (slots after the scratch block come after the references)."""
+        return slot * self.tpf + (self.ref if slot >= self.block else 0)
+
+    def _slots(self, *, advance: bool = True, frames: int | None = None) -> list[tuple[int, int, int]]:
         """(first frame of the block, first slot, frames) runs the block's frames go to; advances the counters
         (and ``next_frame`` unless the block was staged, which advanced it then)."""
         runs: list[tuple[int, int, int]] = []
-        for frame in range(self.block):
+        count = self.block if frames is None else frames
+        for frame in range(count):
             if self.sink_filled < self.sink:
                 slot = self.block + self.sink_filled
                 self.sink_filled += 1
@@ -127,13 +171,16 @@ class KVCache:
             else:
                 runs.append((frame, slot, 1))
         if advance:
-            self.next_frame += self.block
+            self.next_frame += count
         return runs
 
-    def commit(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
+    def commit(self, keys: Tensor | None = None, values: Tensor | None = None, *, frames: int | None = None) -> None:
         """Keep the block's K/V in the sink or the window: ``keys``/``values`` ``[layers, heads, block tokens,
-        head_dim]`` (a :class:`BatchKV`'s row), else the scratch slots (the per-session path)."""
-        self._write(keys, values, advance=True)
+        head_dim]`` (a :class:`BatchKV`'s row), else the scratch slots (the per-session path); ``frames``:
+        a block shorter than the configured one (its first frames)."""
+        if frames is not None and not 0 < frames <= self.block:
+            raise ValueError(f"a block commits 1 to {self.block} frames; got {frames}.")
+        self._write(keys, values, advance=True, frames=frames)
 
     def stage(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
         """Keep the block's K/V (a :class:`BatchKV` row, else what the scratch holds) in the scratch slots,
@@ -159,14 +206,15 @@ class KVCache:
             self.staged = False
             self.next_frame -= self.block
 
-    def _write(self, keys: Tensor | None, values: Tensor | None, *, advance: bool) -> None:
+    def _write(self, keys: Tensor | None, values: Tensor | None, *, advance: bool, frames: int | None = None) -> None:
         tpf = self.tpf
         span = self.block * tpf
         new_keys = keys if keys is not None else self.keys[:, :, :span]
         new_values = values if values is not None else self.values[:, :, :span]
-        for frame, slot, count in self._slots(advance=advance):  # a few contiguous runs, all layers at once
+        for frame, slot, count in self._slots(advance=advance, frames=frames):  # a few runs, all layers at once
             source = slice(frame * tpf, (frame + count) * tpf)
-            target = slice(slot * tpf, (slot + count) * tpf)
+            first = self._token(slot)
+            target = slice(first, first + count * tpf)
             self.keys[:, :, target] = new_keys[:, :, source]
             self.values[:, :, target] = new_values[:, :, source]
 
@@ -192,6 +240,7 @@ class KVCache:
         """Drop the buffers (a released session's memory goes back at once)."""
         self.keys = self.keys.new_zeros(0)
         self.values = self.values.new_zeros(0)
+        self.ref_keys = None
 
 
 class BatchKV:
@@ -206,7 +255,7 @@ class BatchKV:
         self.batch = len(self.caches)
         first = self.caches[0]
         self.span = first.block * first.tpf
-        self.lengths = [self.span + cache.cached_frames * cache.tpf for cache in self.caches]
+        self.lengths = [cache.valid_tokens for cache in self.caches]
         self.length = max(self.lengths)
         device = first.keys.device
         self.mask: Tensor | None = None
