@@ -171,6 +171,7 @@ class WorldClient:
         self._reader: asyncio.Task[None] | None = None
         self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._chunks: asyncio.Queue[ClientChunk | BaseException | object] = asyncio.Queue()
+        self._taken: ClientChunk | None = None  # taken from _chunks by a next_chunk cancelled before returning it
         self._ids = itertools.count(1)
         self._event_ids = itertools.count(1)
         self._epoch = 0
@@ -354,7 +355,8 @@ class WorldClient:
         self._replies[message_id] = future
         try:
             await self._ws.send(json.dumps({**message, "id": message_id}))
-            reply = await asyncio.wait_for(future, self._reply_timeout if wait else None)
+            async with asyncio.timeout(self._reply_timeout if wait else None):
+                reply = await future
         finally:
             self._replies.pop(message_id, None)
             if self._waiting_start == message_id:
@@ -497,7 +499,14 @@ class WorldClient:
     async def next_chunk(self, timeout: float | None = None) -> ClientChunk:
         """The next chunk of the current epoch; acknowledges it to the server (unless ``auto_ack`` is off)."""
         while True:
-            item = await asyncio.wait_for(self._chunks.get(), timeout)
+            item: ClientChunk | BaseException | object
+            if self._taken is not None:  # a call cancelled while acking it: hand it over now
+                item, self._taken = self._taken, None
+            else:
+                # Not asyncio.wait_for: on 3.11 it swallows a cancel that lands as the item arrives
+                # (a caller's task then never stops); under asyncio.timeout the item stays queued.
+                async with asyncio.timeout(timeout):
+                    item = await self._chunks.get()
             if item is _CLOSED:
                 self._chunks.put_nowait(_CLOSED)
                 raise WorldClientError("connection closed.")
@@ -505,7 +514,11 @@ class WorldClient:
                 raise item
             assert isinstance(item, ClientChunk)
             if self.auto_ack:
-                await self.ack(item.seq)
+                try:
+                    await self.ack(item.seq)
+                except asyncio.CancelledError:
+                    self._taken = item  # not lost: the next call returns it (a repeated ack is ignored)
+                    raise
             if item.epoch >= self._epoch:
                 return item
 

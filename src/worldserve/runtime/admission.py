@@ -199,7 +199,8 @@ class Admission:
     async def call(self, index: int, method: str, args: tuple[Any, ...], timeout: float | None) -> Any:
         limit = timeout if timeout is not None else self._rpc_timeout_s
         try:
-            return await asyncio.wait_for(self._executor.call(index, method, args), limit)
+            async with asyncio.timeout(limit):
+                return await self._executor.call(index, method, args)
         except TimeoutError:
             raise RPCTimeoutError(f"worker {index} did not answer {method} within {limit:g} s.") from None
 

@@ -686,7 +686,8 @@ class Engine:
         """Wait until every worker restart in progress has finished."""
         tasks = list(self._restarts.values())
         if tasks:
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- sessions ------------------------------------------------------------------------
 

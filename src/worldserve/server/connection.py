@@ -159,7 +159,8 @@ class Connection:
         queued, within ``flush_timeout`` seconds, then close the socket with 1001 (going away)."""
         self._clean_close = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._flush(), flush_timeout)
+            async with asyncio.timeout(flush_timeout):
+                await self._flush()
         with contextlib.suppress(Exception):
             await self._ws.close(code=1001, reason="server shutting down")
 
@@ -229,7 +230,8 @@ class Connection:
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(self._ws.receive(), timeout=self._config.idle_timeout)
+                    async with asyncio.timeout(self._config.idle_timeout):
+                        message = await self._ws.receive()
                 except TimeoutError:
                     if self._queued is not None:
                         continue  # waiting in line is not idling: the queue's own timeout bounds it

@@ -167,7 +167,8 @@ class PacingLoop:
         """Sleep until woken or ``timeout`` passes."""
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
 
     def _tick_target(self, want: float | None, *, eager: bool, due: float | None) -> float:
         """When to issue the next tick: on the worker's chunk clock, or at ``want`` without it."""

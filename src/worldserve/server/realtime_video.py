@@ -174,7 +174,8 @@ class RealtimeVideoConnection:
         writer = self._writer
         if writer is not None and self._finishing:
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(writer), flush_timeout)
+                async with asyncio.timeout(flush_timeout):
+                    await asyncio.shield(writer)
         with contextlib.suppress(Exception):
             await self._ws.close(code=1001, reason="server shutting down")
 
@@ -267,7 +268,8 @@ class RealtimeVideoConnection:
 
     async def _receive_start(self) -> VideoStartRequest:
         try:
-            frame = await asyncio.wait_for(self._ws.receive(), timeout=self._config.realtime_start_timeout_s)
+            async with asyncio.timeout(self._config.realtime_start_timeout_s):
+                frame = await self._ws.receive()
         except TimeoutError:
             await self._refuse("Timeout waiting for session.start")
         if frame["type"] == "websocket.disconnect":
@@ -428,7 +430,8 @@ class RealtimeVideoConnection:
             if not self._finishing or writer.done():
                 writer.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(writer, timeout=self._config.realtime_stall_timeout_s)
+                async with asyncio.timeout(self._config.realtime_stall_timeout_s):
+                    await writer
         host, member = self._host, self._member
         self._member = None
         if host is not None and member is not None and not host.closed:

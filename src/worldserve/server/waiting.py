@@ -152,7 +152,8 @@ class WaitingRoom(Generic[T]):
         self._tell(waiter, force=True)
         self._start_pump()
         try:
-            result: T = await asyncio.wait_for(asyncio.shield(waiter.future), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                result: T = await asyncio.shield(waiter.future)
         except TimeoutError:
             self._leave(waiter)
             self._count("timeout", self._clock() - waiter.enqueued)
@@ -248,7 +249,8 @@ class WaitingRoom(Generic[T]):
             self._tell_all()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+                async with asyncio.timeout(self._poll_s):
+                    await self._wake.wait()
 
     def _pop(self, waiter: _Waiter[T]) -> None:
         if self._line and self._line[0] is waiter:

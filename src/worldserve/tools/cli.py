@@ -461,12 +461,14 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
         await starting
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(runtime.aclose(), 3.0)
+            async with asyncio.timeout(3.0):
+                await runtime.aclose()
         print(f"worldserve: stopped by {stopped_by[0] if stopped_by else 'a signal'} while starting.", file=sys.stderr)
         return 1
     except (SessionError, ValueError, TypeError, ImportError) as error:  # a model or option the workers refuse
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(runtime.aclose(), 3.0)
+            async with asyncio.timeout(3.0):
+                await runtime.aclose()
         said = str(error).rstrip(".")
         raise UsageError(said if "could not load model" in said else f"cannot start the runtime: {said}") from None
     finally:

@@ -600,7 +600,8 @@ async def _run_client(
             ):
                 progress.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(progress.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await progress.wait()
             report.seconds = time.monotonic() - started
             player.set_live(False, time.monotonic())
             report.underruns, report.jitter_target, report.jitter_most = player.underruns, player.target, player.most

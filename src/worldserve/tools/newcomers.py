@@ -138,9 +138,8 @@ async def run_newcomers(
             await task
             await client.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(task for _, task in waiting)), max(1.0, deadline - time.monotonic())
-            )
+            async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
+                await asyncio.gather(*(task for _, task in waiting))
     finally:
         for stop in stops:
             stop.set()

@@ -117,7 +117,8 @@ class MultiprocExecutor(Executor):
         proc = await loop.run_in_executor(None, self._spawn, self._begin_life(index), loop)
         self._procs[index] = proc
         try:
-            message = await asyncio.wait_for(asyncio.shield(proc.ready), self._start_timeout)
+            async with asyncio.timeout(self._start_timeout):
+                message = await asyncio.shield(proc.ready)
         except TimeoutError:
             proc.life.closing = True
             proc.process.kill()

@@ -187,7 +187,8 @@ async def _off_loop(call: Callable[[], Any], timeout: float | None, *, then: Cal
             then()
 
     threading.Thread(target=run, name="worldserve-ray", daemon=True).start()
-    return await asyncio.wait_for(done, timeout)
+    async with asyncio.timeout(timeout):
+        return await done
 
 
 class _PrivateRay:
@@ -552,7 +553,8 @@ class RayExecutor(Executor):
     async def _ping(self, actor: _Actor) -> None:
         ref = actor.handle.ping.options(concurrency_group=_HEALTH_GROUP).remote()
         try:
-            await asyncio.wait_for(self._await(ref), self._ping_timeout_s)
+            async with asyncio.timeout(self._ping_timeout_s):
+                await self._await(ref)
         except TimeoutError:
             self._lost(actor, f"its Ray actor did not answer a ping within {self._ping_timeout_s:g} s")
         except Exception as error:
