@@ -1,11 +1,10 @@
 """ABot-World's relative RoPE over a stream of blocks: worldserve's absolute positions and re-rotated
 reference slots against a re-typed reference of the path its inference runs.
 
-The reference below is re-typed from ``amap-cvlab/ABot-World`` ``wan/modules/causal_model.py``
-(``rope_params``, ``causal_rope_apply``, ``freqs_at``, ``_build_ref_freqs``, ``rope_apply_with_refimg``
-and ``CausalWanSelfAttention.forward``'s KV-cache branch with ``use_relative_rope`` and
-``REL_ROPE_CACHE`` on, no sink frames), with the cache as lists of frames instead of a rolled buffer.
-One attention layer, random Q/K/V per frame, float64 on both sides.
+The reference is ``tests/abot_reference.py``'s re-typing of ``amap-cvlab/ABot-World``'s
+``CausalWanSelfAttention.forward`` KV-cache branch with ``use_relative_rope`` and ``REL_ROPE_CACHE``
+on, no sink frames (:class:`~abot_reference.RelativeAttention`). One attention layer, random Q/K/V per
+frame, float64 on both sides.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from abot_reference import RelativeAttention, attend  # noqa: E402
 from worldserve.models.wan.cache import KVCache  # noqa: E402
 from worldserve.models.wan.config import WanCausalConfig  # noqa: E402
 from worldserve.models.wan.rope import FrameRope, RelativeWindow, apply_rope, slot_times  # noqa: E402
@@ -32,113 +32,11 @@ LIMIT = 20  # REL_ROPE_REBASE_MAX_POS, small so that the stream rebases several 
 BLOCK = 3
 
 
-# -- the reference, re-typed ---------------------------------------------------------------
+# -- the reference (tests/abot_reference.py) ---------------------------------------------------
 
 
-def _rope_params(max_seq_len, dim, theta=10000):
-    freqs = torch.outer(
-        torch.arange(max_seq_len), 1.0 / torch.pow(theta, torch.arange(0, dim, 2).to(torch.float64).div(dim))
-    )
-    return torch.polar(torch.ones_like(freqs), freqs)
-
-
-def _freqs(d):
-    return torch.cat(
-        [_rope_params(1024, d - 4 * (d // 6)), _rope_params(1024, 2 * (d // 6)), _rope_params(1024, 2 * (d // 6))],
-        dim=1,
-    )
-
-
-def _causal_rope_apply(x, grid, freqs, start_frame):
-    n, c = x.size(2), x.size(3) // 2
-    parts = freqs.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
-    f, h, w = grid
-    seq_len = f * h * w
-    x_i = torch.view_as_complex(x[0, :seq_len].to(torch.float64).reshape(seq_len, n, -1, 2))
-    freqs_i = torch.cat(
-        [
-            parts[0][start_frame : start_frame + f].view(f, 1, 1, -1).expand(f, h, w, -1),
-            parts[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
-            parts[2][:w].view(1, 1, w, -1).expand(f, h, w, -1),
-        ],
-        dim=-1,
-    ).reshape(seq_len, 1, -1)
-    return torch.view_as_real(x_i * freqs_i).flatten(2)[None]
-
-
-def _freqs_at(indices, dim, theta=10000):
-    t = torch.tensor(indices, dtype=torch.float64)
-    freqs = torch.outer(t, 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64).div(dim)))
-    return torch.polar(torch.ones_like(freqs), freqs)
-
-
-def _ref_freqs(freqs, num_slots, tokens_per_slot, ref_grid):
-    patch_t, patch_h, patch_w = ref_grid
-    freq_dim = int(freqs.shape[1])
-    f_band, h_band, w_band = freq_dim - 2 * (freq_dim // 3), freq_dim // 3, freq_dim // 3
-    step = max(int(tokens_per_slot), 256)
-    t_freqs = _freqs_at([-(num_slots - i) * step for i in range(num_slots)], 2 * f_band)
-    split = freqs.split([f_band, h_band, w_band], dim=1)
-    shape = (num_slots, patch_t, patch_h, patch_w)
-    return torch.cat(
-        [
-            t_freqs[:, None, None, None, :].expand(*shape, f_band),
-            split[1][:patch_h][None, None, :, None, :].expand(*shape, h_band),
-            split[2][:patch_w][None, None, None, :, :].expand(*shape, w_band),
-        ],
-        dim=-1,
-    ).reshape(num_slots * tokens_per_slot, 1, -1)
-
-
-def _rope_with_refimg(x, ref_freqs):
-    x_out = torch.view_as_complex(x.reshape(*x.shape[:3], -1, 2))
-    return torch.view_as_real(x_out * ref_freqs).flatten(3)
-
-
-class _Reference:
-    """The fast relative path over a stream: raw and rotated keys per frame, a base, the window."""
-
-    def __init__(self):
-        self.freqs = _freqs(HEAD_DIM)
-        self.ref_freqs = _ref_freqs(self.freqs, SLOTS, TPS, REF_GRID)
-        self.raw, self.values = [], []  # per absolute frame: [1, TPF, heads, head_dim]
-        self.roped = {}  # absolute frame -> its key rotated at (frame - base) when it was last rotated
-        self.ref_k = self.ref_v = None
-        self.base = 0
-
-    def block(self, start, q, k, v, refs=None):
-        """One block's attention (``start``: its first absolute frame; ``refs``: (q, k, v) on the first)."""
-        nvf = q.shape[1] // TPF
-        for i in range(nvf):
-            self.raw.append(k[:, i * TPF : (i + 1) * TPF])
-            self.values.append(v[:, i * TPF : (i + 1) * TPF])
-        if refs is not None:
-            self.ref_k, self.ref_v = refs[1], refs[2]
-        visible = min(LOCAL, len(self.raw))
-        new_start = start - self.base
-        limit = min(LIMIT, 1024 - LOCAL - nvf)
-        if visible > 0 and (new_start + nvf > limit or new_start < 0):  # rebase: the window re-rotated from 0
-            self.base = start + nvf - visible
-            first = len(self.raw) - visible
-            rotated = _causal_rope_apply(torch.cat(self.raw[first:], dim=1), (visible, *GRID), self.freqs, 0)
-            new_start = start - self.base
-        else:
-            first = len(self.raw) - nvf
-            rotated = _causal_rope_apply(k, (nvf, *GRID), self.freqs, new_start)
-        for i in range(rotated.shape[1] // TPF):
-            self.roped[first + i] = rotated[:, i * TPF : (i + 1) * TPF]
-        query = _causal_rope_apply(q, (nvf, *GRID), self.freqs, new_start)
-        keys = [_rope_with_refimg(self.ref_k, self.ref_freqs)]
-        keys += [self.roped[i] for i in range(len(self.raw) - visible, len(self.raw))]
-        values = [self.ref_v, *self.values[-visible:]]
-        if refs is not None:
-            query = torch.cat([_rope_with_refimg(refs[0], self.ref_freqs), query], dim=1)
-        return _attend(query, torch.cat(keys, dim=1), torch.cat(values, dim=1))
-
-
-def _attend(q, k, v):
-    """[1, L, heads, head_dim] each -> [1, Lq, heads, head_dim]."""
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+def _Reference() -> RelativeAttention:
+    return RelativeAttention(head_dim=HEAD_DIM, grid=GRID, slots=SLOTS, ref_grid=REF_GRID, local=LOCAL, limit=LIMIT)
 
 
 # -- worldserve's side -------------------------------------------------------------------------
@@ -182,7 +80,7 @@ class _Ours:
             ref_cos, ref_sin = self._slots()
             ref_q, ref_k = apply_rope(refs[0], ref_cos, ref_sin), apply_rope(refs[1], ref_cos, ref_sin)
             self.cache.write_refs(refs[1].permute(0, 2, 1, 3), refs[2].permute(0, 2, 1, 3), ref_cos, ref_sin)
-            out = _attend(torch.cat([ref_q, q], 1), torch.cat([ref_k, k], 1), torch.cat([refs[2], v], 1))
+            out = attend(torch.cat([ref_q, q], 1), torch.cat([ref_k, k], 1), torch.cat([refs[2], v], 1))
             self.cache.write_scratch(0, k[0].transpose(0, 1), v[0].transpose(0, 1))
             self.cache.commit(frames=nvf)
             return out

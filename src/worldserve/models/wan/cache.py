@@ -142,6 +142,15 @@ class KVCache:
         self.values[:, :, start : start + self.ref] = values
         self.rotate_refs(cos, sin)
 
+    def keep_refs(self, keys: Tensor, rotated: Tensor, values: Tensor) -> None:
+        """:meth:`write_refs` with the keys' rotation already done (a first block's pass rotated them)."""
+        if keys.shape[2] != self.ref:
+            raise ValueError(f"this cache holds {self.ref} reference tokens; got {keys.shape[2]}.")
+        self.ref_keys = keys.clone()
+        start = self.block * self.tpf
+        self.keys[:, :, start : start + self.ref] = rotated
+        self.values[:, :, start : start + self.ref] = values
+
     def rotate_refs(self, cos: Tensor, sin: Tensor) -> None:
         """Rotate the reference slots' keys to new times (the relative RoPE's base moved)."""
         if self.ref_keys is None:
@@ -246,7 +255,7 @@ class KVCache:
 class BatchKV:
     """One step's batched view of the caches of a batch (same configuration); see the module docstring."""
 
-    __slots__ = ("batch", "caches", "keys", "length", "lengths", "mask", "pending", "span", "values")
+    __slots__ = ("batch", "caches", "keys", "length", "lengths", "mask", "pending", "pending_refs", "span", "values")
 
     def __init__(self, caches: list[KVCache] | tuple[KVCache, ...]) -> None:
         self.caches = list(caches)
@@ -267,6 +276,8 @@ class BatchKV:
         self.keys = [[cache.keys[layer, :, : self.length] for cache in self.caches] for layer in range(layers)]
         self.values = [[cache.values[layer, :, : self.length] for cache in self.caches] for layer in range(layers)]
         self.pending: tuple[Tensor, Tensor] | None = None
+        #: The commit pass's reference-slot K (unrotated, rotated) and V, when it wrote them.
+        self.pending_refs: tuple[Tensor, Tensor, Tensor] | None = None
 
     def record(self) -> None:
         """Keep the next pass's block K/V (the commit pass) for :meth:`commit`."""
@@ -274,10 +285,15 @@ class BatchKV:
         layers, heads, _, head_dim = keys.shape
         shape = (layers, self.batch, heads, self.span, head_dim)
         self.pending = (keys.new_empty(shape), keys.new_empty(shape))
+        self.pending_refs = None
 
-    def attend(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def attend(
+        self, layer: int, keys: Tensor, values: Tensor, *, refs: tuple[Tensor, Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """K, V ``[B, heads, L, head_dim]`` and the mask for ``layer``, the block's new ``keys``/``values``
-        (``[B, heads, block tokens, head_dim]``) in the scratch slots."""
+        (``[B, heads, block tokens, head_dim]``) in the scratch slots; ``refs`` (rotated K, V, unrotated
+        K, ``[B, heads, ref tokens, head_dim]``): the reference slots' too (a session's first block),
+        kept by the commit pass."""
         if self.pending is not None:
             self.pending[0][layer] = keys
             self.pending[1][layer] = values
@@ -287,6 +303,21 @@ class BatchKV:
             all_keys, all_values = torch.stack(self.keys[layer]), torch.stack(self.values[layer])
         all_keys[:, :, : self.span] = keys
         all_values[:, :, : self.span] = values
+        if refs is not None:
+            rotated, ref_values, unrotated = refs
+            end = self.span + rotated.shape[2]
+            if any(cache.ref != rotated.shape[2] for cache in self.caches):
+                raise ValueError(f"{rotated.shape[2]} reference tokens for caches holding {self.caches[0].ref}.")
+            all_keys[:, :, self.span : end] = rotated
+            all_values[:, :, self.span : end] = ref_values
+            if self.pending is not None:
+                if self.pending_refs is None:
+                    layers = len(self.keys)
+                    shape = (layers, *rotated.shape)
+                    self.pending_refs = (rotated.new_empty(shape), rotated.new_empty(shape), rotated.new_empty(shape))
+                self.pending_refs[0][layer] = unrotated
+                self.pending_refs[1][layer] = rotated
+                self.pending_refs[2][layer] = ref_values
         return all_keys, all_values, self.mask
 
     def commit(self) -> None:
@@ -295,6 +326,14 @@ class BatchKV:
         keys, values = self.pending
         for row, cache in enumerate(self.caches):
             cache.commit(keys[:, row], values[:, row])
+        self._keep_refs()
+
+    def _keep_refs(self) -> None:
+        """The reference slots a first block's commit pass wrote, kept by every cache."""
+        if self.pending_refs is not None:
+            unrotated, rotated, values = self.pending_refs
+            for row, cache in enumerate(self.caches):
+                cache.keep_refs(unrotated[:, row], rotated[:, row], values[:, row])
 
     def stage(self) -> None:
         """Every cache stages its row of the recorded commit pass (:meth:`KVCache.stage`)."""
@@ -302,6 +341,7 @@ class BatchKV:
         keys, values = self.pending
         for row, cache in enumerate(self.caches):
             cache.stage(keys[:, row], values[:, row])
+        self._keep_refs()  # read only after the first block: a first block undone and made again rewrites them
 
 
 class BlockLog:
