@@ -35,11 +35,14 @@ BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
         "tinyworld": "worldserve.models.tinyworld.adapter:TinyWorldModel",
         "wan-causal": "worldserve.models.wancausal.adapter:WanCausalModel",
         "matrix-game-2": "worldserve.models.matrixgame.adapter:MatrixGameModel",
+        "abot-world": "worldserve.models.abot.model:ABotWorldModel",
     }
 )
 
 #: The extra each built-in model needs beyond ``models``.
-_EXTRAS: Mapping[str, str] = MappingProxyType({"tinyworld": "tinyworld", "wan-causal": "wan", "matrix-game-2": "wan"})
+_EXTRAS: Mapping[str, str] = MappingProxyType(
+    {"tinyworld": "tinyworld", "wan-causal": "wan", "matrix-game-2": "wan", "abot-world": "wan"}
+)
 
 
 def load_model(name: str, **options: Any) -> WorldModel:

@@ -59,9 +59,7 @@ def load_checkpoint(state: TransformerState, transformer: nn.Module, adapter: nn
     weights = {k: v for k, v in state.tensors.items() if not k.startswith(ADAPTER_PREFIX)}
     found = {k[len(ADAPTER_PREFIX) :]: v for k, v in state.tensors.items() if k.startswith(ADAPTER_PREFIX)}
     if not found:
-        raise WeightsError(
-            f"no control adapter ({ADAPTER_PREFIX}*): not an ABot-World checkpoint", path=state.source
-        )
+        raise WeightsError(f"no control adapter ({ADAPTER_PREFIX}*): not an ABot-World checkpoint", path=state.source)
     load_renamed(
         transformer,
         weights,

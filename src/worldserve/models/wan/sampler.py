@@ -69,28 +69,42 @@ def sample_block(
     rope: tuple[Tensor, Tensor],
     config: WanCausalConfig,
     record: list[StepRecord] | None = None,
+    held: Tensor | None = None,
 ) -> Tensor:
-    """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw."""
+    """Denoise one block for every row; ``noise()`` gives a fresh ``[B, C, F, h, w]`` draw.
+
+    ``held`` (``[B, C, k, h, w]``): the block's first ``k`` latent frames are these, clean, at timestep 0
+    in every pass and in the result (ABot-World's start image in a session's first block).
+    """
     kv = _batch(caches)
     schedule = config.schedule()
-    x = noise()
+    x = _hold(noise(), held)
     batch, frames = x.shape[0], x.shape[2]
     x0 = x
     for index, (timestep, sigma) in enumerate(schedule):
         timesteps = torch.full((batch, frames), timestep, device=x.device)
+        if held is not None:
+            timesteps[:, : held.shape[2]] = 0
         flow = forward(x, timesteps, text, actions, kv, rope)
         assert flow is not None
         if record is not None:
             record.append((x, timesteps, flow))
         velocity = flow.float()
-        x0 = x - sigma * velocity
+        x0 = _hold(x - sigma * velocity, held)
         if index + 1 < len(schedule):
             following = schedule[index + 1][1]
             if config.sampler == "euler":
-                x = x + (following - sigma) * velocity
+                x = _hold(x + (following - sigma) * velocity, held)
             else:
-                x = (1.0 - following) * x0 + following * noise()
+                x = _hold((1.0 - following) * x0 + following * noise(), held)
     return x0
+
+
+def _hold(x: Tensor, held: Tensor | None) -> Tensor:
+    """``x`` with its first frames replaced by ``held`` (None: as it is)."""
+    if held is None:
+        return x
+    return torch.cat([held.to(x.dtype), x[:, :, held.shape[2] :]], dim=2)
 
 
 def commit_block(
@@ -103,15 +117,18 @@ def commit_block(
     config: WanCausalConfig,
     *,
     keep: bool = True,
+    held_frames: int = 0,
 ) -> None:
     """Run the clean block at the context timestep and keep its K/V in each cache.
 
     With ``keep=False`` the K/V wait in the :class:`BatchKV` until the caller's ``kv.commit()``
     (so a failure after this pass can leave the caches unchanged); pass the step's ``BatchKV``.
+    ``held_frames``: the first frames were held (:func:`sample_block`'s ``held``): at timestep 0 here too.
     """
     kv = _batch(caches)
     kv.record()
     timesteps = torch.full((clean.shape[0], clean.shape[2]), config.context_timestep, device=clean.device)
+    timesteps[:, :held_frames] = 0
     forward(clean, timesteps, text, actions, kv, rope, head=False)
     if keep:
         kv.commit()
