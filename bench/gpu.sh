@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU run of worldserve's GPU numbers, in at most 8 minutes on one H100/H200-class GPU.
+# One prepared GPU run of worldserve's GPU numbers, in at most 9 minutes on one H100/H200-class GPU.
 #
 #   bench/gpu.sh             # on the GPU machine: wan-causal 1.3b (load=dummy, bfloat16) and tinyworld
 #   bench/gpu.sh --dry-run   # the same code on the CPU with config=tiny, in seconds (the test suite runs it)
@@ -18,6 +18,9 @@
 #   4 tinyworld    tinyworld served on the GPU the same way
 #   5 matrix       matrix-game-2 (Matrix-Game 2.0 universal, 1.3b widths) alone: block latency at batch 1/2/4/8,
 #                  batched vs one step per session, peak memory, TFLOP/s (bench/matrix_game.py)
+#   6 abot         abot-world (ABot-World-0-5B-LF, Wan2.2-TI2V-5B widths) alone at 704x1280 and 352x640: block
+#                  latency at batch 1/2/4, batched vs one step per session, peak memory, state per session,
+#                  the VAE's decode vs TAEHV's (bench/abot_world.py)
 # Needs: a Python with worldserve[server,wan,tinyworld] and a CUDA torch ($PYTHON, default python).
 set -u
 cd "$(dirname "$0")/.."
@@ -40,8 +43,8 @@ else
     DEVICE=cuda CONFIG=1.3b DTYPE=bfloat16 BATCHES="1 2 4 8" WINDOWS="3 9 15" BLOCKS=2 CLIENTS="1 2 4 8" DURATION=12 SETTLE=5
     ATTENTION="" THREADS="" TINY_OPTIONS="--model-option device=cuda"
     WAN_OPTIONS="--model-option config=1.3b --model-option load=dummy --model-option device=cuda --model-option max_batch_size=8"
-    # the parts' budgets add up to 460 s with matrix's (each part's kill grace, 10 s, only on a part cut short)
-    BUDGET_MODEL=175 BUDGET_ATTENTION=35 BUDGET_SERVER=140 BUDGET_TINY=50
+    # the parts' budgets add up to 510 s with matrix's and abot's (each part's kill grace, 10 s, only on a part cut short)
+    BUDGET_MODEL=165 BUDGET_ATTENTION=35 BUDGET_SERVER=120 BUDGET_TINY=50
 fi
 
 part() {  # name, seconds, command...: run it under its budget, print and keep what it printed
@@ -95,4 +98,16 @@ else
 fi
 # shellcheck disable=SC2086
 part matrix "$BUDGET_MATRIX" "$PYTHON" bench/matrix_game.py $MATRIX_ARGS
+
+# -- abot-world (issue 27), self-contained: ABot-World at the released 5B widths (load=dummy, bfloat16) at its
+# 704x1280 and at 352x640; a 5B transformer's KV window is ~7 GiB per session at 704x1280, so batches stop at 4.
+if [ "$DRY" = 1 ]; then
+    ABOT_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1"
+    BUDGET_ABOT=90
+else
+    ABOT_ARGS="--config 5b --device cuda --dtype bfloat16 --batches 1 2 4 --blocks 2 --sizes 704x1280 352x640"
+    BUDGET_ABOT=80
+fi
+# shellcheck disable=SC2086
+part abot "$BUDGET_ABOT" "$PYTHON" bench/abot_world.py $ABOT_ARGS
 echo "total: ${SECONDS} s; tables in $OUT/"

@@ -118,7 +118,7 @@ class ABotWorldModel:
     def __init__(
         self,
         *,
-        config: str | None = None,
+        config: str | ABotConfig | None = None,
         weights: str | Path | None = None,
         checkpoint: str | Path | None = None,
         vae: str | Path | None = None,

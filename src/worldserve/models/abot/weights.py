@@ -55,7 +55,7 @@ _PART_NAMES = {"transformer": "transformer", "vae": "VAE", "text_encoder": "text
 class ABotWeightOptions:
     """The weight options as the user gave them (paths as strings; None: not given)."""
 
-    config: str | None = None
+    config: str | ABotConfig | None = None
     weights: str | None = None
     checkpoint: str | None = None
     vae: str | None = None
@@ -65,7 +65,7 @@ class ABotWeightOptions:
     text: str | None = None
 
     def __post_init__(self) -> None:
-        if self.config is not None:
+        if isinstance(self.config, str):
             get_config(self.config)  # an unknown size is refused before anything loads
         if self.load not in (None, "dummy", "checkpoint"):
             raise ValueError(f"{_MODEL} option load must be 'dummy' or 'checkpoint'; got {self.load!r}.")
@@ -152,7 +152,8 @@ def load_abot_weights(
     """Resolve, build and load; random initialisation is seeded by ``seed``."""
     parts = _resolve(options)
     dummy = parts.transformer is None
-    config = get_config(options.config if options.config is not None else ("tiny" if dummy else "5b"))
+    named = options.config if options.config is not None else ("tiny" if dummy else "5b")
+    config = get_config(named) if isinstance(named, str) else named
     if dummy and options.load is None and config.wan.name != "abot-tiny":
         raise ValueError(
             f"{_MODEL} config {options.config!r} needs weights=DIR (ABot-World-0-5B-LF's folder) or checkpoint=PATH, "
