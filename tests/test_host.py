@@ -208,7 +208,11 @@ async def test_a_world_is_in_use_while_a_connected_member_plays_and_not_once_all
 
 async def test_a_shutdown_while_a_close_releases_the_world_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
     """session.stop (or close) and the server's stop can meet: the second release finds the session
-    gone (SessionStateError) and says nothing; the world still ends for its members."""
+    gone (SessionStateError) and says nothing; the world still ends for its members.
+
+    A tick is held in flight when the stop comes (the pacing loop may be anywhere in its cycle; the
+    test pins the case with the most releases): the stop cancels it, and the session releases the
+    worker's state for the cancelled tick too (a third release, which finds it gone as well)."""
     from worldserve.session import SessionStateError
 
     host, backend = _world()
@@ -218,6 +222,17 @@ async def test_a_shutdown_while_a_close_releases_the_world_logs_no_error(caplog:
     await _chunks(outlet, 1)
     releasing = asyncio.Event()
     calls: list[str] = []
+    ticking = asyncio.Event()
+    execute_tick = backend.execute_tick
+
+    async def held_tick(tick: TickRequest) -> Chunk:
+        ticking.set()
+        await asyncio.Event().wait()  # never done: only the stop's cancel ends it
+        return await execute_tick(tick)
+
+    backend.execute_tick = held_tick  # type: ignore[method-assign]
+    async with asyncio.timeout(5):
+        await ticking.wait()
 
     async def close_session(session_id: str) -> None:
         calls.append(session_id)
@@ -232,7 +247,7 @@ async def test_a_shutdown_while_a_close_releases_the_world_logs_no_error(caplog:
     await host.shutdown("shutdown")
     releasing.set()
     await closing
-    assert calls == ["s1", "s1"]
+    assert calls == ["s1", "s1", "s1"]  # close's, the cancelled tick's, the stop's
     assert not [record for record in caplog.records if record.levelname == "ERROR"]
     assert host.closed
 
