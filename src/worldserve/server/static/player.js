@@ -17,10 +17,13 @@
   const ctx = canvas.getContext("2d");
   const KEY_MAP = {
     KeyW: "W", KeyA: "A", KeyS: "S", KeyD: "D",
-    ArrowUp: "W", ArrowLeft: "A", ArrowDown: "S", ArrowRight: "D",
+    KeyI: "I", KeyJ: "J", KeyK: "K", KeyL: "L", // look keys (ABot-World: I/K up/down, J/L turn)
     KeyZ: "Z", KeyC: "C", // more of a model's own keys (its keys track says which it takes)
   };
+  // The arrows look where the model takes the look keys (as ABot-World's own page maps them), else move.
+  const ARROWS = { ArrowUp: ["I", "W"], ArrowDown: ["K", "S"], ArrowLeft: ["J", "A"], ArrowRight: ["L", "D"] };
   const MOVE_KEYS = ["W", "A", "S", "D"];
+  const LOOK_KEYS = ["I", "J", "K", "L"];
   const MAX_PAN = 4; // px per frame, the camera schema's bound
   const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 5000]; // then 5 s between tries
   const RESTART_GIVE_UP_MS = 10 * 60 * 1000; // after a server restart, wait this long for it at most
@@ -274,6 +277,19 @@
     const all = [...state.held.keys, ...state.held.touch, ...state.held.pad].filter((key) => keys.includes(key));
     if (oneAtATime) return all.length ? [all[all.length - 1]] : []; // the latest pressed
     return keys.filter((key) => all.includes(key));
+  }
+
+  // The model's key a keyboard code stands for (undefined: none).
+  function keyOf(code) {
+    const arrow = ARROWS[code];
+    if (arrow) return modelKeys().keys.includes(arrow[0]) ? arrow[0] : arrow[1];
+    return KEY_MAP[code];
+  }
+
+  // What the arrow keys do for this model: "look", "move" or "" (nothing).
+  function arrowsDo(keys) {
+    if (keys.some((key) => LOOK_KEYS.includes(key))) return "look";
+    return keys.some((key) => MOVE_KEYS.includes(key)) ? "move" : "";
   }
 
   function sendKeys(at) {
@@ -1209,7 +1225,7 @@
   }
   document.addEventListener("keydown", (event) => {
     if (typing(event)) return;
-    const key = KEY_MAP[event.code];
+    const key = keyOf(event.code);
     if (key && modelKeys().keys.includes(key)) {
       event.preventDefault();
       if (!state.held.keys.has(key)) {
@@ -1225,7 +1241,7 @@
     else if (event.code === "Escape") toggleHelp(false);
   });
   document.addEventListener("keyup", (event) => {
-    const key = KEY_MAP[event.code];
+    const key = keyOf(event.code);
     if (!key || typing(event)) return;
     event.preventDefault();
     if (state.held.keys.delete(key)) sendKeys(event.timeStamp);
@@ -1376,10 +1392,11 @@
     legend.hidden = Boolean(standard);
     $("default-hint").hidden = !standard;
     canvas.classList.toggle("mouse-look", mouse);
-    const arrows = keys.some((key) => MOVE_KEYS.includes(key));
+    const arrows = arrowsDo(keys);
     const look = mouse ? "click to capture the mouse, which turns the camera; Esc frees it"
       : camera ? "drag to pan" : "";
-    canvas.setAttribute("aria-label", `world view: ${keys.join("/")}${arrows ? " or arrows" : ""}${look ? `, ${look}` : ""}`);
+    const arrowsSay = arrows === "look" ? ", arrows to look" : arrows ? " or arrows" : "";
+    canvas.setAttribute("aria-label", `world view: ${keys.join("/")}${arrowsSay}${look ? `, ${look}` : ""}`);
     renderHelp(keys, oneAtATime, arrows, mouse, camera);
     if (standard) return;
     const keysTrack = modelTrack("keys");
@@ -1415,7 +1432,9 @@
       tr.append(left, right);
       return tr;
     };
-    const rows = [row([...keys.map(kbdOf), arrows ? " or arrows" : ""], oneAtATime ? "act (hold; one at a time)" : "move (hold)")];
+    const arrowsSay = arrows === "look" ? " (arrows: I J K L)" : arrows ? " or arrows" : "";
+    const does = oneAtATime ? "act (hold; one at a time)" : arrows === "look" ? "move and look (hold)" : "move (hold)";
+    const rows = [row([...keys.map(kbdOf), arrowsSay], does)];
     if (mouse) {
       rows.push(row(["click the view"], "capture the mouse: moving it turns the camera"));
       rows.push(row([kbdOf("Esc")], "free the mouse"));
