@@ -6,6 +6,7 @@ The tiny config with random weights (``load=dummy``), on a CPU: what is asserted
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,154 @@ async def test_a_real_server_plays_it_and_applies_keys() -> None:
     finally:
         server.stop()
     assert "Traceback" not in server.log()
+
+
+def _references(seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    side = CONFIGS["tiny"].ref_resolution
+    return tuple(rng.integers(0, 256, (side, side, 3), dtype=np.uint8) for _ in range(CONFIGS["tiny"].ref_slots))
+
+
+def _with_references(seed: int, images: tuple[np.ndarray, ...]) -> SessionOptions:
+    return SessionOptions(seed=seed, references=tuple(image.tobytes() for image in images))
+
+
+def test_reference_images_become_the_slots_as_the_reference_encodes_them(model: ABotWorldModel) -> None:
+    """Re-typed from ``set_ref_latent_mask_from_exists_paths`` and ``_prepare_ref_tokens``: each image alone,
+    ``x * 2 / 255 - 1``, through the VAE's encode (normalised), the transformer's patch embedding, mask 1."""
+    spec = model.spec
+    assert (spec.reference_slots, spec.reference_size) == (("head", "left"), 64)
+    assert spec.to_dict()["reference_slots"] == ["head", "left"]
+    images = _references(1)
+    got = model.reference_tokens(_with_references(0, images))
+    wanted = []
+    for image in images:
+        pixels = torch.from_numpy(image.astype(np.float32)).permute(2, 0, 1) * (2.0 / 255.0) - 1.0
+        latent = model.vae.encode(pixels[None, :, None])  # [1, C, 1, h, w]
+        embedded = model.forward.transformer.patch_embedding(latent.to(model.dtype))  # type: ignore[union-attr]
+        wanted.append(embedded.flatten(2).transpose(1, 2))  # [1, tokens per slot, dim]
+    torch.testing.assert_close(got, torch.cat(wanted, dim=1), rtol=1e-5, atol=1e-5)
+    assert got.shape == (1, CONFIGS["tiny"].ref_tokens, CONFIGS["tiny"].wan.dim)
+    assert not model.reference_tokens(SessionOptions(seed=0)).any()  # none: every slot masked
+
+
+def test_reference_images_change_the_world_and_batch_as_alone(model: ABotWorldModel) -> None:
+    images = _references(2)
+    plain, referenced, again = (
+        model.new_state("p", SessionOptions(seed=3)),
+        model.new_state("r", _with_references(3, images)),
+        model.new_state("q", _with_references(3, images)),
+    )
+    first_plain = _frames(model, [(plain, _tick("p", 0, "W"))])[0]
+    first_ref = _frames(model, [(referenced, _tick("r", 0, "W"))])[0]
+    # The slots are queries and keys of the first block, and every later block attends to their K/V.
+    assert not np.array_equal(first_plain, first_ref)
+    second_ref = _frames(model, [(referenced, _tick("r", 1, "W"))])[0]
+    # One pass: a first block with reference images beside one without, each as alone.
+    other = model.new_state("o", SessionOptions(seed=3))
+    together = _frames(model, [(again, _tick("q", 0, "W")), (other, _tick("o", 0, "W"))])
+    for got, want in zip(together, (first_ref, first_plain), strict=True):
+        np.testing.assert_allclose(got.astype(np.int16), want.astype(np.int16), atol=1)  # batched float sums
+    # Random tiny weights move pixels little, so the slots' keys in each cache tell the rows apart.
+    for state in (plain, referenced, again, other):
+        state.cache.flush()
+    ref_keys = {
+        name: state.cache.ref_keys for name, state in (("p", plain), ("r", referenced), ("q", again), ("o", other))
+    }
+    assert all(keys is not None for keys in ref_keys.values())
+    torch.testing.assert_close(ref_keys["q"], ref_keys["r"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ref_keys["o"], ref_keys["p"], rtol=1e-4, atol=1e-5)
+    assert (ref_keys["r"] - ref_keys["p"]).abs().max() > 1e-2
+    later = _frames(model, [(again, _tick("q", 1, "W"))])[0]
+    np.testing.assert_allclose(later.astype(np.int16), second_ref.astype(np.int16), atol=1)
+
+
+def test_reference_images_are_all_or_none_and_of_the_slot_size(model: ABotWorldModel) -> None:
+    images = _references(3)
+    with pytest.raises(ValueError, match=r"takes 2 reference images \(head, left\), all or none; got 1"):
+        model.new_state("a", SessionOptions(references=(images[0].tobytes(),)))
+    with pytest.raises(ValueError, match=r"reference image 'left' must be 64x64 RGB"):
+        model.new_state("a", SessionOptions(references=(images[0].tobytes(), b"\0" * 30)))
+
+
+def _png(image: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_the_server_decodes_reference_images_by_slot_all_or_none() -> None:
+    """Any size of PNG/JPEG, resized to the square as the reference pipeline does (``Image.resize``); raw RGB
+    of the square as it is; a slot missing or unknown, or a model with no slots, named in the error."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from worldserve.models.base import ModelSpec
+    from worldserve.server.encoding import decode_references
+
+    spec = ModelSpec("m", 4, 16.0, 8, 8, (), 1, 0, reference_slots=("head", "left"), reference_size=64)
+    wide = np.random.default_rng(5).integers(0, 256, (70, 100, 3), dtype=np.uint8)
+    square = np.random.default_rng(6).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    b64 = base64.b64encode
+    head, left = decode_references({"left": b64(square.tobytes()).decode(), "head": b64(_png(wide)).decode()}, spec)
+    resized = np.asarray(Image.open(io.BytesIO(_png(wide))).convert("RGB").resize((64, 64)), dtype=np.uint8)
+    assert head == resized.tobytes()
+    assert left == square.tobytes()
+    with pytest.raises(ValueError, match=r"takes reference images head, left, all of them or none; missing left\."):
+        decode_references({"head": b64(square.tobytes()).decode()}, spec)
+    with pytest.raises(ValueError, match=r"missing left; unknown front"):
+        decode_references({"head": b64(square.tobytes()).decode(), "front": ""}, spec)
+    with pytest.raises(ValueError, match=r"reference image 'left' is neither PNG, JPEG nor raw RGB of 64x64"):
+        decode_references({"head": b64(square.tobytes()).decode(), "left": b64(b"not an image").decode()}, spec)
+    with pytest.raises(ValueError, match=r"takes no reference images"):
+        decode_references({"head": ""}, ModelSpec("n", 4, 16.0, 8, 8, (), 1, 0))
+
+
+async def test_a_real_server_starts_a_world_from_reference_images_and_replays_it(tmp_path: Path) -> None:
+    from server_harness import start_server
+    from worldserve.client import WorldClient, WorldError
+    from worldserve.runtime.journal import read_journal
+    from worldserve.tools.replay import replay
+
+    record = tmp_path / "journals"
+    server = start_server(
+        "--model", "abot-world", "--threads-per-worker", "1", "--record-dir", str(record), timeout=180.0
+    )
+    images = _references(7)
+    try:
+        async with WorldClient(server.ws) as refused:
+            with pytest.raises(WorldError) as error:
+                await refused.start(seed=1, references={"head": images[0]})
+            assert error.value.code == "invalid_image"
+            assert "missing left" in error.value.message
+        async with WorldClient(server.ws) as client:
+            big = np.kron(images[1], np.ones((8, 8, 1), dtype=np.uint8))  # 512x512: a large start message
+            info = await client.start(seed=3, media="raw", references={"head": images[0], "left": _png(big)})
+            assert (info.model["reference_slots"], info.model["reference_size"]) == (["head", "left"], 64)
+            pressed = await client.send_event(controls=[_keys("W", "L")])
+            got = [await client.next_chunk(timeout=60)]
+            while pressed.event_id not in got[-1].applied_event_ids:
+                assert len(got) < 6, "the keys were not applied within 6 chunks"
+                got.append(await client.next_chunk(timeout=60))
+            await client.close()
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
+    journal = next(record.glob("*.jsonl"))
+    start = read_journal(journal).start
+    assert len(start.options.references) == 2
+    assert start.options.references[0] == images[0].tobytes()
+    replayed = await replay(journal, executor="inprocess")
+    live = np.concatenate([chunk.frames for chunk in got])
+    assert np.array_equal(replayed.frames[: len(live)], live)
+    # The same journal without its reference images replays another world: they were used.
+    no_refs = dataclasses.replace(
+        read_journal(journal), start=dataclasses.replace(start, options=SessionOptions(seed=3))
+    )
+    assert not np.array_equal((await replay(no_refs, executor="inprocess")).frames[: len(live)], live)

@@ -28,7 +28,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -145,6 +145,15 @@ def camera(dx: float, dy: float) -> ControlInput:
 
 
 _CLOSED = object()
+
+
+def _image_field(image: npt.NDArray[np.uint8] | bytes) -> str:
+    """An image for the wire: base64 of its bytes (an array is sent as PNG)."""
+    if isinstance(image, np.ndarray):
+        buffer = io.BytesIO()
+        Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
+        image = buffer.getvalue()
+    return base64.b64encode(image).decode()
 
 
 class WorldClient:
@@ -373,6 +382,7 @@ class WorldClient:
         *,
         seed: int = 0,
         image: npt.NDArray[np.uint8] | bytes | None = None,
+        references: Mapping[str, npt.NDArray[np.uint8] | bytes] | None = None,
         media: str = "raw",
         quality: int | None = None,
         bitrate_kbps: int | None = None,
@@ -382,7 +392,9 @@ class WorldClient:
         queue: bool = False,
         on_queued: Callable[[Queued], None] | None = None,
     ) -> SessionInfo:
-        """Start this connection's session; ``image`` is an optional start image.
+        """Start this connection's session; ``image`` is an optional start image (an RGB array, or PNG,
+        JPEG or raw RGB bytes); ``references``: a model's reference images by slot name (its spec's
+        ``reference_slots``: all of them or none), each an RGB array or PNG/JPEG/raw RGB bytes.
 
         ``media``: "raw" (exact), "jpeg" or "h264" (decoded here either way); ``quality`` and, for
         h264, ``bitrate_kbps`` as in docs/protocol.md (``None``: the server's default for the media).
@@ -404,11 +416,9 @@ class WorldClient:
         if model is not None:
             message["model"] = model
         if image is not None:
-            if isinstance(image, np.ndarray):
-                buffer = io.BytesIO()
-                Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
-                image = buffer.getvalue()
-            message["image"] = base64.b64encode(image).decode()
+            message["image"] = _image_field(image)
+        if references:
+            message["references"] = {name: _image_field(picture) for name, picture in references.items()}
         if queue:
             message["queue"] = True
         self._on_queued = on_queued

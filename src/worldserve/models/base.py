@@ -94,9 +94,24 @@ class ModelSpec:
     #: What the model chose at load that its user should hear of (a precision this machine
     #: cannot serve fast, served in float32 instead): the server says each at start-up.
     notes: tuple[str, ...] = ()
+    #: Reference images a world may start with besides its start image, by name, in the order the
+    #: model takes them (ABot-World: views of the scene, ``head left right front back``); a session
+    #: gives all of them or none (``SessionOptions.references``). Empty: the model takes none.
+    reference_slots: tuple[str, ...] = ()
+    #: The side of each (square) reference image, in pixels; 0 when the model takes none.
+    reference_size: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(str(note) for note in self.notes))
+        object.__setattr__(self, "reference_slots", tuple(self.reference_slots))
+        slots = self.reference_slots
+        if not all(isinstance(name, str) and name for name in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"ModelSpec.reference_slots must be distinct non-empty names; got {slots!r}.")
+        size = self.reference_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or (size > 0) != bool(slots):
+            raise ValueError(
+                f"ModelSpec.reference_size must be a positive integer with reference_slots, else 0; got {size!r}."
+            )
         for name in ("frames_per_chunk", "height", "width", "max_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -148,6 +163,8 @@ class ModelSpec:
             "can_rollback": self.can_rollback,
             "requires_image": self.requires_image,
             "takes_prompt": self.takes_prompt,
+            "reference_slots": list(self.reference_slots),
+            "reference_size": self.reference_size,
             "notes": list(self.notes),
         }
 
@@ -158,6 +175,8 @@ class SessionOptions:
 
     ``prompt`` is the start prompt, used while no event has set one. ``seed`` picks the
     world. ``image`` is an optional start image: raw RGB bytes of ``height * width * 3``.
+    ``references``: the model's reference images (``ModelSpec.reference_slots``), raw RGB bytes of
+    ``reference_size`` squared each, in the spec's order; all of them or none (empty).
     ``encoding`` is for the runner, not the model (models ignore it): when set, the
     runner encodes the session's frames (JPEG or raw bytes) right after ``model.step`` and
     hands back only those payloads (so only compressed bytes cross machines); ``None``
@@ -172,6 +191,7 @@ class SessionOptions:
     image: bytes | None = field(default=None, repr=False)
     encoding: FrameEncoding | None = None
     extra_encodings: tuple[FrameEncoding, ...] = ()
+    references: tuple[bytes, ...] = field(default=(), repr=False)
 
     @property
     def encodings(self) -> tuple[FrameEncoding, ...]:
@@ -185,6 +205,8 @@ class SessionOptions:
             raise ValueError(f"SessionOptions.seed must be an integer in [0, 2**32); got {self.seed!r}.")
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("SessionOptions.image must be raw RGB bytes or None.")
+        if not isinstance(self.references, tuple) or not all(isinstance(item, bytes) for item in self.references):
+            raise ValueError("SessionOptions.references must be a tuple of raw RGB bytes.")
         if self.encoding is not None and not isinstance(self.encoding, FrameEncoding):
             raise ValueError("SessionOptions.encoding must be a FrameEncoding or None.")
         extra = self.extra_encodings
@@ -198,7 +220,23 @@ class SessionOptions:
 
     def check_image(self, spec: ModelSpec) -> None:
         """Raise ``ValueError`` unless the start image (if any) fits ``spec``'s frame size, and there is one
-        when ``spec.requires_image``."""
+        when ``spec.requires_image``; and unless the reference images are none, or one per slot of
+        ``spec.reference_slots``, each ``reference_size`` square."""
+        if self.references:
+            slots, side = spec.reference_slots, spec.reference_size
+            if not slots:
+                raise ValueError(f"model {spec.name!r} takes no reference images.")
+            if len(self.references) != len(slots):
+                raise ValueError(
+                    f"model {spec.name!r} takes {len(slots)} reference images ({', '.join(slots)}), all or none; "
+                    f"got {len(self.references)}."
+                )
+            for name, blob in zip(slots, self.references, strict=True):
+                if len(blob) != side * side * 3:
+                    raise ValueError(
+                        f"reference image {name!r} must be {side}x{side} RGB ({side * side * 3} bytes); "
+                        f"got {len(blob)} bytes."
+                    )
         if self.image is None and spec.requires_image:
             raise ValueError(
                 f"model {spec.name!r} starts a world from a start image: send one ({spec.width}x{spec.height} RGB)."

@@ -11,7 +11,8 @@ Lines, each a JSON object with a ``type``:
 
 - ``start``: ``session_id``, ``model`` (name), ``model_version``, ``precision``,
   ``model_options`` (those the runtime was started with), ``options`` (``prompt``, ``seed``,
-  ``image``: base64 raw RGB or null), ``frames_per_chunk``, ``fps``, ``worldserve`` (version);
+  ``image``: base64 raw RGB or null; ``references``: the reference images, base64 raw RGB each, in
+  the model's slot order, absent or empty for none), ``frames_per_chunk``, ``fps``, ``worldserve`` (version);
 - ``chunk``: ``chunk_index``, ``applied_event_ids``, ``prompt``, ``controls`` (the whole
   snapshot the chunk was made under: ``[{track, schema, data}]``), ``request_id``; a
   ``chunk_index`` of 0 after the first chunk means the session was reset before it;
@@ -127,7 +128,12 @@ class Journals:
                 "model_version": self._spec.version,
                 "precision": self._spec.precision,
                 "model_options": self._model_options,
-                "options": {"prompt": options.prompt, "seed": options.seed, "image": image},
+                "options": {
+                    "prompt": options.prompt,
+                    "seed": options.seed,
+                    "image": image,
+                    "references": [base64.b64encode(blob).decode("ascii") for blob in options.references],
+                },
                 "frames_per_chunk": self._spec.frames_per_chunk,
                 "fps": self._spec.fps,
                 "worldserve": __version__,
@@ -219,6 +225,7 @@ def read_journal(path: str | Path) -> Journal:
                 prompt=options.get("prompt"),
                 seed=int(options.get("seed", 0)),
                 image=None if image is None else base64.b64decode(image),
+                references=tuple(base64.b64decode(blob) for blob in options.get("references") or ()),
             ),
             frames_per_chunk=int(first["frames_per_chunk"]),
             fps=float(first["fps"]),

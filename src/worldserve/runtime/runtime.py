@@ -136,13 +136,15 @@ class Runtime:
         image: bytes | None = None,
         session_id: str | None = None,
         encoding: FrameEncoding | None = None,
+        references: tuple[bytes, ...] = (),
     ) -> Session[Chunk]:
         """Admit a new world and return its session.
 
         ``encoding``: how the caller will send the frames (media and JPEG quality). When the
         configuration has workers encode (:attr:`RuntimeConfig.encode_frames`), the session's
         chunks then carry :class:`~worldserve.media.EncodedFrames` made by its worker;
-        otherwise (and without an encoding) they carry ``uint8`` arrays.
+        otherwise (and without an encoding) they carry ``uint8`` arrays. ``references``: the
+        model's reference images (``spec.reference_slots``, raw RGB, all or none).
 
         Admitted now or refused now: raises ``AdmissionRefusedError`` (code
         ``admission_refused``, with a ``retry_after_s`` hint) at once when no worker can
@@ -156,7 +158,9 @@ class Runtime:
         if encoding is not None and not isinstance(encoding, FrameEncoding):
             raise ValueError(f"encoding must be a FrameEncoding or None; got {encoding!r}.")
         worker_encoding = encoding if self.config.encodes_in_worker else None
-        options = SessionOptions(prompt=prompt, seed=seed, image=image, encoding=worker_encoding)
+        options = SessionOptions(
+            prompt=prompt, seed=seed, image=image, encoding=worker_encoding, references=tuple(references)
+        )
         options.check_image(self.spec)  # an image-to-world model without its image is refused here, at once
         resolved = session_id or uuid.uuid4().hex
         if resolved in {session.session_id for session in manager}:

@@ -24,8 +24,10 @@ class ServerConfig:
     token: str | None = None
     #: Browser origins allowed to open the WebSocket, besides the server's own origin.
     allowed_origins: tuple[str, ...] = ()
-    #: Largest client text message taken; larger ones get ``message_too_large``.
+    #: Largest client text message taken; larger ones get ``message_too_large`` ...
     max_message_bytes: int = 256 * 1024
+    #: ... but for the one that starts a session (start and reference images), which may be this large.
+    max_start_bytes: int = 4 * 1024 * 1024
     #: Input events per second a connection may send (token bucket refill rate) ...
     event_rate: float = 60.0
     #: ... and how many it may send in one burst.
@@ -72,6 +74,8 @@ class ServerConfig:
             raise ValueError("token must be non-empty when given.")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024.")
+        if self.max_start_bytes < self.max_message_bytes:
+            raise ValueError("max_start_bytes must be at least max_message_bytes.")
         if not self.event_rate > 0 or self.event_burst < 1:
             raise ValueError("event_rate must be positive and event_burst at least 1.")
         if not self.idle_timeout > 0:

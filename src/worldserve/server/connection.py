@@ -32,7 +32,7 @@ from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput, transition_chunks_control
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.config import ServerConfig
-from worldserve.server.encoding import decode_start_image
+from worldserve.server.encoding import decode_references, decode_start_image
 from worldserve.server.host import Member, Role, WorldBackend, WorldHost, WorldHosts, wire_media
 from worldserve.server.limits import TokenBucket
 from worldserve.server.messages import (
@@ -270,17 +270,26 @@ class Connection:
                 ErrorCode.INVALID_MESSAGE, "binary messages are not accepted; send JSON text.", message_id=None
             )
             return
-        if len(text) > self._config.max_message_bytes or len(text.encode()) > self._config.max_message_bytes:
-            await self._error(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"message exceeds {self._config.max_message_bytes} bytes.",
-                message_id=None,
-            )
+        # A session's start may carry images (up to max_start_bytes) while the connection has none;
+        # every other message, and a start on a connection that has a session, is held to max_message_bytes.
+        starting = self._current() is None and self._queued is None
+        limit = self._config.max_start_bytes if starting else self._config.max_message_bytes
+        size = len(text) if len(text) > limit else len(text.encode())
+        if size > limit:
+            await self._error(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {limit} bytes.", message_id=None)
             return
         try:
             parsed = parse_client_message(text)
         except ClientMessageError as error:
             await self._error(error.code, str(error), message_id=error.message_id)
+            return
+        if size > self._config.max_message_bytes and not isinstance(parsed, SessionStart):
+            await self._error(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message exceeds {self._config.max_message_bytes} bytes (only session.start may be larger, "
+                f"up to {self._config.max_start_bytes}).",
+                message_id=None,
+            )
             return
         handlers: dict[type[BaseModel], Callable[[Any], Awaitable[None]]] = {
             SessionStart: self._on_start,
@@ -352,12 +361,15 @@ class Connection:
                 message_id=message.id,
             )
             return
-        if message.image is not None:
-            try:
+        references: tuple[bytes, ...] = ()
+        try:
+            if message.image is not None:
                 image = await asyncio.to_thread(decode_start_image, message.image, spec.height, spec.width)
-            except ValueError as error:
-                await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
-                return
+            if message.references:
+                references = await asyncio.to_thread(decode_references, message.references, spec)
+        except ValueError as error:
+            await self._error(ErrorCode.INVALID_IMAGE, str(error), message_id=message.id)
+            return
         options = message.options
         try:
             encoding = FrameEncoding.for_media(options.media, options.quality, options.bitrate_kbps)
@@ -367,7 +379,7 @@ class Connection:
 
         async def create() -> Session[Chunk]:
             session = await self._backend.create_session(
-                prompt=message.prompt, seed=message.seed, image=image, encoding=encoding
+                prompt=message.prompt, seed=message.seed, image=image, encoding=encoding, references=references
             )
             # In use from birth: the next start (the line's next) must not evict it before its host arrives.
             self._backend.mark_in_use(session.session_id, self._config.evict_idle_s)

@@ -87,10 +87,17 @@ class WorldBackend(TickClock, Protocol):
     def spec(self) -> ModelSpec: ...
 
     async def create_session(
-        self, *, prompt: str | None, seed: int, image: bytes | None, encoding: FrameEncoding | None = None
+        self,
+        *,
+        prompt: str | None,
+        seed: int,
+        image: bytes | None,
+        encoding: FrameEncoding | None = None,
+        references: tuple[bytes, ...] = (),
     ) -> Session[Chunk]:
         """A new session; ``encoding`` is how its frames will be sent (the runtime's workers may
-        encode them so, handing back :class:`~worldserve.media.EncodedFrames`)."""
+        encode them so, handing back :class:`~worldserve.media.EncodedFrames`); ``references``: the
+        model's reference images, raw RGB in its slot order (all or none)."""
         ...
 
     async def close_session(self, session_id: str) -> None: ...

@@ -156,6 +156,15 @@ class SessionStart(_ClientMessage):
             description="Start image, base64: PNG or JPEG, or raw RGB bytes, of the model's frame size.",
         ),
     ] = None
+    references: Annotated[
+        dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=1_500_000)]] | None,
+        Field(
+            max_length=16,
+            description="Reference images, for a model that takes them (its spec's reference_slots): one per "
+            "slot name, all of them or none; each base64 PNG or JPEG of any size (resized to reference_size "
+            "square, as the model's own pipeline does), or raw RGB of reference_size square.",
+        ),
+    ] = None
     options: StartOptions = StartOptions()
     share: ShareOptions = ShareOptions()
     queue: bool = Field(

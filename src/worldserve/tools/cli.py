@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-message-bytes", type=_message_bytes, default=256 * 1024, help="largest client message, in bytes"
     )
     serve.add_argument(
+        "--max-start-bytes",
+        type=_message_bytes,
+        default=4 * 1024 * 1024,
+        help="largest session.start (it may carry a start image and reference images), in bytes",
+    )
+    serve.add_argument(
         "--idle-timeout", type=positive_float, default=300.0, help="close a connection silent this long (s)"
     )
     serve.add_argument(
@@ -379,6 +385,7 @@ def _serve(args: argparse.Namespace) -> int:
             token=args.token,
             allowed_origins=tuple(args.allow_origin),
             max_message_bytes=args.max_message_bytes,
+            max_start_bytes=max(args.max_start_bytes, args.max_message_bytes),
             event_rate=args.event_rate,
             event_burst=args.event_burst,
             idle_timeout=args.idle_timeout,
@@ -490,7 +497,7 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
             log_level=args.log_level,
             ws="websockets-sansio",
             # Above /v1/realtime/video's 4 MiB session.start, so that the route refuses a larger one itself.
-            ws_max_size=max(8 * 1024 * 1024, 2 * args.max_message_bytes),
+            ws_max_size=max(8 * 1024 * 1024, 2 * args.max_message_bytes, 2 * args.max_start_bytes),
             ws_ping_interval=20.0,
             ws_ping_timeout=20.0,
         ),

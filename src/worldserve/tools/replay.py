@@ -61,7 +61,9 @@ async def replay(journal: str | Path | Journal, *, config: RuntimeConfig | None 
         if spec.name != start.model:
             raise ValueError(f"the journal was made by model {start.model!r}; this runtime serves {spec.name!r}.")
         options = start.options
-        session = await runtime.create_session(prompt=options.prompt, seed=options.seed, image=options.image)
+        session = await runtime.create_session(
+            prompt=options.prompt, seed=options.seed, image=options.image, references=options.references
+        )
         event_id = 0
         for index, logged in enumerate(chunks):
             if logged.chunk_index == 0 and index > 0:

@@ -7,8 +7,11 @@ counter, the start image's latent frame, its prompt embedding and the keys its l
 Its first step is the reference's first streamed block (``generate_next_block``): three latent
 frames, the first the start image's latent (the start image, else the procedural world's first
 frame for its seed and prompt, encoded by Wan2.2's VAE), held clean at timestep 0 through every pass,
-the reference slots' tokens as queries too (none given yet: five empty slots, zero and masked, what the
-reference falls back to without reference images). Its three latent frames decode to 9 frames
+the reference slots' tokens as queries too: the session's reference images (``references``, one per
+slot, in ``REFERENCE_NAMES``' order, each encoded alone by Wan2.2's VAE at ``ref_resolution`` square and
+patch-embedded, as the reference's ``set_ref_latent_mask_from_exists_paths`` and ``_prepare_ref_tokens``
+do), or without them empty slots, zero and masked, what the reference falls back to when one is missing.
+Its three latent frames decode to 9 frames
 (the first latent frame to one); the chunk opens with the start frame held for the 3 more, so every
 chunk has the same 12 frames. Every later step: three latent frames, 12 frames.
 
@@ -50,18 +53,30 @@ from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
 from worldserve.models.world import World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
-__all__ = ["ABotState", "ABotUndo", "ABotWorldModel"]
+__all__ = ["REFERENCE_NAMES", "ABotState", "ABotUndo", "ABotWorldModel"]
 
 _MODEL = "abot-world"
+
+#: The reference slots' images, in the order the model takes them (``pipeline/causal_inference.py``'s
+#: ``ref_names``: views of the scene from the start position); a config with fewer slots takes the first.
+REFERENCE_NAMES = ("head", "left", "right", "front", "back")
 
 
 class ABotState:
     """One session: KV cache, relative-RoPE base, decoder state, noise counter, start latent, prompt, keys."""
 
-    __slots__ = ("base", "cache", "decoder", "draws", "image", "keys", "options", "prompt", "session_id", "text")
+    __slots__ = (
+        "base", "cache", "decoder", "draws", "image", "keys", "options", "prompt", "refs", "session_id", "text",
+    )  # fmt: skip
 
     def __init__(
-        self, session_id: str, options: SessionOptions, cache: KVCache, decoder: DecoderCache, image: Tensor
+        self,
+        session_id: str,
+        options: SessionOptions,
+        cache: KVCache,
+        decoder: DecoderCache,
+        image: Tensor,
+        refs: Tensor,
     ) -> None:
         self.session_id = session_id
         self.options = options
@@ -69,6 +84,9 @@ class ABotState:
         self.decoder = decoder
         #: The start image's latent frame ``[1, C, 1, h, w]``: the first block's first frame.
         self.image = image
+        #: The reference slots' tokens ``[1, slots * tokens per slot, dim]`` (zero without reference images):
+        #: queries and keys of the first block, kept for a reset or an undone first block.
+        self.refs = refs
         #: The frame the relative RoPE's window counts from (:class:`~worldserve.models.wan.rope.RelativeWindow`).
         self.base = 0
         self.draws = 0
@@ -173,6 +191,7 @@ class ABotWorldModel:
         )
         wan = cfg.wan
         ref_bytes = 3 * wan.num_layers * cfg.ref_tokens * wan.dim * serving.dtype_bytes  # K, V, unrotated K
+        ref_bytes += cfg.ref_tokens * wan.dim * serving.dtype_bytes  # the slots' tokens, kept for a first block
         image_bytes = 4 * wan.latent_channels * wan.latent_height * wan.latent_width
         state_bytes = wan.kv_bytes(serving.dtype_bytes) + ref_bytes + frames.cache_bytes + image_bytes + 4096
         self._spec = ModelSpec(
@@ -191,6 +210,8 @@ class ABotWorldModel:
             version=loaded.version,
             precision=serving.precision,
             notes=serving.notes,
+            reference_slots=REFERENCE_NAMES[: cfg.ref_slots],
+            reference_size=cfg.ref_resolution,
         )
 
     def _describe(self) -> str:
@@ -205,8 +226,9 @@ class ABotWorldModel:
             f"{weights}. ABot-World: Wan2.2-TI2V-5B made block-causal (config {cfg.wan.name}: {wan.num_layers} "
             f"layers, {wan.num_heads}x{wan.head_dim}), keys W A S D move and I J K L look, {wan.block_frames} "
             f"latent frames per chunk, a {cfg.local_frames}-frame attention window with relative RoPE, "
-            f"{len(wan.denoising_steps)}-step sampler; {cfg.ref_slots} reference slots, empty (no reference "
-            "images yet)",
+            f"{len(wan.denoising_steps)}-step sampler; {cfg.ref_slots} reference slots "
+            f"({', '.join(REFERENCE_NAMES[: cfg.ref_slots])} at {cfg.ref_resolution}x{cfg.ref_resolution}: "
+            "a session's `references`, else empty)",
             f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder)'}",
         ]
         taehv = self.decoder_choice.describe()
@@ -231,7 +253,24 @@ class ABotWorldModel:
         pixels = frame_pixels(self.start_frame(options), self.device)  # [3, H, W] in [-1, 1]
         image = self.vae.encode(pixels[None, :, None])  # [1, C, 1, h, w]: one frame, one latent frame
         cache = KVCache(self.config.wan, self.device, self.dtype, ref_tokens=self.config.ref_tokens)
-        return ABotState(session_id, options, cache, self.decoder.new_cache(), image)
+        return ABotState(session_id, options, cache, self.decoder.new_cache(), image, self.reference_tokens(options))
+
+    def reference_tokens(self, options: SessionOptions) -> Tensor:
+        """The reference slots' tokens ``[1, slots * tokens per slot, dim]`` of a session: each of its
+        reference images encoded alone by the VAE (one frame, one latent frame) and patch-embedded, mask 1;
+        without reference images, every slot masked (zero)."""
+        cfg, wan = self.config, self.config.wan
+        side = cfg.ref_resolution // wan.vae_spatial
+        latents = torch.zeros(1, cfg.ref_slots, wan.latent_channels, 1, side, side, device=self.device)
+        mask = torch.zeros(1, cfg.ref_slots, device=self.device)
+        if options.references:
+            size = cfg.ref_resolution
+            frames = [np.frombuffer(blob, dtype=np.uint8).reshape(size, size, 3).copy() for blob in options.references]
+            pixels = torch.stack([frame_pixels(frame, self.device) for frame in frames])  # [slots, 3, size, size]
+            latents[0] = self.vae.encode(pixels[:, :, None])  # each image alone: a batch of one-frame videos
+            mask.fill_(1.0)
+        tokens: Tensor = self.forward.ref_tokens(latents, mask).to(self.dtype)
+        return tokens
 
     def _embedding(self, state: ABotState, tick: TickRequest) -> Tensor:
         prompt = tick.prompt if tick.prompt is not None else state.options.prompt
@@ -288,7 +327,7 @@ class ABotWorldModel:
             cond = _Conditions([keys[row].bits for row in rows])
             held = None
             if first:
-                slots = torch.zeros(len(rows), cfg.ref_tokens, wan.dim, device=self.device, dtype=self.dtype)
+                slots = torch.cat([states[row].refs for row in rows])
                 cos, sin = self.rope.slots(slot_times(0, cfg.ref_slots, cfg.ref_tokens_per_slot), cfg.ref_grid)
                 ref_rope = (cos.expand(len(rows), -1, -1, -1), sin.expand(len(rows), -1, -1, -1))
                 cond = _Conditions(cond.keys, slots, ref_rope)
