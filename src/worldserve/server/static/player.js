@@ -74,6 +74,9 @@
     served: null, // the served model's spec (GET /v1/models), known before a world starts
     startImage: null, // base64 PNG of the chosen start image, at the model's frame size
     startImageProblem: null, // why the chosen file cannot be the start image (yet), said on Start
+    references: null, // {slot: base64 JPEG} of the chosen reference images, one per slot of the model's
+    referencesProblem: null, // why the chosen files cannot be the reference images (yet), said on Start
+    referencesPick: 0, // counts the choices of reference files: a later choice outdates an earlier one's reads
     mouse: { dx: 0, dy: 0, last: { yaw: 0, pitch: 0 } }, // pointer-locked movement since the last send
     reconnect: null, // {mode: "resume"|"restart", attempt, deadline, timer} while reconnecting
     reloaded: false, // this page was reloaded in a world: its resume asks for a keyframe and enters it anew
@@ -115,6 +118,7 @@
     get allowedKeys() { return modelKeys().keys; },
     get pointerLocked() { return document.pointerLockElement === canvas; },
     get startImageReady() { return state.startImage !== null; },
+    get referencesReady() { return state.references !== null; },
   };
 
   function log(text, kind) {
@@ -371,6 +375,7 @@
     };
     if (started.prompt) message.prompt = started.prompt;
     if (state.startImage) message.image = state.startImage;
+    if (state.references) message.references = state.references;
     state.lastSeq = -1;
     return message;
   }
@@ -1508,6 +1513,75 @@
     const needed = Boolean(state.served && state.served.requires_image);
     $("start-image-row").dataset.required = String(needed);
     $("start-image-label").textContent = needed ? "Start image (this model starts from one)" : "Start image (optional)";
+    const slots = referenceSlots();
+    $("references-row").hidden = slots.length === 0;
+    $("references-label").textContent = `Reference images (optional; one per view, named ${slots.join(", ")})`;
+  }
+
+  function referenceSlots() {
+    const spec = currentSpec() || state.served;
+    return (spec && spec.reference_slots) || [];
+  }
+
+  // The chosen files as the model's reference images: each file named after its slot (head.jpg, left.png, ...,
+  // as the model's own folder of views), all of the slots or none; each scaled to the slot's square (the
+  // server scales any size the same way; scaling here keeps the start message small), as base64 JPEG.
+  function chooseReferences(files) {
+    state.references = null;
+    state.referencesProblem = null;
+    const list = Array.from(files || []);
+    if (!list.length) return;
+    const slots = referenceSlots();
+    const spec = currentSpec() || state.served;
+    const side = (spec && spec.reference_size) || 0;
+    const bySlot = {};
+    const unknown = [];
+    for (const file of list) {
+      const name = file.name.replace(/\.[^.]*$/, "").toLowerCase();
+      if (slots.includes(name)) bySlot[name] = file;
+      else unknown.push(file.name);
+    }
+    const missing = slots.filter((slot) => !bySlot[slot]);
+    if (unknown.length || missing.length) {
+      const parts = [];
+      if (missing.length) parts.push(`missing ${missing.join(", ")}`);
+      if (unknown.length) parts.push(`${unknown.join(", ")} named after no view`);
+      state.referencesProblem = `Reference images are one file per view, named ${slots.join(", ")} (all or none): ${parts.join("; ")}.`;
+      notice(state.referencesProblem);
+      return;
+    }
+    state.referencesProblem = "The reference images are still being read: press Start again in a moment.";
+    const pick = ++state.referencesPick; // a newer choice wins
+    const chosen = {};
+    let left = slots.length;
+    let failed = false;
+    for (const slot of slots) {
+      const file = bySlot[slot];
+      const url = URL.createObjectURL(file);
+      const image = new Image();
+      image.onload = () => {
+        URL.revokeObjectURL(url);
+        if (pick !== state.referencesPick || failed) return;
+        const fit = document.createElement("canvas");
+        fit.width = side;
+        fit.height = side;
+        fit.getContext("2d").drawImage(image, 0, 0, side, side);
+        chosen[slot] = fit.toDataURL("image/jpeg", 0.95).split(",")[1];
+        left -= 1;
+        if (left > 0) return;
+        state.references = chosen;
+        state.referencesProblem = null;
+        log(`reference images ${slots.join(", ")} scaled to ${side}×${side}`);
+      };
+      image.onerror = () => {
+        URL.revokeObjectURL(url);
+        if (pick !== state.referencesPick) return;
+        failed = true;
+        state.referencesProblem = `${file.name} is not an image this browser can read: choose PNG or JPEG files.`;
+        notice(state.referencesProblem);
+      };
+      image.src = url;
+    }
   }
 
   // The chosen file, fitted to the model's frame size (centre crop, then scaled), as base64 PNG.
@@ -1546,6 +1620,11 @@
   // A chosen start image that cannot be used (not an image, still being read), or an image-to-world model
   // without one: say so here instead of asking the server (or starting without the file chosen).
   function needsStartImage() {
+    if (state.referencesProblem) {
+      notice(state.referencesProblem);
+      $("references").focus();
+      return true;
+    }
     if (state.startImageProblem) {
       notice(state.startImageProblem);
       $("start-image").focus();
@@ -1675,6 +1754,7 @@
   $("token").addEventListener("input", () => showShare(state.share));
   $("token").addEventListener("change", () => { if (!state.served) learnServedModel(); }); // a token server's spec
   $("start-image").addEventListener("change", (event) => chooseStartImage(event.target.files[0]));
+  $("references").addEventListener("change", (event) => chooseReferences(event.target.files));
   $("apply-prompt").addEventListener("click", (event) => {
     const prompt = $("prompt").value.trim();
     if (prompt && takesPrompt()) sendEvent({ prompt }, event.timeStamp);
