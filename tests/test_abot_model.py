@@ -323,3 +323,32 @@ async def test_a_real_server_starts_a_world_from_reference_images_and_replays_it
         read_journal(journal), start=dataclasses.replace(start, options=SessionOptions(seed=3))
     )
     assert not np.array_equal((await replay(no_refs, executor="inprocess")).frames[: len(live)], live)
+
+
+def test_inspect_names_its_folder_what_is_missing_and_a_serve_command_that_loads(tmp_path: Path) -> None:
+    import shlex
+
+    from worldserve.tools.inspect import format_inspection, inspect_path
+
+    folder = _folder(tmp_path)
+    (folder / "taew2_2.pth").write_bytes(b"")  # found by its name; read only when decoder=taehv is asked for
+    result = inspect_path(folder)
+    assert result.model == "abot-world"
+    assert set(result.parts) == {"transformer", "vae"}
+    assert result.missing == ["text_encoder", "tokenizer"]
+    assert (result.config, result.sizes["layers"]) == ("tiny", 2)
+    text = format_inspection(result)
+    assert "model: abot-world" in text
+    assert "taew2_2.pth here: --model-option decoder=taehv" in text
+    command = shlex.split(result.command)
+    assert command[:4] == ["worldserve", "serve", "--model", "abot-world"]
+    options = dict(item.split("=", 1) for item in command[5::2])
+    assert options == {"weights": str(folder), "config": "tiny", "text": "hashed"}
+    served = load_model("abot-world", threads=1, **options)  # the command's options serve the folder
+    assert served.spec.version.startswith("abot-tiny:sha256:")
+    assert inspect_path(folder / "diffusion_pytorch_model.safetensors").model == "abot-world"  # its keys say so
+    (folder / "Wan2.2_VAE.pth").unlink()
+    without_vae = inspect_path(folder)
+    assert without_vae.command == ""
+    assert without_vae.missing[0] == "vae"
+    assert any("no VAE (Wan2.2_VAE.pth)" in note for note in without_vae.notes)

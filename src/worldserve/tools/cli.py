@@ -348,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect",
         "say what weight files or a folder of downloads are, and the serve command that serves them",
         "For each path (a checkpoint file, or a folder of downloads): the parts found by their published names "
-        "and what their keys and shapes say, the parts missing, the model that serves them (wan-causal, or "
-        "matrix-game-2 for Matrix-Game 2.0's files, with the variant its shapes say), the family and config, "
+        "and what their keys and shapes say, the parts missing, the model that serves them (wan-causal; "
+        "matrix-game-2 for Matrix-Game 2.0's files, with the variant its shapes say; abot-world for ABot-World's "
+        "folder), the family and config, "
         "the exact `worldserve serve` command line, and the memory per session at each window on a GPU of --gpu-gib. "
         "Reads shapes only. Needs the wan extra.",
     )

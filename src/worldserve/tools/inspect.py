@@ -2,9 +2,11 @@
 
 Owns: :func:`inspect_path` (one file or folder -> an :class:`Inspection`: each part found by its
 published name and what its keys and shapes say: layout, dtype, parameter count; the parts
-missing; which model serves it (``wan-causal``, or ``matrix-game-2`` for Matrix-Game 2.0's files:
+missing; which model serves it (``wan-causal``; ``matrix-game-2`` for Matrix-Game 2.0's files:
 their published names, action modules in the transformer's keys, or a Matrix-Game Diffusers
-folder; then the variant its shapes say: keyboard width and mouse); the family, guessed from the
+folder; then the variant its shapes say: keyboard width and mouse; ``abot-world`` for ABot-World's
+folder: ``Wan2.2_VAE.pth`` or ``taew2_2.pth`` beside it, or the control adapter in the transformer's
+keys); the family, guessed from the
 published names, the training wrappers and the size;
 the configuration the shapes name; the ``worldserve serve`` command line that serves it (on the
 GPU only where this machine has CUDA; none without a transformer checkpoint); the
@@ -45,7 +47,7 @@ class PartInfo:
 @dataclass(slots=True)
 class Inspection:
     path: Path
-    #: The model that serves these files: ``wan-causal`` or ``matrix-game-2``.
+    #: The model that serves these files: ``wan-causal``, ``matrix-game-2`` or ``abot-world``.
     model: str = "wan-causal"
     parts: dict[str, PartInfo] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
@@ -88,6 +90,8 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
     from worldserve.models.wancausal.files import PART_NAMES, Parts, expected, find_parts, part_kind
 
     path = Path(path).expanduser().resolve()
+    if _is_abot(path):
+        return _inspect_abot(path, gpu_gib=gpu_gib, windows=windows)
     if _is_matrix_game(path):
         return _inspect_matrix(path, gpu_gib=gpu_gib, windows=windows)
     result = Inspection(path=path, gpu_gib=gpu_gib)
@@ -201,6 +205,118 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
         for window in sorted({*windows, base.window_frames}):
             sized = base.with_window(window)
             kv = sized.kv_bytes(2)
+            state = kv + decoder
+            result.memory.append((window, kv, state, max(0, int(usable // state))))
+    return result
+
+
+def _is_abot(path: Path) -> bool:
+    """ABot-World's files: Wan2.2's VAE or TAEHV beside a transformer, or the control adapter in its keys."""
+    from worldserve.models.wan.files import TAEHV22_FILE
+    from worldserve.models.wan.statedict import WeightsError, read_shapes
+
+    if path.is_dir():
+        names = {p.name for p in path.rglob("*")}
+        if "Wan2.2_VAE.pth" in names or TAEHV22_FILE in names:
+            return True
+        candidates = list(path.rglob("diffusion_pytorch_model.safetensors"))
+    else:
+        candidates = [path] if path.suffix == ".safetensors" else []
+    for candidate in candidates:
+        try:
+            shapes, _ = read_shapes(candidate)
+        except WeightsError:
+            continue
+        if any(_strip(key).startswith("act_control_adapter.") for key in shapes):
+            return True
+    return False
+
+
+def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> Inspection:
+    """ABot-World's folder (or its transformer file): the parts, the config its shapes say, the command, the memory."""
+    from worldserve.models.abot.config import CONFIGS
+    from worldserve.models.abot.weights import PUBLISHED, ABotParts, find_parts
+    from worldserve.models.wan.files import TAEHV22_FILE, expected_from, find_taehv
+    from worldserve.models.wan.statedict import part_errors, read_shapes
+    from worldserve.models.wan.vae import decoder_cache_bytes
+
+    result = Inspection(path=path, gpu_gib=gpu_gib, model="abot-world")
+    taehv = None
+    if path.is_dir():
+        try:
+            parts = find_parts(path)
+        except ValueError as error:
+            result.notes.append(str(error))
+            parts = ABotParts()
+        taehv = find_taehv(path, TAEHV22_FILE)
+    else:
+        parts = ABotParts(transformer=path)
+    names = {"transformer": "transformer", "vae": "VAE", "text_encoder": "text encoder", "tokenizer": "tokenizer"}
+    shapes_of: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
+    for part in ("transformer", "vae", "text_encoder", "tokenizer"):
+        where = getattr(parts, part)
+        if where is None:
+            continue
+        info = PartInfo(part=part, path=where)
+        result.parts[part] = info
+        if part == "tokenizer":
+            info.layout = "tokenizer folder"
+            continue
+        with part_errors(names[part], where, expected_from(PUBLISHED, part, names[part])):
+            shapes, _ = read_shapes(where)
+        shapes_of[part] = shapes
+        info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
+        info.layout = {
+            "transformer": "original Wan names with act_control_adapter",
+            "vae": "Wan2.2's VAE (Wan2.2_VAE.pth)",
+            "text_encoder": "Wan's T5 (models_t5_umt5-xxl-enc-bf16.pth)",
+        }[part]
+    result.missing = [p for p in ("transformer", "vae", "text_encoder", "tokenizer") if p not in result.parts]
+    config = None
+    transformer = {_strip(k): v for k, v in shapes_of.get("transformer", {}).items()}
+    patch = transformer.get("patch_embedding.weight")
+    if patch is not None:
+        dim = patch[0][0]
+        config = next((c for c in CONFIGS.values() if c.wan.dim == dim), None)
+        layers = {int(k.split(".")[1]) for k in transformer if k.startswith("blocks.")}
+        result.sizes = {"dim": dim, "layers": len(layers)}
+        if config is None:
+            result.notes.append(f"the transformer's width {dim} names no abot-world config (tiny, 5b)")
+    result.config = config.wan.name.removeprefix("abot-") if config is not None else "?"
+    result.family, result.family_reason = "ABot-World-0-5B-LF", "Wan2.2's VAE, TAEHV or the control adapter"
+    if taehv is not None:
+        result.notes.append(
+            f"{taehv.name} here: --model-option decoder=taehv decodes with it (TAEHV, the reference's default "
+            "decoder: configs/default_config.yaml vae_type taew2_2); without it the full VAE decodes"
+        )
+    if "transformer" not in result.parts:
+        result.notes.append("no transformer checkpoint (diffusion_pytorch_model.safetensors): no model to serve here")
+        return result
+    if "vae" not in result.parts:  # the loader refuses a trained checkpoint without its VAE: no command
+        result.notes.append(
+            "no VAE (Wan2.2_VAE.pth): a trained checkpoint needs it (the start image's and the reference images' "
+            "encoder); add it to the folder, or vae=PATH"
+        )
+        return result
+    options = [f"weights={path}"] if path.is_dir() else [f"checkpoint={path}"]
+    if config is not None and config.wan.name != "abot-5b":
+        options.append(f"config={result.config}")
+    if "text_encoder" not in result.parts or "tokenizer" not in result.parts:
+        options.append("text=hashed")
+        result.notes.append(
+            "no text encoder (models_t5_umt5-xxl-enc-bf16.pth + google/umt5-xxl/): the command runs the hashed-word "
+            "stand-in; add text_encoder=PATH tokenizer=DIR to use the real one"
+        )
+    _serve_command(result, options)
+    if config is not None:
+        wan = config.wan
+        refs = 4 * wan.num_layers * config.ref_tokens * wan.dim * 2  # K, V, unrotated K and the slots' tokens
+        decoder = decoder_cache_bytes(wan, 2)
+        weights = 2 * sum(info.parameters for info in result.parts.values())
+        result.weights_bytes = weights
+        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
+        for window in sorted({*windows, wan.window_frames}):
+            kv = wan.with_window(window).kv_bytes(2) + refs
             state = kv + decoder
             result.memory.append((window, kv, state, max(0, int(usable // state))))
     return result
@@ -376,7 +492,10 @@ def format_inspection(result: Inspection) -> str:
     lines.append(f"  missing: {', '.join(p.replace('_', ' ') for p in result.missing) or 'nothing'}")
     sizes = ", ".join(f"{k} {v}" for k, v in result.sizes.items())
     lines.append(f"  config: {result.config}" + (f" ({sizes})" if sizes else ""))
-    if result.model == "matrix-game-2":
+    if result.model == "abot-world":
+        where = f"{result.family}, from {result.family_reason}"
+        lines.append(f"  model: abot-world ({where}); its settings: docs/wan-causal.md")
+    elif result.model == "matrix-game-2":
         lines.append(
             f"  model: matrix-game-2, variant {result.family or '?'} (from {result.family_reason or 'nothing'})"
         )
