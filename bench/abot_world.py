@@ -9,7 +9,8 @@ per session; whether a session holds real time (a block no slower than its 12 fr
 transformer (its FLOPs counted as Wan's, without the reference slots' few tokens); and the decode of
 the same batch by Wan2.2's VAE and by TAEHV (``decoder=taehv``, ``taew2_2.pth``'s structure, random
 weights), timed apart. ``--size HxW`` runs the configuration at another video size (the reference slots
-stay 512x512). Rows print as they are measured; an out-of-memory batch ends the sweep.
+stay 512x512); ``--quants none fp8`` measures each size with the serving dtype's GEMMs and with
+``quant=fp8``'s. Rows print as they are measured; an out-of-memory batch ends the sweep.
 
 The prepared GPU run (``bench/gpu.sh``'s ``abot`` part; dummy weights at the released 5B widths)::
 
@@ -69,6 +70,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--blocks", type=int, default=3, help="measured blocks per batch size (medians)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--quants", nargs="+", default=["none"], choices=["none", "fp8"], help="none and/or fp8 (quant=fp8's GEMMs)"
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -78,23 +82,25 @@ def main() -> int:
         print(f"note: {note}")
     print()
     print(
-        "| size | batch | block latency, one step | B steps of 1 (one per forward) | speed-up | frames/s per session | "
-        "real time (16 fps) | peak GiB | state GiB/session | transformer TFLOP/s | VAE decode | TAEHV decode |"
+        "| size | GEMMs | batch | block latency, one step | B steps of 1 (one per forward) | speed-up | "
+        "frames/s per session | real time (16 fps) | peak GiB | state GiB/session | transformer TFLOP/s | "
+        "VAE decode | TAEHV decode |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     footer = ""
-    for size in args.sizes:
+    for size, quant in [(size, quant) for size in args.sizes for quant in args.quants]:
         config = sized(get_config(args.config), size)
         model = ABotWorldModel(
             config=config,
             load="dummy",
             device=args.device,
             dtype=args.dtype,
+            quant=quant,
             max_batch_size=max(args.batches),
             threads=args.threads,
         )
         wan = config.wan
-        label = f"{wan.height}x{wan.width}"
+        label = f"{wan.height}x{wan.width} | {'fp8' if quant == 'fp8' else served}"
         chunk_s = model.spec.frames_per_chunk / model.spec.fps
         flops = wan.block_flops()
         taehv = build_frame_decoder(DecoderChoice("taehv"), model.vae, wan, model.device, model.dtype, 0)
@@ -116,11 +122,13 @@ def main() -> int:
                 f"{rate} | {row['decode_s'] * 1000:.0f} ms | {row['taehv_s'] * 1000:.0f} ms |",
                 flush=True,
             )
-        footer += (
-            f"{label}: real time is a block ({wan.video_frames_per_block} frames) in <= {chunk_s * 1000:.0f} ms; "
-            f"transformer {flops / 1e12:.4g} TFLOP per block per session ({len(wan.denoising_steps)} steps + "
-            f"commit, {wan.tokens_per_frame} tokens per latent frame, {config.local_frames}-frame window)\n"
-        )
+        if quant == args.quants[0]:
+            footer += (
+                f"{wan.height}x{wan.width}: real time is a block ({wan.video_frames_per_block} frames) in "
+                f"<= {chunk_s * 1000:.0f} ms; transformer {flops / 1e12:.4g} TFLOP per block per session "
+                f"({len(wan.denoising_steps)} steps + commit, {wan.tokens_per_frame} tokens per latent frame, "
+                f"{config.local_frames}-frame window)\n"
+            )
         rollouts.release()
         del model, rollouts, taehv
         if args.device.startswith("cuda"):

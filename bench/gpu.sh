@@ -20,7 +20,7 @@
 #                  batched vs one step per session, peak memory, TFLOP/s (bench/matrix_game.py)
 #   6 abot         abot-world (ABot-World-0-5B-LF, Wan2.2-TI2V-5B widths) alone at 704x1280 and 352x640: block
 #                  latency at batch 1/2/4, batched vs one step per session, peak memory, state per session,
-#                  the VAE's decode vs TAEHV's (bench/abot_world.py)
+#                  the VAE's decode vs TAEHV's, each in bfloat16 and with quant=fp8's GEMMs (bench/abot_world.py)
 # Needs: a Python with worldserve[server,wan,tinyworld] and a CUDA torch ($PYTHON, default python).
 set -u
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ else
     ATTENTION="" THREADS="" TINY_OPTIONS="--model-option device=cuda"
     WAN_OPTIONS="--model-option config=1.3b --model-option load=dummy --model-option device=cuda --model-option max_batch_size=8"
     # the parts' budgets add up to 510 s with matrix's and abot's (each part's kill grace, 10 s, only on a part cut short)
-    BUDGET_MODEL=165 BUDGET_ATTENTION=35 BUDGET_SERVER=120 BUDGET_TINY=50
+    BUDGET_MODEL=135 BUDGET_ATTENTION=35 BUDGET_SERVER=120 BUDGET_TINY=50
 fi
 
 part() {  # name, seconds, command...: run it under its budget, print and keep what it printed
@@ -102,11 +102,11 @@ part matrix "$BUDGET_MATRIX" "$PYTHON" bench/matrix_game.py $MATRIX_ARGS
 # -- abot-world (issue 27), self-contained: ABot-World at the released 5B widths (load=dummy, bfloat16) at its
 # 704x1280 and at 352x640; a 5B transformer's KV window is ~7 GiB per session at 704x1280, so batches stop at 4.
 if [ "$DRY" = 1 ]; then
-    ABOT_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1"
+    ABOT_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1 --quants none fp8"
     BUDGET_ABOT=90
 else
-    ABOT_ARGS="--config 5b --device cuda --dtype bfloat16 --batches 1 2 4 --blocks 2 --sizes 704x1280 352x640"
-    BUDGET_ABOT=80
+    ABOT_ARGS="--config 5b --device cuda --dtype bfloat16 --batches 1 2 4 --blocks 2 --sizes 704x1280 352x640 --quants none fp8"
+    BUDGET_ABOT=110
 fi
 # shellcheck disable=SC2086
 part abot "$BUDGET_ABOT" "$PYTHON" bench/abot_world.py $ABOT_ARGS

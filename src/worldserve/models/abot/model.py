@@ -43,6 +43,7 @@ from worldserve.models.base import ModelSpec, SessionOptions
 from worldserve.models.wan.cache import BatchKV, KVCache
 from worldserve.models.wan.decoders import choose_decoder
 from worldserve.models.wan.files import TAEHV22_FILE
+from worldserve.models.wan.fp8 import check_fp8, quantize_blocks
 from worldserve.models.wan.noise import SessionNoise
 from worldserve.models.wan.options import FLOAT32_PARTS, option_bool, option_path
 from worldserve.models.wan.rope import FrameRope, RelativeWindow, slot_times
@@ -129,8 +130,10 @@ class ABotWorldModel:
     ``tiny``), ``text=hashed`` (run a checkpoint without its text encoder), ``decoder`` (``vae``, the
     default, or ``taehv``: ``taew2_2.pth``, ABot-World's own default, cheaper), ``taehv`` (its file;
     ``weights=DIR``'s is found by name; ``random``), ``compile`` (1: ``torch.compile`` the blocks),
-    ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32), ``max_batch_size``, ``seed``
-    (of random weights), ``threads``.
+    ``device``, ``dtype`` (``auto``: bfloat16 on CUDA, else float32), ``quant`` (``fp8``: the blocks'
+    GEMMs in FP8, per token, as the reference's ``use_fp8_gemm`` runs it: :mod:`~worldserve.models.wan.fp8`;
+    CUDA of compute capability 8.9+, or the CPU for checks), ``max_batch_size``, ``seed`` (of random
+    weights), ``threads``.
     """
 
     def __init__(
@@ -149,6 +152,7 @@ class ABotWorldModel:
         compile: int | str | bool | None = None,
         device: str = "cpu",
         dtype: str = "auto",
+        quant: str | None = None,
         max_batch_size: int | str = 4,
         seed: int | str = 0,
         threads: int | str | None = None,
@@ -157,6 +161,11 @@ class ABotWorldModel:
             _MODEL, device=device, dtype=dtype, threads=threads, seed=seed, max_batch_size=max_batch_size
         )
         self.device, self.dtype = serving.device, serving.dtype
+        if quant not in (None, "none", "fp8"):
+            raise ValueError(f"{_MODEL} option quant must be 'fp8' or 'none'; got {quant!r}.")
+        self.fp8 = quant == "fp8"
+        if self.fp8:
+            check_fp8(self.device, _MODEL)  # refused before anything loads
         options = ABotWeightOptions(
             config=config,
             weights=option_path(weights),
@@ -176,6 +185,8 @@ class ABotWorldModel:
         self.config = cfg
         self.weights = loaded
         serving.prepare(loaded.transformer, FLOAT32_PARTS)
+        if self.fp8:
+            quantize_blocks(loaded.transformer)
         serving.prepare(loaded.adapter)
         serving.prepare(loaded.vae)
         self.forward = ABotForward(
@@ -208,7 +219,7 @@ class ABotWorldModel:
             can_rollback=True,
             continuous_tracks=(KEYS_SCHEMA.track,),
             version=loaded.version,
-            precision=serving.precision,
+            precision=f"{serving.precision}, fp8 GEMMs" if self.fp8 else serving.precision,
             notes=serving.notes,
             reference_slots=REFERENCE_NAMES[: cfg.ref_slots],
             reference_size=cfg.ref_resolution,
@@ -231,6 +242,8 @@ class ABotWorldModel:
             "a session's `references`, else empty)",
             f"text: {'UMT5' if self.text.kind == 'umt5' else 'hashed-word stand-in (no text encoder)'}",
         ]
+        if self.fp8:
+            parts.append("the blocks' GEMMs in FP8 (quant=fp8: weights per channel, inputs per token)")
         taehv = self.decoder_choice.describe()
         if taehv is not None:
             parts.append(taehv)
