@@ -20,8 +20,8 @@ from torch import nn
 from worldserve.models.abot.config import ABotConfig
 from worldserve.models.abot.control_adapter import ControlAdapter
 from worldserve.models.wan.checkpoint import TransformerState, load_renamed, transformer_state
+from worldserve.models.wan.checkpoint import original_layout as wan_layout
 from worldserve.models.wan.statedict import WeightsError, check_shapes, read_tensors
-from worldserve.models.wancausal.checkpoint import original_layout as wan_layout
 
 __all__ = ["ADAPTER_PREFIX", "build_adapter", "load_checkpoint", "original_layout", "read_checkpoint"]
 

@@ -42,11 +42,11 @@ from worldserve.models.matrixgame.files import PART_NAMES, PUBLISHED, MatrixPart
 from worldserve.models.matrixgame.weights import LoadedMatrix, MatrixWeightOptions, build_random
 from worldserve.models.wan.checkpoint import (
     TransformerState,
-    block_layout,
     config_beside,
     load_renamed,
     transformer_state,
 )
+from worldserve.models.wan.checkpoint import original_layout as wan_layout
 from worldserve.models.wan.statedict import WeightsError, part_errors, read_tensors, weights_digest
 from worldserve.models.wan.vaeweights import load_vae_weights
 
@@ -89,18 +89,9 @@ _KEYBOARD = re.compile(r"blocks\.(\d+)\.action_model\.keyboard_embed\.0\.weight"
 def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of the reference's ``CausalWanModel`` of ``config`` by its original name."""
     wan, a = config.wan, config.action
-    d, f, c = wan.dim, wan.ffn_dim, wan.latent_channels
-    p_t, p_h, p_w = wan.patch
-    image = config.clip.dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "patch_embedding.weight": (d, config.in_channels, p_t, p_h, p_w),
-        "patch_embedding.bias": (d,),
-        "time_embedding.0.weight": (d, wan.freq_dim),
-        "time_embedding.0.bias": (d,),
-        "time_embedding.2.weight": (d, d),
-        "time_embedding.2.bias": (d,),
-        "time_projection.1.weight": (6 * d, d),
-        "time_projection.1.bias": (6 * d,),
+    d, image = wan.dim, config.clip.dim
+    shapes = wan_layout(wan, in_channels=config.in_channels, text=False)
+    shapes.update({
         "img_emb.proj.0.weight": (image,),
         "img_emb.proj.0.bias": (image,),
         "img_emb.proj.1.weight": (image, image),
@@ -109,15 +100,9 @@ def original_layout(config: MatrixGameConfig) -> dict[str, tuple[int, ...]]:
         "img_emb.proj.3.bias": (d,),
         "img_emb.proj.4.weight": (d,),
         "img_emb.proj.4.bias": (d,),
-        "head.modulation": (1, 2, d),
-        "head.head.weight": (p_t * p_h * p_w * c, d),
-        "head.head.bias": (p_t * p_h * p_w * c,),
-    }
+    })  # fmt: skip
     span = a.window_frames
-    for i in range(wan.num_layers):
-        shapes.update(block_layout(i, d, f))
-        if i not in a.layers:
-            continue
+    for i in a.layers:  # the blocks with an action module
         p = f"blocks.{i}.action_model."
         e, k, head = a.keyboard_embed_dim, a.keyboard_hidden, a.head_dim
         shapes[p + "keyboard_embed.0.weight"] = (e, a.keyboard_dim)

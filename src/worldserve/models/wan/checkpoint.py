@@ -7,7 +7,10 @@ layout -> that state: the original layout through diffusers' own public
 ``convert_wan_transformer_to_diffusers``, :func:`diffusers_name`; the Diffusers layout through the
 family's own renaming, if any), :func:`is_diffusers_layout`, :func:`rename_keys` (the renaming,
 two keys onto one name being an error naming both), :func:`block_layout` (one Wan2.1 block's
-original names and shapes, as ``wan/modules/model.py`` names them) and :func:`load_renamed`
+original names and shapes, as ``wan/modules/model.py`` names them), :func:`original_layout` (the
+whole transformer's: the stem, the head and every block, which each family's loader extends with
+its own keys: wan-causal's text embedding, Matrix-Game's image and action modules, ABot-World's
+text embedding and control adapter) and :func:`load_renamed`
 (strict: a key missing, extra or of the wrong shape is a :class:`~.statedict.WeightsError` naming
 the user's key, the file and both shapes). Which keys a family's transformer has besides the
 blocks, and what its sizes are, is the family's. Must not know: sessions, the sampler, caches.
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from worldserve.models.wan.config import WanCausalConfig
 from worldserve.models.wan.statedict import WeightsError, check_shapes, read_json
 
 __all__ = [
@@ -130,6 +134,40 @@ def block_layout(index: int, dim: int, ffn_dim: int) -> dict[str, tuple[int, ...
     shapes[p + "ffn.0.bias"] = (f,)
     shapes[p + "ffn.2.weight"] = (d, f)
     shapes[p + "ffn.2.bias"] = (d,)
+    return shapes
+
+
+def original_layout(
+    config: WanCausalConfig, *, in_channels: int | None = None, text: bool = True
+) -> dict[str, tuple[int, ...]]:
+    """Every parameter of a Wan transformer of ``config``'s size by its original name: the patch embedding
+    (``in_channels``: the latent channels unless the family concatenates more), the timestep embedding and
+    projection, the text embedding (``text=False``: a family without one, Matrix-Game), the head and the
+    blocks (:func:`block_layout`)."""
+    d, f, c = config.dim, config.ffn_dim, config.latent_channels
+    p_t, p_h, p_w = config.patch
+    shapes: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, c if in_channels is None else in_channels, p_t, p_h, p_w),
+        "patch_embedding.bias": (d,),
+        "time_embedding.0.weight": (d, config.freq_dim),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+        "head.modulation": (1, 2, d),
+        "head.head.weight": (p_t * p_h * p_w * c, d),
+        "head.head.bias": (p_t * p_h * p_w * c,),
+    }
+    if text:
+        shapes.update({
+            "text_embedding.0.weight": (d, config.text_dim),
+            "text_embedding.0.bias": (d,),
+            "text_embedding.2.weight": (d, d),
+            "text_embedding.2.bias": (d,),
+        })  # fmt: skip
+    for i in range(config.num_layers):
+        shapes.update(block_layout(i, d, f))
     return shapes
 
 

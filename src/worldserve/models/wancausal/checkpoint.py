@@ -1,8 +1,6 @@
 """wan-causal's transformer weights as the Wan2.1 families publish them -> the diffusers modules.
 
-Owns: :func:`original_layout` (the original Wan2.1 T2V key names and shapes of a configuration,
-as ``wan/modules/model.py`` names them and Self-Forcing, CausVid, LongLive and Krea save them),
-:func:`read_transformer` (a checkpoint in either layout -> the shared
+Owns: :func:`read_transformer` (a checkpoint in either layout -> the shared
 :class:`~worldserve.models.wan.checkpoint.TransformerState` in diffusers'
 ``SkyReelsV2Transformer3DModel`` names, the action embedding's keys kept as they are),
 :func:`merge_lora` (LongLive's ``lora.pt``, a peft state dict, merged into the weights:
@@ -23,10 +21,10 @@ from torch import Tensor, nn
 
 from worldserve.models.wan.checkpoint import (
     TransformerState,
-    block_layout,
     config_beside,
     diffusers_name,
     load_renamed,
+    original_layout,
     transformer_state,
 )
 from worldserve.models.wan.config import CONFIGS, WanCausalConfig
@@ -38,7 +36,6 @@ __all__ = [
     "infer_config",
     "load_transformer",
     "merge_lora",
-    "original_layout",
     "read_transformer",
 ]
 
@@ -46,32 +43,6 @@ ACTION_PREFIX = "action_embedding."
 #: Wan2.1's attention head width (1.3B: 12 x 128, 14B: 40 x 128); the weights do not record it.
 WAN_HEAD_DIM = 128
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
-
-
-def original_layout(config: WanCausalConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of a Wan2.1 T2V transformer of ``config``'s size, by its original name."""
-    d, f, c = config.dim, config.ffn_dim, config.latent_channels
-    p_t, p_h, p_w = config.patch
-    shapes: dict[str, tuple[int, ...]] = {
-        "patch_embedding.weight": (d, c, p_t, p_h, p_w),
-        "patch_embedding.bias": (d,),
-        "text_embedding.0.weight": (d, config.text_dim),
-        "text_embedding.0.bias": (d,),
-        "text_embedding.2.weight": (d, d),
-        "text_embedding.2.bias": (d,),
-        "time_embedding.0.weight": (d, config.freq_dim),
-        "time_embedding.0.bias": (d,),
-        "time_embedding.2.weight": (d, d),
-        "time_embedding.2.bias": (d,),
-        "time_projection.1.weight": (6 * d, d),
-        "time_projection.1.bias": (6 * d,),
-        "head.modulation": (1, 2, d),
-        "head.head.weight": (p_t * p_h * p_w * c, d),
-        "head.head.bias": (p_t * p_h * p_w * c,),
-    }
-    for i in range(config.num_layers):
-        shapes.update(block_layout(i, d, f))
-    return shapes
 
 
 def read_transformer(path: str | Path, *, ema: bool = True) -> TransformerState:
