@@ -48,8 +48,8 @@ def _library_forward(model: object, x: object, t: object, context: object) -> ob
 
 def test_the_layouts_the_loaders_know_are_the_published_ones() -> None:
     from worldserve.models.wan.build import build_transformer, build_vae
-    from worldserve.models.wan.vaeweights import original_vae_layout
     from worldserve.models.wan.checkpoint import original_layout
+    from worldserve.models.wan.vaeweights import original_vae_layout
 
     for name in ("tiny", "1.3b", "14b"):
         config = CONFIGS[name]
