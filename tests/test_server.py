@@ -217,7 +217,12 @@ async def test_errors_before_start_binary_and_oversized(server: RunningServer) -
         assert (error["code"], error["id"], error["event_id"]) == ("no_session", "early", 1)
         await ws.send(b"\x00\x01")
         assert (await reply(ws, "error"))["code"] == "invalid_message"
+        # Before a session, a start may carry images (up to --max-start-bytes, 4 MiB); nothing else is that large.
+        await ws.send(json.dumps({"type": "input.event", "event_id": 2, "prompt": "x" * 300_000}))
+        assert (await reply(ws, "error"))["code"] == "message_too_large"
         await ws.send(json.dumps({"type": "session.start", "prompt": "x" * 300_000}))
+        assert (await reply(ws, "error"))["code"] == "invalid_message"  # parsed: its prompt is too long
+        await ws.send(json.dumps({"type": "session.start", "prompt": "x" * 5_000_000}))
         assert (await reply(ws, "error"))["code"] == "message_too_large"
         await ws.send(json.dumps({"type": "session.start", "model": "gpt-9"}))
         assert (await reply(ws, "error"))["code"] == "unknown_model"

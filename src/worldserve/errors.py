@@ -160,7 +160,13 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             "fix the message",
         ),
         ErrorCode.UNKNOWN_TYPE: _info(_C, "message", "`type` is not one of the client messages", "see the protocol"),
-        ErrorCode.MESSAGE_TOO_LARGE: _info(_C, "message", "over `--max-message-bytes` (256 KiB)", "send less"),
+        ErrorCode.MESSAGE_TOO_LARGE: _info(
+            _C,
+            "message",
+            "over `--max-message-bytes` (256 KiB); a `session.start`, which may carry images, over "
+            "`--max-start-bytes` (4 MiB)",
+            "send less",
+        ),
         ErrorCode.RATE_LIMITED: _info(
             _C, "event", "more input events than `--event-rate`/`--event-burst` allow", "slow down; resend the event"
         ),
@@ -179,8 +185,10 @@ CODES: Mapping[ErrorCode, CodeInfo] = MappingProxyType(
             _C,
             "start",
             "the start image is not base64 PNG/JPEG/raw RGB of the frame size (its header is checked before "
-            "any decoding), or the model starts from an image (`requires_image`) and none was sent",
-            "send an image of the model's frame size",
+            "any decoding), or the model starts from an image (`requires_image`) and none was sent; or "
+            "`references` names a slot the model lacks, misses one of its slots, cannot be decoded, or the model "
+            "takes none",
+            "send an image of the model's frame size; send every reference slot or none",
         ),
         ErrorCode.RESUME_REFUSED: _info(
             _C,

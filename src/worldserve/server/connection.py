@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -275,21 +276,17 @@ class Connection:
         starting = self._current() is None and self._queued is None
         limit = self._config.max_start_bytes if starting else self._config.max_message_bytes
         size = len(text) if len(text) > limit else len(text.encode())
-        if size > limit:
-            await self._error(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {limit} bytes.", message_id=None)
+        largest = self._config.max_message_bytes
+        too_large = f"message exceeds {limit} bytes." if size > limit else None
+        if too_large is None and size > largest and _message_type(text) != "session.start":
+            too_large = f"message exceeds {largest} bytes (only session.start may be larger, up to {limit})."
+        if too_large is not None:
+            await self._error(ErrorCode.MESSAGE_TOO_LARGE, too_large, message_id=None)
             return
         try:
             parsed = parse_client_message(text)
         except ClientMessageError as error:
             await self._error(error.code, str(error), message_id=error.message_id)
-            return
-        if size > self._config.max_message_bytes and not isinstance(parsed, SessionStart):
-            await self._error(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"message exceeds {self._config.max_message_bytes} bytes (only session.start may be larger, "
-                f"up to {self._config.max_start_bytes}).",
-                message_id=None,
-            )
             return
         handlers: dict[type[BaseModel], Callable[[Any], Awaitable[None]]] = {
             SessionStart: self._on_start,
@@ -669,3 +666,13 @@ class Connection:
         member = self._current()
         if member is not None:
             member.host.ack(member, message.seq)
+
+
+def _message_type(text: str) -> object:
+    """The ``type`` of a JSON object message (None when it is not one): a large message's kind, before its
+    fields are validated."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    return message.get("type") if isinstance(message, dict) else None
