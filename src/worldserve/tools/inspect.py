@@ -79,11 +79,27 @@ def _strip(name: str) -> str:
     return name
 
 
+def _read_part(
+    result: Inspection, part: str, where: Path, name: str, what: str
+) -> tuple[dict[str, tuple[tuple[int, ...], str]], list[str]] | None:
+    """Record ``part`` found at ``where`` in ``result``; its shapes and training wrappers (None: a tokenizer
+    folder, which has none). A file that cannot be read raises as the model's loader would, naming it."""
+    from worldserve.models.wan.statedict import part_errors, read_shapes
+
+    info = result.parts[part] = PartInfo(part=part, path=where)
+    if part == "tokenizer":
+        info.layout = "tokenizer folder"
+        return None
+    with part_errors(name, where, what):
+        shapes, found = read_shapes(where)
+    info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
+    return shapes, found
+
+
 def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int, ...] = (3, 6, 9, 15)) -> Inspection:
     """Inspect one weight file or folder (see the module docstring)."""
     from worldserve.models.wan.checkpoint import is_diffusers_layout
     from worldserve.models.wan.config import CONFIGS
-    from worldserve.models.wan.statedict import part_errors, read_shapes
     from worldserve.models.wan.vaeweights import vae_layout_of
     from worldserve.models.wancausal.checkpoint import WAN_HEAD_DIM
     from worldserve.models.wancausal.families import FAMILIES, family_config, guess_family
@@ -113,14 +129,11 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
         where = getattr(parts, part)
         if where is None:
             continue
-        info = PartInfo(part=part, path=where)
-        result.parts[part] = info
-        if part == "tokenizer":
-            info.layout = "tokenizer folder"
+        read = _read_part(result, part, where, PART_NAMES[part], expected(part))
+        if read is None:
             continue
-        with part_errors(PART_NAMES[part], where, expected(part)):
-            shapes, found = read_shapes(where)
-        info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
+        shapes, found = read
+        info = result.parts[part]
         if part == "transformer":
             wrappers = found
             transformer_shapes = {_strip(k): v for k, v in shapes.items()}
@@ -237,7 +250,6 @@ def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> In
     from worldserve.models.abot.config import CONFIGS
     from worldserve.models.abot.weights import PUBLISHED, ABotParts, find_parts
     from worldserve.models.wan.files import TAEHV22_FILE, expected_from, find_taehv
-    from worldserve.models.wan.statedict import part_errors, read_shapes
     from worldserve.models.wan.vae import decoder_cache_bytes
 
     result = Inspection(path=path, gpu_gib=gpu_gib, model="abot-world")
@@ -257,16 +269,11 @@ def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> In
         where = getattr(parts, part)
         if where is None:
             continue
-        info = PartInfo(part=part, path=where)
-        result.parts[part] = info
-        if part == "tokenizer":
-            info.layout = "tokenizer folder"
+        read = _read_part(result, part, where, names[part], expected_from(PUBLISHED, part, names[part]))
+        if read is None:
             continue
-        with part_errors(names[part], where, expected_from(PUBLISHED, part, names[part])):
-            shapes, _ = read_shapes(where)
-        shapes_of[part] = shapes
-        info.tensors, info.parameters, info.dtype = len(shapes), _params(shapes), _dtype(shapes)
-        info.layout = {
+        shapes_of[part] = read[0]
+        result.parts[part].layout = {
             "transformer": "original Wan names with act_control_adapter",
             "vae": "Wan2.2's VAE (Wan2.2_VAE.pth)",
             "text_encoder": "Wan's T5 (models_t5_umt5-xxl-enc-bf16.pth)",
