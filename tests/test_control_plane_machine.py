@@ -106,6 +106,7 @@ class Model:
     floor: int = -1
     settled: int = -1  # the floor as commits, resets and closes move it (superseding moves only ``floor``)
     inflight: TickRequest | None = None
+    through: int | None = None  # the next tick takes the pending events up to this id (None: all)
     outcome: str | None = None
     next_index: int = 0
     epoch: int = 0
@@ -300,7 +301,9 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         assert model.inflight is None, "two ticks of one session at once"
         assert tick.chunk_index == model.next_index, (tick.chunk_index, model.next_index)
         ids = tick.applied_event_ids
-        assert ids == tuple(sorted(model.pending)), "a tick must take every pending event, in id order"
+        through = model.through
+        taken = tuple(sorted(i for i in model.pending if through is None or i <= through))
+        assert ids == taken, "a tick must take every pending event (up to `through`), in id order"
         if ids:
             # Superseding moves the floor past the ids it drops, while lower ids may stay pending.
             assert ids[0] > model.settled, f"tick holds {ids[0]} at or below the floor {model.settled}"
@@ -553,7 +556,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         model = self._pick(data, self._idle())
         self.consumer.plan[model.sid] = outcome
         self.lifecycle.fail_close[model.sid] = cleanup_fails
-        self._tick(model)
+        self._tick(model, self._through(data, model))
         assert model.tick_task is None
 
     @precondition(lambda self: self._idle())
@@ -562,11 +565,18 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         """One tick, held in flight at its gate until finish_tick or cancel_tick."""
         model = self._pick(data, self._idle())
         self.consumer.plan[model.sid] = "gate"
-        self._tick(model)
+        self._tick(model, self._through(data, model))
 
-    def _tick(self, model: Model) -> None:
+    def _through(self, data: st.DataObject, model: Model) -> int | None:
+        """Most ticks take every pending event; some only those up to an id (a preemption's chunk made again)."""
+        return data.draw(st.one_of(st.none(), st.sampled_from([-1, *sorted(model.pending)])), label="through")
+
+    def _tick(self, model: Model, through: int | None = None) -> None:
+        model.through = through
         model.tick_task = self.spawn(
-            model, model.session.next_chunk(), lambda result, error: self.tick_done(model, result, error)
+            model,
+            model.session.next_chunk(through=through),
+            lambda result, error: self.tick_done(model, result, error),
         )
         self.pump()
         self.consumer.plan.pop(model.sid, None)  # unused if the session refused to tick

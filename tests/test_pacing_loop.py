@@ -36,6 +36,8 @@ class _Backend:
     def __init__(self) -> None:
         self.ticks: list[TickRequest] = []
         self.retracted: list[TickRequest] = []
+        self.retract_gate: asyncio.Event | None = None  # set: a retract waits for it
+        self.retracting = asyncio.Event()
 
     async def execute_tick(self, tick: TickRequest) -> Chunk:
         self.ticks.append(tick)
@@ -46,6 +48,9 @@ class _Backend:
         return output.metadata
 
     async def retract_tick(self, tick: TickRequest) -> None:
+        self.retracting.set()
+        if self.retract_gate is not None:
+            await self.retract_gate.wait()
         self.retracted.append(tick)
 
     async def reset_session(self, session_id: str) -> None:
@@ -193,3 +198,80 @@ async def test_no_undo_when_the_world_cannot_replace_a_chunk_or_preemption_is_of
             assert world.sent[2] == (2, 2, None, (1,))  # the input in the next chunk, as without preemption
         finally:
             await loop.stop(grace=0)
+
+
+def _camera(dx: float) -> ControlInput:
+    return ControlInput("camera", "worldserve.camera.v1", {"dx": dx, "dy": 0.0})
+
+
+async def _chunk_with_keys(loop: PacingLoop, world: _World, clock: _Clock) -> None:
+    """Chunks 0 and 1 sent, then chunk 2 made at its instant with keys W (event 1): the chunk sent last."""
+    await _until(lambda: len(world.sent) == 2)
+    await loop.session.accept_event(SessionEvent(1, controls=(_keys("W"),)))
+    clock.now += PERIOD
+    loop.wake()
+    await _until(lambda: len(world.sent) == 3)
+    assert world.sent[2] == (2, 2, None, (1,))
+
+
+async def test_a_chunk_with_a_key_is_made_again_for_a_camera_move_which_hides_nothing() -> None:
+    backend, world, clock = _Backend(), _World(), _Clock()
+    loop = _loop(backend, world, clock)
+    loop.start()
+    try:
+        await _chunk_with_keys(loop, world, clock)
+        await loop.session.accept_event(SessionEvent(2, controls=(_camera(1.5),)))
+        await loop.consider_preempt()
+        await _until(lambda: len(world.sent) == 4)
+        assert world.undone == [2]
+        assert world.sent[3] == (3, 2, 2, (1, 2))  # chunk 2 again: the key and the camera, superseding seq 2
+        remade = backend.ticks[-1]
+        assert {c.track: dict(c.data) for c in remade.controls} == {
+            "keys": {"held": ("W",)},
+            "camera": {"dx": 1.5, "dy": 0.0},
+        }
+    finally:
+        await loop.stop(grace=0)
+
+
+async def test_a_chunk_with_a_key_is_not_made_again_for_another_key_which_would_hide_it() -> None:
+    for hiding in (SessionEvent(2, controls=(_keys(),)), SessionEvent(2, prompt="x", controls=(_keys("A"),))):
+        backend, world, clock = _Backend(), _World(), _Clock()
+        loop = _loop(backend, world, clock)
+        loop.start()
+        try:
+            await _chunk_with_keys(loop, world, clock)
+            await loop.session.accept_event(hiding)
+            await loop.consider_preempt()
+            await asyncio.sleep(0.02)
+            assert world.undone == []  # the release keeps out of the chunk that holds the press
+            clock.now += PERIOD
+            loop.wake()
+            await _until(lambda: len(world.sent) == 4)  # noqa: B023 - awaited within the iteration
+            assert world.sent[3] == (3, 3, None, (2,))
+        finally:
+            await loop.stop(grace=0)
+
+
+async def test_a_key_that_comes_while_a_chunk_is_undone_waits_for_the_next_chunk() -> None:
+    """The chunk made again takes the events its decision saw: a release that comes while the chunk
+    with the press is being undone cannot join it (it would hide the press)."""
+    backend, world, clock = _Backend(), _World(), _Clock()
+    backend.retract_gate = asyncio.Event()
+    loop = _loop(backend, world, clock)
+    loop.start()
+    try:
+        await _chunk_with_keys(loop, world, clock)
+        await loop.session.accept_event(SessionEvent(2, controls=(_camera(-1.0),)))
+        await loop.consider_preempt()
+        await asyncio.wait_for(backend.retracting.wait(), 5)
+        await loop.session.accept_event(SessionEvent(3, controls=(_keys(),)))  # released meanwhile
+        backend.retract_gate.set()
+        await _until(lambda: len(world.sent) == 4)
+        assert world.sent[3] == (3, 2, 2, (1, 2))  # the press and the camera; not the release
+        clock.now += PERIOD
+        loop.wake()
+        await _until(lambda: len(world.sent) == 5)
+        assert world.sent[4] == (4, 3, None, (3,))  # the release, in the next chunk
+    finally:
+        await loop.stop(grace=0)

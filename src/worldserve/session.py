@@ -60,6 +60,7 @@ __all__ = [
     "EventAcceptance",
     "EventAcceptanceStatus",
     "EventQueueFullError",
+    "EventReach",
     "InvalidEventError",
     "NothingToCancelError",
     "PreparedControls",
@@ -124,6 +125,24 @@ class DroppedEvents:
     detail: str = ""
     #: With ``SUPERSEDED``: the id of the event that superseded them.
     superseded_by: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventReach:
+    """What some events change: the control tracks they set, and whether one of them sets the prompt.
+
+    Two sets of events *overlap* when both set one track, or both set the prompt: applied in one
+    chunk, the later would hide the earlier (the last value per track wins).
+    """
+
+    tracks: frozenset[str] = frozenset()
+    prompt: bool = False
+
+    def __bool__(self) -> bool:
+        return self.prompt or bool(self.tracks)
+
+    def overlaps(self, other: EventReach) -> bool:
+        return (self.prompt and other.prompt) or not self.tracks.isdisjoint(other.tracks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +401,17 @@ class Session(Generic[TickOutputT]):
         """Ids of the accepted events not yet committed, in order (the tick in flight's included)."""
         return tuple(sorted(self._pending))
 
+    def pending_reach(self, *, above: int = -1, through: int | None = None) -> EventReach:
+        """What the pending events with ids above ``above`` and at most ``through`` (None: any) change."""
+        events = [
+            event for event_id, (event, _) in self._pending.items()
+            if event_id > above and (through is None or event_id <= through)
+        ]  # fmt: skip
+        return EventReach(
+            frozenset(control.track for event in events for control in event.controls),
+            any(event.prompt is not None for event in events),
+        )
+
     @property
     def max_pending_events(self) -> int:
         return self._max_pending_events
@@ -567,8 +597,10 @@ class Session(Generic[TickOutputT]):
 
     # -- chunks ------------------------------------------------------------------------
 
-    def _build_tick(self) -> tuple[TickRequest, dict[str, ControlInput], PreparedControls | None]:
-        event_ids = tuple(sorted(self._pending))
+    def _build_tick(
+        self, through: int | None = None
+    ) -> tuple[TickRequest, dict[str, ControlInput], PreparedControls | None]:
+        event_ids = tuple(sorted(e for e in self._pending if through is None or e <= through))
         events = [self._pending[event_id][0] for event_id in event_ids]
         prompt = self._prompt
         for event in events:
@@ -668,8 +700,11 @@ class Session(Generic[TickOutputT]):
         if cancelled:
             raise asyncio.CancelledError
 
-    async def next_chunk(self) -> TickOutputT:
+    async def next_chunk(self, *, through: int | None = None) -> TickOutputT:
         """Snapshot the pending events, run one tick, and commit it atomically.
+
+        ``through``: take only the pending events with ids up to it (None: every one); the others
+        stay pending for a later chunk (a caller that decided what this chunk may hold beforehand).
 
         Raises :class:`ChunkCancelledError` (the session stays active, nothing committed,
         the tick's events still pending) when :meth:`cancel_chunk` cancelled this tick.
@@ -677,7 +712,7 @@ class Session(Generic[TickOutputT]):
         async with self._tick_lock:
             self._require(SessionStatus.ACTIVE)
             self._undo = None  # the backend's undo record is about to be replaced by this step's
-            tick, controls, prepared = self._build_tick()
+            tick, controls, prepared = self._build_tick(through)
             self._inflight_tick = tick
             try:
                 output = await self._tick_consumer.execute_tick(tick)

@@ -24,9 +24,10 @@ tick of a chunk that does not have it, while that chunk has not begun to play, m
 again with the input (undone if it was made and sent, cancelled while it is being made),
 when the new one can still be ready ``margin_s`` before its playout instant and its worker
 grants the extra step (its headroom; the engine's ``preempt_cost``). At most once per chunk:
-fast input cannot keep one chunk from being made. Only a chunk that applies no input is made
-again: an input keeps the chunk it came in, so a key tapped and released shows, never merged
-into one chunk with its release. With ``chunks=1`` a key then waits about
+fast input cannot keep one chunk from being made. A chunk is made again only when the new input
+hides none of its own (:class:`~worldserve.session.EventReach`: no track set by both, not a
+prompt each): a key tapped and released shows, never merged into one chunk with its release,
+while a camera move may join the chunk that holds a key. With ``chunks=1`` a key then waits about
 C/2 + G instead of 1.5 C + G, while the chunk it lands in has not begun to play.
 
 Pure: the caller passes the time. Must not know: asyncio, sockets, sessions, the runtime.

@@ -7,7 +7,11 @@ back; a failed session waits for a reset or close), how a chunk made is counted 
 preemption (:class:`~.pacing.Preempt`): an accepted event that finds the tick in flight without
 it cancels that tick, or one that finds the chunk made last without it (sent, not yet playing)
 has it undone and made again at once; the replacement names the chunk it supersedes. At most
-once per chunk, never a chunk that applies inputs, never the epoch's first.
+once per chunk, never the epoch's first, and never a chunk whose inputs the new ones would hide
+(:class:`~worldserve.session.EventReach`: the same track, or a prompt each): a key tapped and
+released shows, but a camera move may join the chunk that holds a key. The chunk made again takes
+exactly the events the decision saw (``next_chunk(through=...)``): one that comes meanwhile waits
+for the next chunk, so it cannot hide them either.
 
 The world around it (:class:`World`: in the server, :class:`~.host.WorldHost`) owns who watches:
 its members' lag (``held_back``), when a member's acks say a chunk begins to play (``plays_at``),
@@ -37,7 +41,7 @@ from worldserve.errors import (
 from worldserve.runtime.chunk import Chunk
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.pacing import Lead, Pacer, Preempt
-from worldserve.session import Session, SessionError, SessionStateError, SessionStatus
+from worldserve.session import EventReach, Session, SessionError, SessionStateError, SessionStatus
 
 __all__ = ["PacingLoop", "TickClock", "World"]
 
@@ -94,7 +98,7 @@ class _Sent:
     seq: int
     epoch: int
     chunk_index: int
-    applies_inputs: bool  # it applied events: never made again (they keep their chunk)
+    reach: EventReach  # what its events change: newer ones that change the same keep out of it
     step_s: float  # its share of its batch's model time: the step-seconds an undo wastes
 
 
@@ -132,13 +136,14 @@ class PacingLoop:
         self._wake = asyncio.Event()
         self._tick_due: float | None = None  # when the chunk being made plays (None: not known)
         self._tick_started = 0.0
-        self._tick_applies = False  # the tick in flight applies inputs (it takes every one pending)
+        self._tick_reach = EventReach()  # what the events of the tick in flight change
         self._last: _Sent | None = None  # the chunk sent last, while a preemption may undo it
         self._seq = -1  # the seq of the chunk sent last (an undone one too: its replacement gets the next)
         self._preempted: tuple[int, int] | None = None  # (epoch, chunk index) preempted last: once a chunk
         self._undo_wanted: int | None = None  # the seq of the chunk to undo between ticks (an event came for it)
         self._superseded: int | None = None  # the seq the next chunk sent replaces
-        self._redo = False  # the next tick makes a preempted chunk again: at once
+        self._redo = False  # the next tick makes a preempted chunk again: at once ...
+        self._redo_through: int | None = None  # ... with the events up to this id (what its decision saw)
 
     # -- the task --------------------------------------------------------------------
 
@@ -195,8 +200,10 @@ class PacingLoop:
             if session.epoch != pacer.epoch:
                 pacer.restart(session.epoch)
             plan = pacer.plan(self._clock())  # playback pacing (pacing.py): when to tick, when it plays
+            through: int | None = None
             if self._redo:  # a preemption's chunk goes at once, off the clock's instants: it has a deadline
                 self._redo, target = False, self._clock()
+                through, self._redo_through = self._redo_through, None
             else:
                 target = self._tick_target(plan.want, eager=plan.eager, due=plan.due)
             if target > self._clock():
@@ -212,9 +219,11 @@ class PacingLoop:
                     log.exception("session %s: the route's before-tick step failed", session.session_id)
             started = self._tick_started = self._clock()
             self._tick_due, self._undo_wanted = plan.due, None  # this tick takes every event accepted so far
-            self._tick_applies = session.pending_event_count > 0
+            if through is None:  # every event accepted so far, and no later one (the lock may be waited for)
+                through = session.pending_event_ids[-1] if session.pending_event_count else -1
+            self._tick_reach = session.pending_reach(through=through)
             try:
-                chunk = await session.next_chunk()
+                chunk = await session.next_chunk(through=through)
             except SessionStateError:
                 continue  # a reset or close got in first
             except ChunkCancelledError:
@@ -233,7 +242,7 @@ class PacingLoop:
                 seq,
                 epoch,
                 metadata.chunk_index,
-                applies_inputs=bool(metadata.applied_event_ids),
+                reach=self._tick_reach,
                 step_s=chunk.compute_s / max(1, chunk.batch_size),
             )
 
@@ -248,17 +257,18 @@ class PacingLoop:
         epoch, now = session.epoch, self._clock()
         in_flight = session.chunk_in_flight
         if in_flight is not None:
-            if in_flight == 0 or self._tick_applies or self._preempted == (epoch, in_flight):
-                return  # a chunk that applies inputs keeps them to itself (see _undoable)
+            if in_flight == 0 or self._preempted == (epoch, in_flight) or self._hides(self._tick_reach):
+                return
             due = self._world.plays_at(self._seq + 1, self._tick_due)
             if not self.preempt.worth(now, due, self._preempt_cost()):
                 return
+            through = session.pending_event_ids[-1]  # the events this decision saw (cancel awaits)
             try:
                 await session.cancel_chunk()
             except SessionError:
                 return  # done already, or it cannot be cancelled: the event goes into the next chunk
             self._preempted = (epoch, in_flight)
-            self._redo = True
+            self._redo, self._redo_through = True, through
             self._metrics.preempted_chunks.labels(how="cancelled").inc()
             self._metrics.preempt_wasted.inc(max(0.0, now - self._tick_started))
             return
@@ -276,12 +286,16 @@ class PacingLoop:
         session = self.session
         if last.epoch != session.epoch or last.chunk_index == 0 or session.chunk_retractable != last.chunk_index:
             return False
-        if last.applies_inputs:
-            # Made again, its inputs would share a chunk with the new one, whose controls win
-            # (a key tapped and released within a chunk would never show).
+        if self._hides(last.reach):
             return False
         due = self._world.plays_at(last.seq, self.pacer.due_of(last.chunk_index))
         return self.preempt.worth(now, due, self._preempt_cost())
+
+    def _hides(self, reach: EventReach) -> bool:
+        """Whether the events accepted since a chunk's tick would hide what that chunk's own events change, were
+        they made one chunk (their controls win on a track both set: a key tapped and released would never show)."""
+        session = self.session
+        return reach.overlaps(session.pending_reach(above=session.event_floor))
 
     def _preempt_cost(self) -> float | None:
         try:
@@ -297,6 +311,8 @@ class PacingLoop:
         last = self._last
         if last is None or last.seq != wanted or not self._undoable(last, self._clock()):
             return  # another chunk since, or too late by now (the loop was busy)
+        pending = self.session.pending_event_ids
+        through = pending[-1] if pending else None  # the events this decision saw (the retract awaits)
         try:
             await self.session.retract_chunk()
         except (NothingToCancelError, CancelUnsupportedError, SessionStateError):
@@ -309,6 +325,6 @@ class PacingLoop:
         self.pacer.unmade()
         self._world.undo(last.seq)
         self._superseded = last.seq
-        self._redo = True
+        self._redo, self._redo_through = True, through
         self._metrics.preempted_chunks.labels(how="undone").inc()
         self._metrics.preempt_wasted.inc(last.step_s)
