@@ -1,0 +1,458 @@
+// WorldClient: worldserve's session protocol (WS /v1/world, docs/protocol.md) for a web page or Node.
+//
+// Owns: the connection, requests and their replies (matched by `id`), the chunk stream (a `chunk`
+// header, then one binary message per frame, or one fMP4 fragment for H.264), acks, and the notices
+// a session hears (input.dropped, chunk.skipped, session.queued). Frames are handed over as the bytes
+// that came (raw RGB, JPEG, or an H.264 fragment); `decodeJpeg` turns a JPEG into an ImageBitmap where
+// the platform has one (a browser). Must not know: pages, canvases, players.
+
+import type { ClientMessages, ServerMessages } from "./messages.js";
+
+export type ServerMessage = ServerMessages.ServerMessage;
+export type ClientMessage = ClientMessages.ClientMessage;
+export type SessionStarted = ServerMessages.SessionStarted;
+export type SessionJoined = ServerMessages.SessionJoined;
+export type SessionResumed = ServerMessages.SessionResumed;
+export type SessionQueued = ServerMessages.SessionQueued;
+export type InputAccepted = ServerMessages.InputAccepted;
+export type InputDropped = ServerMessages.InputDropped;
+export type ChunkSkipped = ServerMessages.ChunkSkipped;
+export type ChunkHeader = ServerMessages.ChunkMessage;
+export type Media = "raw" | "jpeg" | "h264";
+
+/** One control of an input event: a track, its schema and its data (docs/protocol.md, "Controls"). */
+export interface ControlInput {
+  track: string;
+  schema: string;
+  data: Record<string, unknown>;
+}
+
+/** The movement keys held now (held-key state: it lasts until the next keys event). */
+export function keys(...held: string[]): ControlInput {
+  return { track: "keys", schema: "worldserve.keys.v1", data: { held } };
+}
+
+/** A camera pan velocity, px per frame (it lasts until the next camera event). */
+export function camera(dx: number, dy: number): ControlInput {
+  return { track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } };
+}
+
+/** An `error` message from the server: `code` is stable (docs/protocol.md, "Errors"). */
+export class WorldError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly eventId?: number | null,
+    readonly retryAfterMs?: number | null,
+  ) {
+    super(`${code}: ${message}`);
+    this.name = "WorldError";
+  }
+}
+
+/** The connection or the protocol broke (not a server-reported error). */
+export class WorldClientError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "WorldClientError";
+  }
+}
+
+/** One chunk as it came: its header and its frames' bytes (one per frame; H.264: one fragment). */
+export interface Chunk {
+  seq: number;
+  epoch: number;
+  chunkIndex: number;
+  appliedEventIds: number[];
+  media: Media;
+  width: number;
+  height: number;
+  /** The chunk this one replaces (a preemption): drop what is left of it and play this instead. */
+  supersedes: number | null;
+  payloads: Uint8Array[];
+  header: ChunkHeader;
+}
+
+/** What the client knows of its session: the server's reply to start, join or resume. */
+export interface SessionInfo {
+  sessionId: string;
+  role: "host" | "viewer" | "controller";
+  media: Media;
+  model: Record<string, unknown>;
+  resumeToken: string | null;
+  viewerToken: string | null;
+  controllerToken: string | null;
+  leadChunks: number;
+}
+
+export interface StartOptions {
+  prompt?: string;
+  seed?: number;
+  media?: Media;
+  quality?: number;
+  /** Base64 PNG, JPEG or raw RGB of the model's frame size. */
+  image?: string;
+  /** A model's reference images by slot name (its spec's `reference_slots`), base64: all or none. */
+  references?: Record<string, string>;
+  shareViewers?: boolean;
+  shareControllers?: boolean;
+  /** When the server is full, wait in line (each `session.queued` goes to `onQueued`). */
+  queue?: boolean;
+  onQueued?: (queued: SessionQueued) => void;
+}
+
+export interface EventOptions {
+  prompt?: string;
+  controls?: ControlInput[];
+  /** The event's id (default: the next of this client's). */
+  eventId?: number;
+}
+
+/** The WebSocket the client speaks through: the browser's, or `ws`'s in Node. */
+export interface SocketLike {
+  binaryType: string;
+  readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((event: unknown) => void) | null;
+  onclose: ((event: unknown) => void) | null;
+  onerror: ((event: unknown) => void) | null;
+  onmessage: ((event: { data: unknown }) => void) | null;
+}
+
+export type SocketFactory = (url: string, protocols?: string[]) => SocketLike;
+
+export interface ClientOptions {
+  /** A server started with --token: sent as the `bearer.<token>` subprotocol, as the page does. */
+  token?: string;
+  /** How to open a socket (default: the global WebSocket). In Node 20: `(url, p) => new WebSocket(url, p)` of `ws`. */
+  socket?: SocketFactory;
+  /** Acknowledge each chunk as it is handed over (a player acks as its first frame shows instead). */
+  autoAck?: boolean;
+  replyTimeoutMs?: number;
+}
+
+type Waiter<T> = { resolve: (value: T) => void; reject: (error: Error) => void };
+
+const OPEN = 1;
+/** The subprotocol the server answers with (a browser refuses a socket whose offered protocols get none back). */
+export const PROTOCOL = "worldserve.v1";
+
+export class WorldClient {
+  session: SessionInfo | null = null;
+  /** The last chunk seq received (for resume). */
+  lastSeq = -1;
+  readonly dropped: InputDropped[] = [];
+  readonly skipped: ChunkSkipped[] = [];
+  readonly queued: SessionQueued[] = [];
+  private socket: SocketLike | null = null;
+  private nextId = 1;
+  private nextEventId = 1;
+  private epoch = 0;
+  private readonly replies = new Map<string, Waiter<ServerMessage>>();
+  private readonly ready: (Chunk | Error)[] = [];
+  private readonly takers: Waiter<Chunk>[] = [];
+  private partial: { header: ChunkHeader; payloads: Uint8Array[] } | null = null;
+  private onQueued: ((queued: SessionQueued) => void) | null = null;
+  private closed: Error | null = null;
+
+  constructor(
+    readonly url: string,
+    private readonly options: ClientOptions = {},
+  ) {}
+
+  /** Open the socket, offering the `worldserve.v1` subprotocol (a token travels as `bearer.<token>` beside it). */
+  async connect(): Promise<void> {
+    const protocols = [PROTOCOL, ...(this.options.token ? [`bearer.${this.options.token}`] : [])];
+    const open = this.options.socket ?? ((url: string, p?: string[]) => new WebSocket(url, p) as unknown as SocketLike);
+    const socket = open(this.url, protocols);
+    socket.binaryType = "arraybuffer";
+    this.closed = null;
+    this.ready.length = 0;
+    await new Promise<void>((resolve, reject) => {
+      socket.onopen = () => resolve();
+      socket.onerror = () => reject(new WorldClientError(`could not connect to ${this.url}`));
+      socket.onclose = () => reject(new WorldClientError(`${this.url} closed before it opened`));
+    });
+    socket.onmessage = (event) => this.receive(event.data);
+    socket.onclose = () => this.lost(new WorldClientError("connection closed."));
+    socket.onerror = () => this.lost(new WorldClientError("connection failed."));
+    this.socket = socket;
+  }
+
+  /** Start this connection's session. */
+  async start(options: StartOptions = {}): Promise<SessionInfo> {
+    const message: Record<string, unknown> = {
+      type: "session.start",
+      seed: options.seed ?? 0,
+      options: { media: options.media ?? "raw", ...(options.quality !== undefined ? { quality: options.quality } : {}) },
+    };
+    if (options.prompt !== undefined) message.prompt = options.prompt;
+    if (options.image !== undefined) message.image = options.image;
+    if (options.references !== undefined) message.references = options.references;
+    if (options.shareViewers || options.shareControllers) {
+      message.share = { viewers: Boolean(options.shareViewers), controllers: Boolean(options.shareControllers) };
+    }
+    if (options.queue) message.queue = true;
+    this.onQueued = options.onQueued ?? null;
+    try {
+      const reply = (await this.request(message, !options.queue)) as SessionStarted;
+      this.session = {
+        sessionId: reply.session_id,
+        role: "host",
+        media: reply.media,
+        model: reply.model,
+        resumeToken: reply.resume_token ?? null,
+        viewerToken: reply.share?.viewer ?? null,
+        controllerToken: reply.share?.controller ?? null,
+        leadChunks: reply.lead_chunks,
+      };
+      return this.session;
+    } finally {
+      this.onQueued = null;
+    }
+  }
+
+  /** Open a shared world with a token from its host (`role`: viewer or controller). */
+  async join(sessionId: string, token: string, role: "viewer" | "controller" = "viewer", media?: Media): Promise<SessionInfo> {
+    const reply = (await this.request({
+      type: "session.join",
+      session_id: sessionId,
+      token,
+      role,
+      ...(media ? { media } : {}),
+    })) as SessionJoined;
+    this.lastSeq = reply.seq;
+    this.session = {
+      sessionId: reply.session_id,
+      role: reply.role,
+      media: reply.media,
+      model: reply.model,
+      resumeToken: reply.resume_token ?? null,
+      viewerToken: null,
+      controllerToken: null,
+      leadChunks: reply.lead_chunks,
+    };
+    return this.session;
+  }
+
+  /** Reconnect and take the session back after a lost connection (or `drop()`): chunks after `lastSeq` follow. */
+  async resume(session: SessionInfo | null = this.session, lastSeq: number = this.lastSeq): Promise<SessionResumed> {
+    if (!session || !session.resumeToken) throw new WorldClientError("no resumable session (start or join one first).");
+    this.drop();
+    await this.connect();
+    const reply = (await this.request({
+      type: "session.resume",
+      session_id: session.sessionId,
+      token: session.resumeToken,
+      last_seq: lastSeq,
+    })) as SessionResumed;
+    this.session = { ...session, role: reply.role, media: reply.media };
+    this.lastSeq = lastSeq;
+    return reply;
+  }
+
+  /** Send one event; resolves once the server accepted it (it is applied at a later chunk boundary). */
+  async sendEvent(options: EventOptions): Promise<InputAccepted> {
+    const eventId = options.eventId ?? this.nextEventId;
+    this.nextEventId = Math.max(this.nextEventId, eventId + 1);
+    const message: Record<string, unknown> = { type: "input.event", event_id: eventId, controls: options.controls ?? [] };
+    if (options.prompt !== undefined) message.prompt = options.prompt;
+    return (await this.request(message)) as InputAccepted;
+  }
+
+  /** Reset the world; resolves with the new epoch (chunks of the old one are passed over). */
+  async reset(): Promise<number> {
+    const reply = (await this.request({ type: "session.reset" })) as ServerMessages.SessionResetDone;
+    this.epoch = reply.epoch;
+    return reply.epoch;
+  }
+
+  /** Cancel the chunk being made; resolves with its index (the next chunk sent has it). */
+  async cancelChunk(): Promise<number> {
+    const reply = (await this.request({ type: "chunk.cancel" })) as ServerMessages.ChunkCancelled;
+    return reply.chunk_index;
+  }
+
+  /** Tell the server chunk `seq` is playing (its first frame shown). */
+  ack(seq: number): void {
+    if (this.socket && this.socket.readyState === OPEN) this.socket.send(JSON.stringify({ type: "chunk.ack", seq }));
+  }
+
+  /** The next chunk of the current epoch (acked when `autoAck` is on, the default). */
+  async nextChunk(timeoutMs?: number): Promise<Chunk> {
+    for (;;) {
+      const chunk = await this.take(timeoutMs);
+      if (this.options.autoAck ?? true) this.ack(chunk.seq);
+      if (chunk.epoch >= this.epoch) return chunk;
+    }
+  }
+
+  /** Chunks as they come, until the connection closes. */
+  async *chunks(): AsyncIterableIterator<Chunk> {
+    for (;;) {
+      try {
+        yield await this.nextChunk();
+      } catch (error) {
+        if (error instanceof WorldClientError) return;
+        throw error;
+      }
+    }
+  }
+
+  /** Close the session (the world ends for everyone in it), then the socket. */
+  async close(): Promise<void> {
+    if (this.socket && this.session) {
+      try {
+        await this.request({ type: "session.close" });
+      } catch {
+        // already gone: nothing to close
+      }
+    }
+    this.session = null;
+    this.drop();
+  }
+
+  /** Lose the connection without closing the session: it waits out the server's resume grace. */
+  drop(): void {
+    const socket = this.socket;
+    this.socket = null;
+    if (socket) {
+      socket.onclose = socket.onerror = socket.onmessage = null;
+      socket.close();
+    }
+    this.lost(new WorldClientError("connection dropped."));
+  }
+
+  // -- the wire ---------------------------------------------------------------------------
+
+  private request(message: Record<string, unknown>, timed = true): Promise<ServerMessage> {
+    const socket = this.socket;
+    if (!socket || socket.readyState !== OPEN) return Promise.reject(new WorldClientError("not connected."));
+    const id = `t${this.nextId++}`;
+    return new Promise<ServerMessage>((resolve, reject) => {
+      const timeout = timed ? this.options.replyTimeoutMs ?? 30_000 : 0;
+      const timer = timeout ? setTimeout(() => {
+        this.replies.delete(id);
+        reject(new WorldClientError(`no reply to ${String(message.type)} in ${timeout} ms.`));
+      }, timeout) : null;
+      this.replies.set(id, {
+        resolve: (reply) => {
+          if (timer) clearTimeout(timer);
+          if (reply.type === "error") {
+            reject(new WorldError(reply.code, reply.message, reply.event_id, reply.retry_after_ms));
+          } else if (reply.type === "session.failed") {
+            reject(new WorldError(reply.code, reply.message));
+          } else {
+            resolve(reply);
+          }
+        },
+        reject: (error) => {
+          if (timer) clearTimeout(timer);
+          reject(error);
+        },
+      });
+      socket.send(JSON.stringify({ ...message, id }));
+    });
+  }
+
+  private receive(data: unknown): void {
+    if (typeof data !== "string") {
+      const partial = this.partial;
+      if (!partial) return this.lost(new WorldClientError("binary message without a chunk header."));
+      partial.payloads.push(new Uint8Array(data as ArrayBuffer));
+      if (partial.payloads.length === partial.header.frames.sizes.length) {
+        this.partial = null;
+        this.deliver(toChunk(partial.header, partial.payloads));
+      }
+      return;
+    }
+    const message = JSON.parse(data) as ServerMessage;
+    switch (message.type) {
+      case "chunk":
+        this.partial = { header: message, payloads: [] };
+        return;
+      case "chunk.skipped":
+        this.skipped.push(message);
+        this.lastSeq = Math.max(this.lastSeq, message.to_seq);
+        return;
+      case "input.dropped":
+        this.dropped.push(message);
+        return;
+      case "session.queued":
+        this.queued.push(message);
+        this.onQueued?.(message);
+        return;
+    }
+    const waiter = typeof message.id === "string" ? this.replies.get(message.id) : undefined;
+    if (waiter) {
+      this.replies.delete(message.id as string);
+      waiter.resolve(message);
+    } else if (message.type === "session.closed") {
+      this.session = null;
+      this.deliver(new WorldClientError(`session closed (${message.reason}).`));
+    } else if (message.type === "session.failed" || message.type === "error") {
+      this.deliver(new WorldError(message.code, message.message));
+    }
+  }
+
+  private deliver(item: Chunk | Error): void {
+    if (!(item instanceof Error)) this.lastSeq = Math.max(this.lastSeq, item.seq);
+    const taker = this.takers.shift();
+    if (!taker) {
+      this.ready.push(item);
+    } else if (item instanceof Error) {
+      taker.reject(item);
+    } else {
+      taker.resolve(item);
+    }
+  }
+
+  private take(timeoutMs?: number): Promise<Chunk> {
+    const item = this.ready.shift();
+    if (item instanceof Error) return Promise.reject(item);
+    if (item) return Promise.resolve(item);
+    if (this.closed) return Promise.reject(this.closed);
+    return new Promise<Chunk>((resolve, reject) => {
+      const timer = timeoutMs === undefined ? null : setTimeout(() => {
+        const index = this.takers.indexOf(waiter);
+        if (index >= 0) this.takers.splice(index, 1);
+        reject(new WorldClientError(`no chunk in ${timeoutMs} ms.`));
+      }, timeoutMs);
+      const waiter: Waiter<Chunk> = {
+        resolve: (chunk) => { if (timer) clearTimeout(timer); resolve(chunk); },
+        reject: (error) => { if (timer) clearTimeout(timer); reject(error); },
+      };
+      this.takers.push(waiter);
+    });
+  }
+
+  private lost(error: Error): void {
+    if (this.closed) return;
+    this.closed = error;
+    this.partial = null;
+    for (const waiter of this.replies.values()) waiter.reject(new WorldClientError("connection closed before the reply."));
+    this.replies.clear();
+    for (const taker of this.takers.splice(0)) taker.reject(error);
+  }
+}
+
+function toChunk(header: ChunkHeader, payloads: Uint8Array[]): Chunk {
+  return {
+    seq: header.seq,
+    epoch: header.epoch,
+    chunkIndex: header.chunk_index,
+    appliedEventIds: header.applied_event_ids,
+    media: header.frames.media,
+    width: header.frames.width,
+    height: header.frames.height,
+    supersedes: header.supersedes ?? null,
+    payloads,
+    header,
+  };
+}
+
+/** A JPEG frame as an ImageBitmap, where the platform decodes images (a browser). */
+export async function decodeJpeg(payload: Uint8Array): Promise<ImageBitmap> {
+  return createImageBitmap(new Blob([payload as BlobPart], { type: "image/jpeg" }));
+}

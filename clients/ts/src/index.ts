@@ -1,0 +1,3 @@
+// @worldserve/client: worldserve's session protocol, typed from docs/protocol.schema.json.
+export * from "./client.js";
+export type { ClientMessages, ServerMessages } from "./messages.js";

@@ -1,0 +1,175 @@
+// The typed client against a real worldserve server (the procedural model, raw frames, a bearer token),
+// in Node with `ws`: the protocol doc's example exchange, resume after a drop, a share link, cancel,
+// and the errors a client is told. Run by `npm test` (make test runs it); WORLDSERVE_PYTHON names the
+// Python that has worldserve installed (default: the repository's .venv).
+import { spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { createServer } from "node:net";
+import { dirname, join } from "node:path";
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { fileURLToPath } from "node:url";
+import WebSocket from "ws";
+
+import { WorldClient, WorldClientError, WorldError, camera, keys, type SocketLike } from "../src/index.js";
+
+const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
+const python = process.env.WORLDSERVE_PYTHON ?? join(root, ".venv", "bin", "python");
+const TOKEN = "ts-client-test-token";
+const socket = (url: string, protocols?: string[]) => new WebSocket(url, protocols) as unknown as SocketLike;
+
+let server: ChildProcess;
+let url = "";
+let log = "";
+
+async function freePort(): Promise<number> {
+  const probe = createServer();
+  probe.listen(0, "127.0.0.1");
+  await once(probe, "listening");
+  const address = probe.address();
+  probe.close();
+  if (address === null || typeof address === "string") throw new Error("no port");
+  return address.port;
+}
+
+before(async () => {
+  const port = await freePort();
+  server = spawn(python, ["-m", "worldserve", "serve", "--model", "procedural", "--port", String(port),
+    "--token", TOKEN, "--log-level", "warning"], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+  server.stdout?.on("data", (data) => { log += data; });
+  server.stderr?.on("data", (data) => { log += data; });
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    if (server.exitCode !== null) throw new Error(`server exited: ${log}`);
+    try {
+      const reply = await fetch(`http://127.0.0.1:${port}/healthz`);
+      if (reply.ok) break;
+    } catch {
+      // not up yet
+    }
+    if (Date.now() > deadline) throw new Error(`server not healthy: ${log}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  url = `ws://127.0.0.1:${port}/v1/world`;
+});
+
+after(() => {
+  server.kill("SIGTERM");
+  assert.ok(!log.includes("Traceback"), log);
+});
+
+function client(): WorldClient {
+  return new WorldClient(url, { token: TOKEN, socket });
+}
+
+test("the protocol doc's exchange: start, an event accepted then applied at a chunk boundary, reset, close", async () => {
+  const world = client();
+  await world.connect();
+  const info = await world.start({ prompt: "islands", seed: 3, media: "raw" });
+  assert.equal(info.role, "host");
+  assert.equal((info.model as { name: string }).name, "procedural");
+  const accepted = await world.sendEvent({ controls: [keys("W", "D")] });
+  assert.equal(accepted.status, "accepted");
+  const seen = [];
+  for (;;) {
+    const chunk = await world.nextChunk(30_000);
+    seen.push(chunk);
+    assert.equal(chunk.media, "raw");
+    assert.equal(chunk.payloads.length, chunk.header.frames.count);
+    for (const frame of chunk.payloads) assert.equal(frame.byteLength, chunk.width * chunk.height * 3);
+    if (chunk.appliedEventIds.includes(accepted.event_id)) break;
+    assert.ok(seen.length < 8, "the event was not applied within 8 chunks");
+  }
+  assert.deepEqual(seen.map((c) => c.chunkIndex), seen.map((_, i) => i));
+  assert.equal(await world.reset(), 1);
+  const fresh = await world.nextChunk(30_000);
+  assert.equal(fresh.epoch, 1);
+  assert.equal(fresh.chunkIndex, 0);
+  await world.close();
+});
+
+test("a dropped connection resumes with every chunk after the last one received, none twice", async () => {
+  const world = client();
+  await world.connect();
+  await world.start({ seed: 5 });
+  const before = [await world.nextChunk(30_000), await world.nextChunk(30_000)];
+  world.drop();
+  await new Promise((resolve) => setTimeout(resolve, 600)); // chunks made meanwhile wait for the resume
+  const resumed = await world.resume();
+  assert.equal(resumed.session_id, world.session?.sessionId);
+  const next = [await world.nextChunk(30_000), await world.nextChunk(30_000)];
+  assert.deepEqual(
+    [...before, ...next].map((c) => c.seq),
+    [0, 1, 2, 3].map((i) => before[0].seq + i),
+  );
+  await world.close();
+});
+
+test("a share link: a viewer sees the host's world and may not steer it; a controller may", async () => {
+  const host = client();
+  await host.connect();
+  const info = await host.start({ seed: 9, shareViewers: true, shareControllers: true });
+  assert.ok(info.viewerToken && info.controllerToken);
+  const viewer = client();
+  await viewer.connect();
+  const joined = await viewer.join(info.sessionId, info.viewerToken, "viewer");
+  assert.equal(joined.role, "viewer");
+  const seen = await viewer.nextChunk(30_000);
+  assert.ok(seen.seq >= 0);
+  await assert.rejects(viewer.sendEvent({ controls: [keys("W")] }), (error: unknown) =>
+    error instanceof WorldError && error.code === "not_controller");
+  const controller = client();
+  await controller.connect();
+  await controller.join(info.sessionId, info.controllerToken, "controller");
+  const steered = await controller.sendEvent({ controls: [camera(1.5, 0)] });
+  assert.equal(steered.status, "accepted");
+  for (let i = 0; ; i++) {  // each member hears its own events' ids in the chunks that applied them
+    const chunk = await controller.nextChunk(30_000);
+    await host.nextChunk(30_000);  // the host plays on (its acks pace the world)
+    if (chunk.appliedEventIds.includes(steered.event_id)) break;
+    assert.ok(i < 8, "the controller's event was not applied within 8 chunks");
+  }
+  await host.close();
+  const ended = async () => {  // the chunks it still holds, then the world's end
+    for (let i = 0; i < 50; i++) await viewer.nextChunk(30_000);
+  };
+  await assert.rejects(ended(), (error: unknown) => error instanceof WorldClientError && /session closed/.test(error.message));
+  viewer.drop();
+  controller.drop();
+});
+
+test("chunk.cancel answers the chunk's index or nothing_to_cancel, and the world goes on", async () => {
+  const world = client();
+  await world.connect();
+  await world.start({ seed: 2 });
+  await world.nextChunk(30_000);
+  const codes = new Set<string>();
+  let cancelled: number | null = null;
+  for (let i = 0; i < 200 && cancelled === null; i++) {
+    try {
+      cancelled = await world.cancelChunk();
+    } catch (error) {
+      assert.ok(error instanceof WorldError);
+      codes.add(error.code);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+  }
+  for (const code of codes) assert.equal(code, "nothing_to_cancel");
+  const later = await world.nextChunk(30_000);
+  assert.ok(later.chunkIndex >= 1);
+  await world.close();
+});
+
+test("bad input gets a clear error: a bad image, a wrong token; the server stays healthy", async () => {
+  const world = client();
+  await world.connect();
+  await assert.rejects(world.start({ image: "bm90IGFuIGltYWdl" }), (error: unknown) =>
+    error instanceof WorldError && error.code === "invalid_image");
+  await world.start({ seed: 1 });
+  await world.nextChunk(30_000);
+  await world.close();
+  const stranger = new WorldClient(url, { token: "wrong", socket });
+  await assert.rejects(stranger.connect(), (error: unknown) => error instanceof WorldClientError);
+  const health = await fetch(url.replace("ws://", "http://").replace("/v1/world", "/healthz"));
+  assert.equal(health.status, 200);
+});
