@@ -107,6 +107,9 @@ class Model:
     settled: int = -1  # the floor as commits, resets and closes move it (superseding moves only ``floor``)
     inflight: TickRequest | None = None
     through: int | None = None  # the next tick takes the pending events up to this id (None: all)
+    #: The most events that may be pending: the bound, or more right after a retract put an undone
+    #: chunk's events back (acceptance then refuses until chunks apply them; nothing else adds).
+    most_pending: int = MAX_PENDING
     outcome: str | None = None
     next_index: int = 0
     epoch: int = 0
@@ -363,6 +366,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             model.prompt = tick.prompt
             model.controls = {control.track: control for control in tick.controls}
             model.committed_indexes[-1].append(tick.chunk_index)
+            model.most_pending = max(MAX_PENDING, len(model.pending))
             model.next_index += 1
             model.count("chunks")
         else:
@@ -651,6 +655,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 model.applied.remove(event_id)
                 model.pending[event_id] = event
             model.prompt, model.controls, model.settled = prompt, controls, settled
+            model.most_pending = max(MAX_PENDING, len(model.pending))
             assert model.committed_indexes[-1].pop() == last.chunk_index
             model.next_index -= 1
             model.count("retracted")
@@ -699,7 +704,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert session.status is model.status, (session.status, model.status)
             assert session.chunk_index == model.next_index
             assert session.epoch == model.epoch
-            assert session.pending_event_count == len(model.pending) <= MAX_PENDING
+            assert session.pending_event_count == len(model.pending) <= model.most_pending
             assert session.event_floor == model.effective_floor
             assert session.failure_code == model.failure_code
             assert session.failure == model.failure

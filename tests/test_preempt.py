@@ -44,6 +44,7 @@ from worldserve.server.messages import ChunkMessage
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.pacing import Lead, Pacer, Preempt
 from worldserve.session import (
+    EventQueueFullError,
     PreparedControls,
     Session,
     SessionEvent,
@@ -124,6 +125,24 @@ async def test_a_retracted_chunk_gives_its_events_back_and_the_next_chunk_applie
     # The ledger: every accepted event applied exactly once, net of the undone chunk.
     assert stats.accepted == stats.applied - stats.unapplied + stats.dropped + session.pending_event_count
     assert (stats.superseded, stats.dropped) == (0, 0)  # 3 did not supersede 2: 2 was applied, and is again
+
+
+async def test_a_retract_may_put_the_queue_over_its_bound_and_acceptance_waits_for_a_chunk() -> None:
+    """The undone chunk's events come back even past ``max_pending_events`` (they were accepted; dropping one
+    would lose it): new events are refused until a chunk applies them, and one chunk applies them all."""
+    consumer = _Consumer()
+    session = Session("s", tick_consumer=consumer, lifecycle=consumer, max_pending_events=3)
+    await session.accept_event(SessionEvent(0, prompt="a"))
+    await session.next_chunk()
+    for event_id in (1, 2, 3):
+        await session.accept_event(SessionEvent(event_id, prompt="b"))
+    await session.retract_chunk()
+    assert session.pending_event_ids == (0, 1, 2, 3)  # one over the bound
+    with pytest.raises(EventQueueFullError):
+        await session.accept_event(SessionEvent(4, prompt="c"))
+    made = await session.next_chunk()
+    assert made.applied_event_ids == (0, 1, 2, 3)
+    await session.accept_event(SessionEvent(5, prompt="c"))
 
 
 async def test_a_retract_is_refused_without_a_commit_to_undo_and_changes_nothing() -> None:

@@ -779,6 +779,8 @@ class Session(Generic[TickOutputT]):
         session is back where it was before that chunk: the same ``chunk_index``, prompt and
         controls, and the chunk's applied events pending again (in order, with their
         acceptance times), so the next chunk applies them again -- with any accepted since.
+        They come back even past ``max_pending_events`` (they were accepted: none is lost); new
+        events are then refused (``EventQueueFullError``) until a chunk applies them.
         The backend rolls its state back (the tick consumer's ``retract_tick``). Counted in
         ``retracted`` and ``unapplied``. Refused, changing nothing:
         :class:`NothingToCancelError` when no chunk can be undone (none committed since the
