@@ -138,9 +138,6 @@ class EventReach:
     tracks: frozenset[str] = frozenset()
     prompt: bool = False
 
-    def __bool__(self) -> bool:
-        return self.prompt or bool(self.tracks)
-
     def overlaps(self, other: EventReach) -> bool:
         return (self.prompt and other.prompt) or not self.tracks.isdisjoint(other.tracks)
 
