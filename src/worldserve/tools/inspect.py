@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,13 +214,7 @@ def inspect_path(path: str | Path, *, gpu_gib: float = 80.0, windows: tuple[int,
 
             with torch.device("meta"):
                 weights += 2 * sum(p.numel() for p in build_vae(base).parameters())
-        result.weights_bytes = weights
-        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
-        for window in sorted({*windows, base.window_frames}):
-            sized = base.with_window(window)
-            kv = sized.kv_bytes(2)
-            state = kv + decoder
-            result.memory.append((window, kv, state, max(0, int(usable // state))))
+        _memory(result, weights, decoder, {*windows, base.window_frames}, lambda w: base.with_window(w).kv_bytes(2))
     return result
 
 
@@ -248,8 +243,8 @@ def _is_abot(path: Path) -> bool:
 def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> Inspection:
     """ABot-World's folder (or its transformer file): the parts, the config its shapes say, the command, the memory."""
     from worldserve.models.abot.config import CONFIGS
-    from worldserve.models.abot.weights import PUBLISHED, ABotParts, find_parts
-    from worldserve.models.wan.files import TAEHV22_FILE, expected_from, find_taehv
+    from worldserve.models.abot.weights import PART_NAMES, ABotParts, expected, find_parts
+    from worldserve.models.wan.files import TAEHV22_FILE, find_taehv
     from worldserve.models.wan.vae import decoder_cache_bytes
 
     result = Inspection(path=path, gpu_gib=gpu_gib, model="abot-world")
@@ -263,13 +258,12 @@ def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> In
         taehv = find_taehv(path, TAEHV22_FILE)
     else:
         parts = ABotParts(transformer=path)
-    names = {"transformer": "transformer", "vae": "VAE", "text_encoder": "text encoder", "tokenizer": "tokenizer"}
     shapes_of: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
     for part in ("transformer", "vae", "text_encoder", "tokenizer"):
         where = getattr(parts, part)
         if where is None:
             continue
-        read = _read_part(result, part, where, names[part], expected_from(PUBLISHED, part, names[part]))
+        read = _read_part(result, part, where, PART_NAMES[part], expected(part))
         if read is None:
             continue
         shapes_of[part] = read[0]
@@ -320,12 +314,8 @@ def _inspect_abot(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> In
         refs = 4 * wan.num_layers * config.ref_tokens * wan.dim * 2  # K, V, unrotated K and the slots' tokens
         decoder = decoder_cache_bytes(wan, 2)
         weights = 2 * sum(info.parameters for info in result.parts.values())
-        result.weights_bytes = weights
-        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
-        for window in sorted({*windows, wan.window_frames}):
-            kv = wan.with_window(window).kv_bytes(2) + refs
-            state = kv + decoder
-            result.memory.append((window, kv, state, max(0, int(usable // state))))
+        windowed = {*windows, wan.window_frames}
+        _memory(result, weights, decoder, windowed, lambda window: wan.with_window(window).kv_bytes(2) + refs)
     return result
 
 
@@ -452,14 +442,23 @@ def _inspect_matrix(path: Path, *, gpu_gib: float, windows: tuple[int, ...]) -> 
     if config is not None:
         decoder = decoder_cache_bytes(config.wan, 2)
         weights = 2 * sum(info.parameters for info in result.parts.values())
-        result.weights_bytes = weights
-        usable = gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
-        for window in sorted({*windows, config.wan.window_frames}):
-            sized = matrix_config(config.name, config.variant, window=window)
-            kv = sized.kv_bytes(2)
-            state = kv + decoder
-            result.memory.append((window, kv, state, max(0, int(usable // state))))
+
+        def kv_of(window: int) -> int:
+            return matrix_config(config.name, config.variant, window=window).kv_bytes(2)
+
+        _memory(result, weights, decoder, {*windows, config.wan.window_frames}, kv_of)
     return result
+
+
+def _memory(result: Inspection, weights: int, decoder: int, windows: set[int], kv_of: Callable[[int], int]) -> None:
+    """The memory table: per window, the KV cache (``kv_of``), the state with the decoder cache, and how many
+    sessions fit on ``result.gpu_gib`` beside ``weights`` bytes and the activations' reserve."""
+    result.weights_bytes = weights
+    usable = result.gpu_gib * _GIB * (1.0 - ACTIVATION_RESERVE) - weights
+    for window in sorted(windows):
+        kv = kv_of(window)
+        state = kv + decoder
+        result.memory.append((window, kv, state, max(0, int(usable // state))))
 
 
 def _serve_command(result: Inspection, options: list[str]) -> None:

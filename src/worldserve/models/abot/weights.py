@@ -2,7 +2,8 @@
 
 Owns: :data:`PUBLISHED` (the names in ABot-World's checkpoint folder, ``ABot-World-0-5B-LF``:
 ``diffusion_pytorch_model.safetensors``, ``Wan2.2_VAE.pth``, ``models_t5_umt5-xxl-enc-bf16.pth``,
-``google/umt5-xxl/``; ``taew2_2.pth`` is the decoder's, found by ``decoder=taehv``),
+``google/umt5-xxl/``; ``taew2_2.pth`` is the decoder's, found by ``decoder=taehv``), :data:`PART_NAMES`
+and :func:`expected` (a part's name in errors and what its loader expects),
 :class:`ABotWeightOptions` (``weights=DIR``, the per-part overrides ``checkpoint=``, ``vae=``,
 ``text_encoder=``, ``tokenizer=``, ``load=dummy``, ``text=hashed``), :func:`find_parts` and
 :func:`load_abot_weights` (build the modules of the configuration asked for, ``5b`` by default with
@@ -30,7 +31,16 @@ from worldserve.models.wan.statedict import WeightsError, part_errors, weights_d
 from worldserve.models.wan.t5 import load_text_encoder, load_tokenizer
 from worldserve.models.wan.vaeweights import load_vae_part
 
-__all__ = ["PUBLISHED", "ABotParts", "ABotWeightOptions", "LoadedABot", "find_parts", "load_abot_weights"]
+__all__ = [
+    "PART_NAMES",
+    "PUBLISHED",
+    "ABotParts",
+    "ABotWeightOptions",
+    "LoadedABot",
+    "expected",
+    "find_parts",
+    "load_abot_weights",
+]
 
 _MODEL = "abot-world"
 
@@ -48,7 +58,7 @@ _WHAT = {
     "text_encoder": "Wan's UMT5 text encoder",
     "tokenizer": "the UMT5 tokenizer folder",
 }
-_PART_NAMES = {"transformer": "transformer", "vae": "VAE", "text_encoder": "text encoder", "tokenizer": "tokenizer"}
+PART_NAMES = {"transformer": "transformer", "vae": "VAE", "text_encoder": "text encoder", "tokenizer": "tokenizer"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +119,13 @@ def find_parts(folder: str | Path) -> ABotParts:
     return parts
 
 
+def expected(part: str) -> str:
+    """What a part's loader expects (its published name and what it is), for errors and ``worldserve inspect``."""
+    return expected_from(PUBLISHED, part, _WHAT[part])
+
+
 def _loading(part: str, path: Path) -> Any:
-    return part_errors(_PART_NAMES[part], path, expected_from(PUBLISHED, part, _WHAT[part]))
+    return part_errors(PART_NAMES[part], path, expected(part))
 
 
 def _resolve(options: ABotWeightOptions) -> ABotParts:
