@@ -214,12 +214,6 @@ def open_page(server: RunningServer, query: str = "?media=raw", recorder: str = 
         browser.close()
 
 
-@pytest.fixture
-def page(server: RunningServer) -> Iterator[Page]:
-    with open_page(server) as opened:
-        yield opened
-
-
 def canvas(page: Page) -> npt.NDArray[np.uint8]:
     data = page.evaluate(
         "() => { const c = document.getElementById('screen');"

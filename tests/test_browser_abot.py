@@ -19,16 +19,11 @@ import pytest
 from playwright.sync_api import Page
 
 from server_harness import RunningServer, start_server
-from test_browser import ARTIFACTS, Recording, open_page, wait_for
+from test_browser import ARTIFACTS, Recording, wait_for
 from test_browser_matrix import controls_of
 from worldserve.runtime.journal import read_journal
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def journals(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("journals")
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +33,6 @@ def server(journals: Path) -> Iterator[RunningServer]:
     )
     yield running
     running.stop()
-
-
-@pytest.fixture
-def page(server: RunningServer) -> Iterator[Page]:
-    with open_page(server) as opened:
-        yield opened
 
 
 def test_the_player_shows_its_eight_keys_and_the_arrows_look(page: Page, journals: Path) -> None:

@@ -37,23 +37,12 @@ def png(width: int, height: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def journals(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("journals")
-
-
-@pytest.fixture(scope="module")
 def server(journals: Path) -> Iterator[RunningServer]:
     running = start_server(
         "--model", "matrix-game-2", "--threads-per-worker", "1", "--record-dir", str(journals), timeout=240.0
     )
     yield running
     running.stop()
-
-
-@pytest.fixture
-def page(server: RunningServer) -> Iterator[Page]:
-    with open_page(server) as opened:
-        yield opened
 
 
 def controls_of(journal: Path, chunk: int) -> dict[str, dict[str, object]]:

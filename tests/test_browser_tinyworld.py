@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Page
 
 from server_harness import RunningServer, start_server
-from test_browser import ARTIFACTS, Recording, assert_in_chunk_order, keys_event, open_page, wait_for
+from test_browser import ARTIFACTS, Recording, assert_in_chunk_order, keys_event, wait_for
 from worldserve.models.tinyworld.eval import StyleClassifier, phase_shift
 
 #: CPU-bound model work: generous, so that a slow or busy CPU (e.g. float32 without AVX-512) passes too.
@@ -29,12 +29,6 @@ def server() -> Iterator[RunningServer]:
     running = start_server(timeout=300.0)  # no --model: the default
     yield running
     running.stop()
-
-
-@pytest.fixture
-def page(server: RunningServer) -> Iterator[Page]:
-    with open_page(server) as opened:
-        yield opened
 
 
 def test_player_on_tinyworld_moves_and_switches_style(page: Page) -> None:
