@@ -85,15 +85,16 @@ def start_server(
     test_models: bool = False,
     own_group: bool = False,
     env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> RunningServer:
     """Run ``python -m worldserve serve`` with ``args``; return once /healthz answers.
 
     ``test_models``: the server can load ``runtime_models:...`` (tests/ on its PYTHONPATH).
     ``own_group``: the server leads a process group of its own (its workers join it), as a
     service manager or a terminal would start it, so that a test can signal the whole group.
-    ``env``: variables added to the server's environment.
+    ``env``: variables added to the server's environment. ``port``: listen there (default: a free one).
     """
-    port = free_port()
+    port = port or free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="worldserve-", suffix=".log", dir=log_dir(), delete=False)  # noqa: SIM115
     command = [sys.executable, "-m", "worldserve", "serve", "--port", str(port), "--log-level", "warning", *args]
     if token is not None:

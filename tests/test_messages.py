@@ -84,6 +84,7 @@ _SERVER_SAMPLES: dict[str, dict[str, object]] = {
     "session.started": {"session_id": "s", "model": _SPEC, "media": "jpeg", "max_pending_events": 64,
                         "max_lag_chunks": 3, "lead_chunks": 0},
     "session.queued": {"position": 2, "ahead": 1, "eta_s": None},
+    "session.moved": {"session_id": "s", "url": "ws://lb.example/fe/2/v1/world"},
     "session.joined": {"session_id": "s", "role": "viewer", "model": _SPEC, "media": "jpeg", "max_pending_events": 64,
                        "max_lag_chunks": 3, "lead_chunks": 0, "seq": 4},
     "session.resumed": {"session_id": "s", "role": "host", "model": _SPEC, "media": "jpeg", "max_pending_events": 64,

@@ -145,6 +145,8 @@ def camera(dx: float, dy: float) -> ControlInput:
 
 
 _CLOSED = object()
+#: How many session.moved in a row a resume or join follows (front-ends that disagree cannot send it round forever).
+_MAX_MOVES = 3
 
 
 def _image_field(image: npt.NDArray[np.uint8] | bytes) -> str:
@@ -325,7 +327,7 @@ class WorldClient:
             message["keyframe"] = True
         if media is not None:
             message["media"] = media
-        reply = await self._request(message)
+        reply = await self._follow(message)
         self.session = replace(info, role=reply["role"], media=reply["media"])
         return self.session
 
@@ -335,7 +337,7 @@ class WorldClient:
         message: dict[str, Any] = {"type": "session.join", "session_id": session_id, "token": token, "role": role}
         if media is not None:
             message["media"] = media
-        reply = await self._request(message)
+        reply = await self._follow(message)
         self.last_seq = int(reply["seq"])
         self.session = SessionInfo(
             session_id=reply["session_id"],
@@ -351,6 +353,24 @@ class WorldClient:
         return self.session
 
     # -- requests ------------------------------------------------------------------
+
+    async def _follow(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send a ``session.resume`` or ``session.join`` and return its reply; where the world lives on
+        another front-end of the service (``session.moved``), connect there (:attr:`url` becomes its
+        URL, the token goes along) and send it again."""
+        reply = await self._request(message)
+        for _ in range(_MAX_MOVES):
+            if reply["type"] != "session.moved":
+                return reply
+            await self.disconnect()  # this connection holds no session: a clean close
+            self.url = str(reply["url"])
+            await self.connect()
+            reply = await self._request(message)
+        if reply["type"] == "session.moved":
+            raise WorldClientError(
+                f"session {message['session_id']} moved more than {_MAX_MOVES} times in a row (last to {reply['url']})."
+            )
+        return reply
 
     async def _request(self, message: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
         """Send ``message`` and return its reply (``wait=False``: however long it takes, for a start

@@ -39,6 +39,7 @@ from starlette.websockets import WebSocket
 from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
+from worldserve.server.directory import Directory
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.realtime_video import RealtimeVideoConnection
@@ -93,8 +94,11 @@ def _origin_ok(connection: HTTPConnection, allowed: tuple[str, ...]) -> bool:
 def create_app(
     config: ServerConfig,
     runtime_factory: Callable[[], AbstractAsyncContextManager[Runtime]],
+    directory: Directory | None = None,
 ) -> Starlette:
-    """Build the app; ``runtime_factory()`` is entered for the app's lifetime (it starts the workers)."""
+    """Build the app; ``runtime_factory()`` is entered for the app's lifetime (it starts the workers).
+    ``directory``: the service's session directory, when this is one of several front-ends (its worlds
+    are published there while the app runs, and it is closed with the app)."""
     state: dict[str, Any] = {}
 
     def backend() -> Runtime:
@@ -144,6 +148,7 @@ def create_app(
                     "workers_alive": capacity.workers_alive,
                 },
                 "queue": {"waiting": room.waiting, "max": room.max_waiting},
+                "directory": {"state": "off"} if directory is None else directory.health(),
             }
         )
 
@@ -209,13 +214,19 @@ def create_app(
         async with runtime_factory() as runtime:
             state["runtime"] = runtime
             state["metrics"] = ServerMetrics(runtime.manager, runtime.engine.stats)
-            state["hosts"] = hosts = WorldHosts()
+            state["hosts"] = hosts = WorldHosts(directory)
             state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             state["connections"] = set()
-            yield
-            await room.aclose()
-            await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
-            state.clear()
+            if directory is not None:
+                directory.start(hosts.session_ids)
+            try:
+                yield
+                await room.aclose()
+                await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
+            finally:
+                if directory is not None:
+                    await directory.aclose()
+                state.clear()
 
     app = Starlette(
         routes=[

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from worldserve.server.directory import world_url
 from worldserve.server.pacing import Lead, Preempt
 
 if TYPE_CHECKING:
@@ -68,8 +69,19 @@ class ServerConfig:
     realtime_start_timeout_s: float = 10.0
     #: ... and a session with no chunk sent and no ``session.ping`` this long ends (vllm-omni: 60 s).
     realtime_stall_timeout_s: float = 60.0
+    #: How clients outside reach this front-end (``http://10.0.0.2:8000``, or a balancer's path to it:
+    #: ``http://lb.example/fe/1``): told in ``session.started`` and, with a session directory, where the
+    #: other front-ends send a resume or join for a world that lives here (None: one front-end).
+    public_url: str | None = None
+
+    @property
+    def world_url(self) -> str | None:
+        """This front-end's ``/v1/world`` WebSocket URL, from ``public_url``."""
+        return None if self.public_url is None else world_url(self.public_url)
 
     def __post_init__(self) -> None:
+        if self.public_url is not None:
+            world_url(self.public_url)  # refused now, with what a public URL must be
         if self.token is not None and not self.token.strip():
             raise ValueError("token must be non-empty when given.")
         if self.max_message_bytes < 1024:

@@ -51,6 +51,7 @@ from worldserve.server.messages import (
     SessionFailed,
     SessionJoin,
     SessionJoined,
+    SessionMoved,
     SessionQueued,
     SessionReset,
     SessionResetDone,
@@ -460,6 +461,7 @@ class Connection:
                 resume_token=member.resume_token if self._config.resume_grace_s > 0 else None,
                 resume_grace_s=self._config.resume_grace_s if self._config.resume_grace_s > 0 else None,
                 share=share,
+                url=self._config.world_url,
             )
         )
         host.start()
@@ -468,6 +470,8 @@ class Connection:
         if await self._has_session(message.id):
             return
         host = self._hosts.get(message.session_id)
+        if host is None and await self._moved(message.session_id, message.id):
+            return
         role = Role(message.role)
         member = None if host is None else host.join(message.token, role, self, self._seq_base, media=message.media)
         if host is None or member is None:
@@ -493,10 +497,23 @@ class Connection:
         )
         host.report_failure(member)
 
+    async def _moved(self, session_id: str, message_id: str | None) -> bool:
+        """A world that does not live here but on another front-end of the service (the session
+        directory says which): tell the client where (``session.moved``); True if so."""
+        directory = self._hosts.directory
+        url = None if directory is None else await directory.find(session_id)
+        if url is None:
+            return False
+        self._metrics.sessions_moved.inc()
+        await self._send(SessionMoved(id=message_id, session_id=session_id, url=url))
+        return True
+
     async def _on_resume(self, message: SessionResume) -> None:
         if await self._has_session(message.id):
             return
         host = self._hosts.get(message.session_id)
+        if host is None and await self._moved(message.session_id, message.id):
+            return
         member = None
         if host is not None and self._config.resume_grace_s > 0:
             member = host.find_resumable(message.token)

@@ -54,6 +54,7 @@ from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
 from worldserve.runtime.metrics import Capacity
 from worldserve.server.config import ServerConfig
+from worldserve.server.directory import Directory
 from worldserve.server.messages import (
     ChunkFrames,
     ChunkMessage,
@@ -1036,21 +1037,30 @@ def wire_media(media: str) -> Literal["jpeg", "raw", "h264"]:
 class WorldHosts:
     """The server's worlds by session id; ``on_end`` hears how long each world that ended ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Directory | None = None) -> None:
         self._hosts: dict[str, WorldHost] = {}
         self.on_end: Callable[[float], None] | None = None
+        #: The service's session directory (several front-ends), told of each world as it starts and ends.
+        self.directory = directory
 
     def add(self, host: WorldHost) -> None:
         self._hosts[host.session_id] = host
+        if self.directory is not None:
+            self.directory.published(host.session_id)
 
     def remove(self, host: WorldHost) -> None:
         if self._hosts.get(host.session_id) is host:
             del self._hosts[host.session_id]
+            if self.directory is not None:
+                self.directory.withdrawn(host.session_id)
             if self.on_end is not None:
                 self.on_end(host.age)
 
     def get(self, session_id: str) -> WorldHost | None:
         return self._hosts.get(session_id)
+
+    def session_ids(self) -> tuple[str, ...]:
+        return tuple(self._hosts)
 
     def __len__(self) -> int:
         return len(self._hosts)

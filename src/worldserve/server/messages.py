@@ -51,6 +51,7 @@ __all__ = [
     "SessionFailed",
     "SessionJoin",
     "SessionJoined",
+    "SessionMoved",
     "SessionQueued",
     "SessionReset",
     "SessionResetDone",
@@ -335,6 +336,21 @@ class SessionStarted(_ServerMessage):
         default=None, description="How long a dropped member's place is kept for session.resume (with resume_token)."
     )
     share: ShareTokens | None = Field(default=None, description="Tokens for session.join, as share asked.")
+    url: str | None = Field(
+        default=None,
+        description="This front-end's own /v1/world URL, where a resume goes straight (absent: one front-end, "
+        "no --public-url).",
+    )
+
+
+class SessionMoved(_ServerMessage):
+    """The world of a ``session.resume`` or ``session.join`` lives on another front-end of this service: send
+    the same message there (a new connection to ``url``, the same token). Nothing changed on this
+    connection; it may start a world of its own or close."""
+
+    type: Literal["session.moved"] = "session.moved"
+    session_id: str
+    url: str = Field(description="The /v1/world WebSocket URL of the front-end the world lives on.")
 
 
 class SessionQueued(_ServerMessage):
@@ -547,6 +563,7 @@ class Pong(_ServerMessage):
 
 ServerMessage = Annotated[
     SessionStarted
+    | SessionMoved
     | SessionQueued
     | SessionJoined
     | SessionResumed

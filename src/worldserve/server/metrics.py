@@ -177,6 +177,11 @@ class ServerMetrics:
         self.sessions_started = Counter(
             "worldserve_sessions_started", "Sessions started over WebSocket.", registry=self.registry
         )
+        self.sessions_moved = Counter(
+            "worldserve_sessions_moved",
+            "session.resume or session.join sent on to the front-end its world lives on (session.moved).",
+            registry=self.registry,
+        )
         self.sessions_active = Gauge(
             "worldserve_sessions_active", "Sessions with a live connection.", registry=self.registry
         )

@@ -223,6 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="/v1/realtime/video: end a session with no chunk sent and no session.ping this long (s)",
     )
+    serve.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="how clients outside reach this front-end (http://10.0.0.2:8000, or a balancer's path to it: "
+        "http://lb.example/fe/1): told in session.started; with --directory, where the other front-ends send a "
+        "resume or join for a world that lives here (docs/deploy.md, 'Many front-ends')",
+    )
+    serve.add_argument(
+        "--directory",
+        choices=("off", "ray"),
+        default="off",
+        help="ray: one of several front-ends of one service: publish this front-end's worlds in the session "
+        "directory kept on the Ray cluster (--ray-address, or the one the Ray executor joined), and answer a "
+        "resume or join for a world on another front-end with session.moved {url}; needs --public-url",
+    )
     RuntimeConfig.add_cli_arguments(serve)
 
     bench = command(
@@ -401,19 +417,23 @@ def _serve(args: argparse.Namespace) -> int:
             queue_timeout_s=args.queue_timeout_s,
             realtime_start_timeout_s=args.realtime_start_timeout_s,
             realtime_stall_timeout_s=args.realtime_stall_timeout_s,
+            public_url=args.public_url,
         )
+        if args.directory != "off" and args.public_url is None:
+            raise ValueError("--directory ray needs --public-url: the URL the other front-ends send clients to")
         runtime_config = RuntimeConfig.from_cli_arguments(args)
     except ValueError as error:
         raise UsageError(str(error).rstrip(".")) from None
     _check_listen(args.host, args.port)  # before the workers spend time loading the model
+    uses_ray = runtime_config.executor == "ray" or args.directory == "ray"
     try:
         code = asyncio.run(_serve_async(args, config, runtime_config))
     except UsageError as error:
-        if runtime_config.executor != "ray":
+        if not uses_ray:
             raise
         print(f"worldserve {args.command}: error: {error}", file=sys.stderr)
         code = 2
-    if code != 0 and runtime_config.executor == "ray":
+    if code != 0 and uses_ray:
         # Ray's exit hook would shut its driver down again, for seconds (a minute without a
         # head), after the server already released what it could: leave now.
         sys.stdout.flush()
@@ -455,7 +475,21 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
     from worldserve.server.app import create_app, end_worlds
 
     runtime = Runtime(config=runtime_config)
-    starting = asyncio.ensure_future(runtime.start())  # the workers load the model
+    directory: Any = None
+
+    async def start() -> None:
+        nonlocal directory
+        await runtime.start()  # the workers load the model
+        if args.directory == "ray":  # after the runtime: a Ray executor has joined the cluster already
+            from worldserve.server.directory import Directory
+            from worldserve.server.directory_ray import connect_directory
+
+            store = await connect_directory(
+                runtime_config.ray_address, connect_timeout=runtime_config.ray_connect_timeout_s
+            )
+            directory = Directory(store, config.public_url)
+
+    starting = asyncio.ensure_future(start())
     loop = asyncio.get_running_loop()
     stopped_by: list[str] = []
 
@@ -484,12 +518,19 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
             loop.remove_signal_handler(signum)
 
     print(startup_summary(runtime, config), file=sys.stderr, flush=True)
+    if directory is not None:
+        print(
+            f"worldserve: a front-end of a service at {directory.url}; its worlds are published in the session "
+            f"directory, {directory.where}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @asynccontextmanager
     async def started() -> AsyncIterator[Runtime]:
         yield runtime
 
-    app = create_app(config, started)
+    app = create_app(config, started, directory)
     server = _shutdown_aware_server(
         uvicorn.Config(
             app,

@@ -322,9 +322,12 @@
     const protocols = ["worldserve.v1"];
     const token = tokenValue();
     if (token) protocols.push(`bearer.${token}`);
+    // A resume or join goes where the world lives (session.moved told us, behind a balancer); a start, here.
+    const url = mode !== "start" && state.worldUrl ? state.worldUrl : `${scheme}${location.host}/v1/world`;
+    if (mode === "start") state.worldUrl = null;
     let ws;
     try {
-      ws = new WebSocket(`${scheme}${location.host}/v1/world`, protocols);
+      ws = new WebSocket(url, protocols);
     } catch (error) { // e.g. a token with characters a subprotocol cannot carry
       setStatus("error", "cannot connect");
       notice(`cannot open the connection: ${error.message}`);
@@ -549,7 +552,19 @@
       case "session.queued":
         showQueued(message);
         break;
+      case "session.moved": // the world lives on another front-end of this service: ask there
+        state.moves = (state.moves || 0) + 1;
+        if (state.moves > 3) {
+          setStatus("error", "cannot reach the world");
+          notice(`session ${message.session_id.slice(0, 8)}… moved more than 3 times in a row; try again later.`);
+          break;
+        }
+        state.worldUrl = message.url;
+        log(`session ${message.session_id.slice(0, 8)}… lives at ${message.url}: going there`);
+        connect(state.join && state.join.session === message.session_id ? "join" : "resume");
+        break;
       case "session.joined":
+        state.moves = 0;
         stopReconnecting();
         state.join = null; // joined: a later Start makes a world of its own
         state.started = null;
@@ -558,6 +573,7 @@
         log(`joined session ${message.session_id.slice(0, 8)}… as ${message.role}`);
         break;
       case "session.resumed":
+        state.moves = 0;
         stopReconnecting();
         if (state.reloaded) { // a new page: enter the world as a new player would, keeping our place
           const { resumeToken, resumeGraceS, lastSeq, share, epoch } = state;
