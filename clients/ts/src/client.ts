@@ -135,6 +135,7 @@ export interface ClientOptions {
 type Waiter<T> = { resolve: (value: T) => void; reject: (error: Error) => void };
 
 const OPEN = 1;
+const MAX_MOVES = 3;
 /** The subprotocol the server answers with (a browser refuses a socket whose offered protocols get none back). */
 export const PROTOCOL = "worldserve.v1";
 
@@ -157,7 +158,8 @@ export class WorldClient {
   private closed: Error | null = null;
 
   constructor(
-    readonly url: string,
+    /** Where the socket goes; a resume or join told `session.moved` goes on to the world's front-end and keeps its URL. */
+    public url: string,
     private readonly options: ClientOptions = {},
   ) {}
 
@@ -215,7 +217,7 @@ export class WorldClient {
 
   /** Open a shared world with a token from its host (`role`: viewer or controller). */
   async join(sessionId: string, token: string, role: "viewer" | "controller" = "viewer", media?: Media): Promise<SessionInfo> {
-    const reply = (await this.request({
+    const reply = (await this.follow({
       type: "session.join",
       session_id: sessionId,
       token,
@@ -241,7 +243,7 @@ export class WorldClient {
     if (!session || !session.resumeToken) throw new WorldClientError("no resumable session (start or join one first).");
     this.drop();
     await this.connect();
-    const reply = (await this.request({
+    const reply = (await this.follow({
       type: "session.resume",
       session_id: session.sessionId,
       token: session.resumeToken,
@@ -325,6 +327,20 @@ export class WorldClient {
   }
 
   // -- the wire ---------------------------------------------------------------------------
+
+  /** A resume or join: where the world lives on another front-end of the service (`session.moved`), connect
+   * there and send it again (at most three moves in a row). */
+  private async follow(message: Record<string, unknown>): Promise<ServerMessage> {
+    let reply = await this.request(message);
+    for (let moves = 0; reply.type === "session.moved"; moves += 1) {
+      if (moves === MAX_MOVES) throw new WorldClientError(`session ${String(message.session_id)} moved more than ${MAX_MOVES} times in a row.`);
+      this.drop();
+      this.url = reply.url;
+      await this.connect();
+      reply = await this.request(message);
+    }
+    return reply;
+  }
 
   private request(message: Record<string, unknown>, timed = true): Promise<ServerMessage> {
     const socket = this.socket;

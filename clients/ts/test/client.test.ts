@@ -58,8 +58,8 @@ after(() => {
   assert.ok(!log.includes("Traceback"), log);
 });
 
-function client(): WorldClient {
-  return new WorldClient(url, { token: TOKEN, socket });
+function client(at: string = url): WorldClient {
+  return new WorldClient(at, { token: TOKEN, socket });
 }
 
 test("the protocol doc's exchange: start, an event accepted then applied at a chunk boundary, reset, close", async () => {
@@ -172,4 +172,40 @@ test("bad input gets a clear error: a bad image, a wrong token; the server stays
   await assert.rejects(stranger.connect(), (error: unknown) => error instanceof WorldClientError);
   const health = await fetch(url.replace("ws://", "http://").replace("/v1/world", "/healthz"));
   assert.equal(health.status, 200);
+});
+
+test("a join told session.moved goes on to the world's front-end by itself, with its token", async () => {
+  // The other door: a socket server that, as a front-end of a service whose directory knows the world lives
+  // elsewhere, answers every join with session.moved (the server side is tested with two real front-ends
+  // in tests/test_front_ends.py; this checks the package follows it).
+  const { WebSocketServer } = await import("ws");
+  const door = new WebSocketServer({ host: "127.0.0.1", port: 0, handleProtocols: (offered) => offered.has("worldserve.v1") ? "worldserve.v1" : false });
+  await once(door, "listening");
+  const address = door.address();
+  if (address === null || typeof address === "string") throw new Error("no port");
+  const offered: string[] = [];
+  door.on("connection", (peer, request) => {
+    offered.push(String(request.headers["sec-websocket-protocol"]).replace(/\s+/g, ""));
+    peer.on("message", (data) => {
+      const message = JSON.parse(String(data));
+      peer.send(JSON.stringify({ type: "session.moved", id: message.id, session_id: message.session_id, url }));
+    });
+  });
+  try {
+    const host = client();
+    await host.connect();
+    const info = await host.start({ seed: 4, shareViewers: true });
+    assert.ok(info.viewerToken);
+    const viewer = client(`ws://127.0.0.1:${address.port}/v1/world`);
+    await viewer.connect();
+    const joined = await viewer.join(info.sessionId, info.viewerToken, "viewer");
+    assert.equal(joined.sessionId, info.sessionId);
+    assert.equal(viewer.url, url);  // it went where the world lives, and stays there
+    assert.ok((await viewer.nextChunk(30_000)).seq >= 0);
+    assert.deepEqual(offered, [`worldserve.v1,bearer.${TOKEN}`]);
+    viewer.drop();
+    await host.close();
+  } finally {
+    door.close();
+  }
 });
