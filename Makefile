@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: venv lint test conformance bench serve browser ts
+.PHONY: venv lint test conformance bench serve browser balancer ts
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
+# The service tests put Debian's nginx in front of two front-ends (tests/test_front_ends.py, worldserve.tools.topology).
+balancer:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nginx-light; }
+
 # The TypeScript client (clients/ts, @worldserve/client): its locked packages from the npm registry,
 # its types generated from docs/protocol.schema.json, its tests (Node's runner) against a real server.
 ts: venv
@@ -37,7 +41,7 @@ ts: venv
 
 # Two pytest processes (the suite waits on sockets, subprocesses and a browser much of the time);
 # the Ray tests share one of them (xdist group "ray": they use this machine's Ray address file).
-test: lint browser ts
+test: lint browser balancer ts
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 conformance: venv

@@ -1,9 +1,11 @@
-"""Two front-ends of one service, their session directory kept on a real Ray cluster.
+"""Two front-ends of one service behind a real L7 balancer, their session directory on a real Ray cluster.
 
-Each front-end is a real ``worldserve serve --directory ray`` process with a public URL of its
-own; the directory is the cluster's named actor. A resume or a share link's join that reaches the
-front-end a world does not live on is told ``session.moved {url}``, and the Python client goes
-there by itself, with nothing lost or repeated.
+Each front-end is a real ``worldserve serve --directory ray`` process whose public URL is the
+balancer's path to it (``/fe/N``); nginx (Debian's, run from a folder of the test's:
+``worldserve.tools.topology.Nginx``) balances ``/v1/world`` round robin over both; the directory is
+the cluster's named actor. A resume or a share link's join that reaches the front-end a world does
+not live on is told ``session.moved {url}``, and the Python client goes there by itself, with
+nothing lost or repeated.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +30,10 @@ from server_harness import RunningServer, free_port, start_server  # noqa: E402
 from worldserve.client import ClientChunk, WorldClient, WorldError  # noqa: E402
 from worldserve.protocol import ControlInput  # noqa: E402
 from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
+from worldserve.tools.topology import Nginx, front_end_path  # noqa: E402
+
+if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+    pytest.skip("nginx is not installed (make balancer installs Debian's nginx-light)", allow_module_level=True)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
 
@@ -53,35 +61,56 @@ def cluster() -> Iterator[Any]:
             os.environ["PYTHONPATH"] = saved
 
 
+class Door:
+    """One front-end as clients reach it: through the balancer's path to it."""
+
+    def __init__(self, server: RunningServer, balancer: str, index: int) -> None:
+        self.server = server
+        self.http = f"{balancer}{front_end_path(index)}"
+        self.ws = "ws" + self.http.removeprefix("http") + "/v1/world"
+
+
 @pytest.fixture(scope="module")
-def doors(cluster: Any) -> Iterator[tuple[RunningServer, RunningServer]]:
+def balancer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    return ("127.0.0.1", free_port())
+
+
+@pytest.fixture(scope="module")
+def doors(cluster: Any, balancer: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Door]]:
     started: list[RunningServer] = []
+    lb = f"http://{balancer[0]}:{balancer[1]}"
     try:
-        for _ in range(2):
-            port = free_port()
+        for index in (1, 2):
             args = ["--model", "procedural", "--workers", "1", "--resume-grace-s", "30", "--directory", "ray"]
-            args += ["--ray-address", cluster.address, "--public-url", f"http://127.0.0.1:{port}"]
-            started.append(start_server(*args, port=port, timeout=120.0))
-        yield started[0], started[1]
+            args += ["--ray-address", cluster.address, "--public-url", f"{lb}{front_end_path(index)}"]
+            started.append(start_server(*args, timeout=120.0))
+        with Nginx(balancer, [("127.0.0.1", server.port) for server in started], tmp_path_factory.mktemp("nginx")):
+            yield [Door(server, lb, index) for index, server in enumerate(started, 1)]
     finally:
         for server in started:
             server.stop()
 
 
-def _health(server: RunningServer) -> dict[str, Any]:
-    with urllib.request.urlopen(server.http + "/healthz", timeout=5) as response:
+@pytest.fixture(scope="module")
+def lb(balancer: tuple[str, int]) -> str:
+    """The service's one WebSocket URL: the balancer's, round robin over the front-ends."""
+    return f"ws://{balancer[0]}:{balancer[1]}/v1/world"
+
+
+def _health(door: Door) -> dict[str, Any]:
+    with urllib.request.urlopen(door.http + "/healthz", timeout=5) as response:
         return dict(json.loads(response.read()))
 
 
-def _moved(server: RunningServer) -> float:
-    with urllib.request.urlopen(server.http + "/metrics", timeout=5) as response:
+def _moved(door: Door) -> float:
+    with urllib.request.urlopen(door.http + "/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
             if line.startswith("worldserve_sessions_moved_total "):
                 return float(line.split()[1])
     raise AssertionError("no worldserve_sessions_moved_total")
 
 
-async def _until_known(server: RunningServer, world: str) -> None:
+async def _until_known(server: Door, world: str) -> None:
     """Wait until ``server``'s directory knows ``world`` (published at once; a refresh a second later at worst)."""
     for _ in range(50):
         async with WorldClient(server.ws) as probe:
@@ -103,30 +132,36 @@ async def _until_applied(client: WorldClient, wanted: set[int], seen: list[Clien
     raise AssertionError("events never applied")
 
 
-async def test_both_front_ends_say_the_directory_answers(doors: tuple[RunningServer, RunningServer]) -> None:
-    for server in doors:
-        health = _health(server)["directory"]
+async def test_both_front_ends_say_the_directory_answers(doors: list[Door]) -> None:
+    for door in doors:
+        health = _health(door)["directory"]
         assert health["state"] == "ok"
-        assert health["url"] == server.ws
+        assert health["url"] == door.ws
 
 
-async def test_a_player_dropped_on_one_door_resumes_through_the_other_with_its_ledger_exact(
-    doors: tuple[RunningServer, RunningServer],
+async def test_a_player_dropped_mid_world_resumes_through_the_balancer_with_its_ledger_exact(
+    doors: list[Door], lb: str
 ) -> None:
-    a, b = doors
-    moved_before = _moved(b)
-    client = WorldClient(a.ws)
+    client = WorldClient(lb)
     await client.connect()
     info = await client.start(seed=11)
     assert info.resume_token
+    (a,) = [door for door in doors if door.ws == info.url]  # where the balancer put the world
+    (b,) = [door for door in doors if door is not a]
+    moved_before = _moved(b)
     seen = [await client.next_chunk(timeout=10)]
     accepted = {(await client.send_event(controls=[keys("W" if step % 2 else "D")])).event_id for step in range(3)}
     await client.drop()  # the socket dies; the world is parked on a for its grace
-    client.url = b.ws  # the reconnect lands on the other front-end, as through a balancer
+    client.url = b.ws  # the reconnect lands on the other front-end
     resumed = await client.resume()
     assert resumed.session_id == info.session_id
     assert client.url == a.ws  # told session.moved, the client went where the world lives
     assert _moved(b) == moved_before + 1
+    seen.append(await client.next_chunk(timeout=10))
+    await client.drop()  # and once more, through the balancer's round robin, whichever door it picks
+    client.url = lb
+    await client.resume()
+    assert client.url in (lb, a.ws)
     accepted |= {(await client.send_event(prompt=f"after {step}")).event_id for step in range(3)}
     await _until_applied(client, accepted, seen)
     for _ in range(2):
@@ -141,7 +176,7 @@ async def test_a_player_dropped_on_one_door_resumes_through_the_other_with_its_l
     await client.close()
 
 
-async def test_a_share_link_opened_through_either_door_joins(doors: tuple[RunningServer, RunningServer]) -> None:
+async def test_a_share_link_opened_through_either_door_joins(doors: list[Door]) -> None:
     a, b = doors
     async with WorldClient(b.ws) as host:
         info = await host.start(seed=3, share_viewers=True, share_controllers=True)
@@ -164,9 +199,7 @@ async def test_a_share_link_opened_through_either_door_joins(doors: tuple[Runnin
         await host.close()
 
 
-async def test_an_ended_world_or_an_unknown_one_is_refused_at_either_door(
-    doors: tuple[RunningServer, RunningServer],
-) -> None:
+async def test_an_ended_world_or_an_unknown_one_is_refused_at_either_door(doors: list[Door]) -> None:
     a, b = doors
     async with WorldClient(a.ws) as host:
         info = await host.start(seed=8, share_viewers=True)
@@ -185,3 +218,41 @@ async def test_an_ended_world_or_an_unknown_one_is_refused_at_either_door(
         with pytest.raises(WorldError) as refused:
             await stranger._request(resume)
         assert refused.value.code == "resume_refused"
+
+
+def test_the_players_share_link_through_the_balancer_joins_wherever_it_lands(
+    doors: list[Door], balancer: tuple[str, int]
+) -> None:
+    """The page (Chromium) through nginx: a viewer's share link lands on either front-end; where it lands
+    on the one the world does not live on, the page follows session.moved and plays the world."""
+    from test_browser import open_page, wait_for  # Playwright is imported by the browser tests only
+
+    service = SimpleNamespace(http=f"http://{balancer[0]}:{balancer[1]}")
+    moved_before = sum(_moved(door) for door in doors)
+    with open_page(service) as host:  # type: ignore[arg-type]
+        host.fill("#seed", "5")
+        host.click("#start")
+        wait_for(host, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+        session_id = host.evaluate("() => window.worldserve.sessionId")
+        link = host.evaluate("() => window.worldserve.shareLinks")["viewer"]
+        assert link.startswith(service.http)
+        assert host.context.browser is not None
+        landed = []
+        for attempt in range(6):
+            if attempt % 2:  # each page makes an even number of requests: one more shifts the round robin
+                urllib.request.urlopen(service.http + "/healthz", timeout=5).close()
+            viewer = host.context.browser.new_page()
+            viewer.goto(link)
+            wait_for(viewer, "window.worldserve.status === 'live' && window.worldserve.displayed > 2")
+            assert viewer.evaluate("() => [window.worldserve.role, window.worldserve.sessionId]") == [
+                "viewer",
+                session_id,
+            ]
+            landed.append(viewer.evaluate("() => window.worldserve.worldUrl"))
+            viewer.close()
+            if None in landed and any(landed):
+                break
+        assert None in landed, "no page landed on the world's own front-end"
+        assert {url for url in landed if url} <= {door.ws for door in doors}, landed
+        assert any(landed), "no page landed on the other front-end (and was moved)"
+    assert sum(_moved(door) for door in doors) == moved_before + sum(1 for url in landed if url)

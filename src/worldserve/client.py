@@ -89,6 +89,8 @@ class SessionInfo:
     resume_grace_s: float | None = None  # how long the server keeps a dropped connection's place
     viewer_token: str | None = None  # share tokens (start(share_viewers=..., share_controllers=...))
     controller_token: str | None = None
+    #: The /v1/world URL of the front-end the world lives on, as it told (None: it has no --public-url).
+    url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +459,7 @@ class WorldClient:
             resume_grace_s=reply.get("resume_grace_s"),
             viewer_token=(reply.get("share") or {}).get("viewer"),
             controller_token=(reply.get("share") or {}).get("controller"),
+            url=reply.get("url"),
         )
         return self.session
 

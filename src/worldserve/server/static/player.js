@@ -93,6 +93,7 @@
     get status() { return state.status; },
     get statusLog() { return state.statusLog.slice(); },
     get sessionId() { return state.sessionId; },
+    get worldUrl() { return state.worldUrl || null; }, // where a session.moved sent this page's resume or join
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
