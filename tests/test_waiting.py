@@ -234,3 +234,27 @@ async def test_the_estimate_counts_down_while_one_waits_and_updates_carry_it() -
     assert [p.position for p in told["d"]] == [2, 2, 2, 1, 1]
     slots.end(room)
     assert await d == "d"
+
+
+async def test_a_room_that_stops_admitting_refuses_those_in_line_and_every_later_start() -> None:
+    """A drain: those waiting are refused at once with the reason and a retry hint (through a balancer the
+    retry lands on another front-end), a start with or without queue too, and nothing is made."""
+    slots = _Slots(1)
+    room = _room(slots)
+    assert await room.admit(slots.start("a"), lambda _: None) == "a"
+    waiting = [asyncio.ensure_future(room.admit(slots.start(name), lambda _: None)) for name in "bc"]
+    await _until(lambda: room.waiting == 2, "two in line")
+    assert room.admitting
+    room.stop_admitting("draining", retry_after_s=2.0)
+    assert not room.admitting
+    for refused in await asyncio.gather(*waiting, return_exceptions=True):
+        assert isinstance(refused, AdmissionRefusedError)
+        assert str(refused) == "draining"
+        assert refused.retry_after_s == 2.0
+    slots.end(room)  # room again: nobody is admitted any more
+    with pytest.raises(AdmissionRefusedError, match="draining"):
+        await room.admit(slots.start("d"), lambda _: None)
+    with pytest.raises(AdmissionRefusedError, match="draining"):
+        room.refuse_if_waiting()
+    assert slots.made == ["a"]
+    assert room.waiting == 0

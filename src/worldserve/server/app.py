@@ -1,7 +1,8 @@
 """The HTTP + WebSocket application (Starlette): routes, authentication, origins.
 
 Owns: ``/`` (the browser player), ``/static`` and ``/favicon.ico``, ``GET /healthz``,
-``GET /v1/models``, ``POST /v1/origin`` (whether the request's ``Origin`` may open a socket: a
+``GET /v1/models``, ``POST /admin/drain`` (a drain, as SIGTERM begins one: drain.py; behind the
+token), ``POST /v1/origin`` (whether the request's ``Origin`` may open a socket: a
 browser's handshake refusal reads only as 1006, so the player asks), ``GET /metrics``,
 ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime video protocol, over the
 same runtime and sessions); the optional bearer token (header,
@@ -12,7 +13,8 @@ the origin, 404 for a path no socket is at, each with its JSON error). Each ``/v
 :class:`~worldserve.server.realtime_video.RealtimeVideoConnection`; the worlds they start,
 join and resume are kept in one :class:`~worldserve.server.host.WorldHosts`.
 :func:`end_worlds` is the server's stop: every world ends with ``session.closed {reason:
-"shutdown"}`` to each member, then each socket closes with 1001 (the caller runs it before
+"shutdown"}`` to each member, then each socket closes with 1001 (the caller runs it when a drain is
+over, or at once; before
 uvicorn closes the sockets; the lifespan's end ends any world still open, with no one left
 to tell).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
@@ -40,6 +43,7 @@ from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
 from worldserve.server.directory import Directory
+from worldserve.server.drain import Drain
 from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.realtime_video import RealtimeVideoConnection
@@ -79,6 +83,13 @@ def _bearer(connection: HTTPConnection) -> str | None:
     header = connection.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _origin_ok(connection: HTTPConnection, allowed: tuple[str, ...]) -> bool:
@@ -133,12 +144,15 @@ def create_app(
         )
 
     async def healthz(request: Request) -> Response:
+        """200 ``ok``; 503 ``draining`` while a drain runs (a balancer that checks it sends no new player)."""
         runtime = backend()
         capacity = runtime.capacity()
         room = state["room"]
+        drain: Drain = state["drain"]
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "draining" if drain.draining else "ok",
+                "drain": drain.health(),
                 "model": runtime.spec.name,
                 "sessions": len(runtime.manager),
                 "capacity": {
@@ -149,8 +163,22 @@ def create_app(
                 },
                 "queue": {"waiting": room.waiting, "max": room.max_waiting},
                 "directory": {"state": "off"} if directory is None else directory.health(),
-            }
+            },
+            status_code=503 if drain.draining else 200,
         )
+
+    async def admin_drain(request: Request) -> Response:
+        """Begin draining (as SIGTERM does): behind the token, or from this machine on a server without one."""
+        if config.token is None:
+            client = request.client
+            if client is None or not _loopback(client.host):
+                message = "/admin/drain on a server without --token is taken from this machine only."
+                return JSONResponse({"error": {"code": "forbidden", "message": message}}, status_code=403)
+        elif not _token_ok(config.token, _bearer(request)):
+            return unauthorized()
+        drain: Drain = state["drain"]
+        begun = drain.begin("POST /admin/drain")
+        return JSONResponse({**drain.health(), "begun": begun}, status_code=202)
 
     async def models(request: Request) -> Response:
         if not _token_ok(config.token, _bearer(request)):
@@ -217,6 +245,7 @@ def create_app(
             state["hosts"] = hosts = WorldHosts(directory)
             state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             state["connections"] = set()
+            state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
             if directory is not None:
                 directory.start(hosts.session_ids)
             try:
@@ -234,6 +263,7 @@ def create_app(
             Route("/healthz", healthz),
             Route("/v1/models", models),
             Route("/v1/origin", origin, methods=["POST"]),
+            Route("/admin/drain", admin_drain, methods=["POST"]),
             Route("/favicon.ico", favicon),
             Route("/metrics", metrics_route),
             WebSocketRoute("/v1/world", world),

@@ -73,6 +73,9 @@ class ServerConfig:
     #: ``http://lb.example/fe/1``): told in ``session.started`` and, with a session directory, where the
     #: other front-ends send a resume or join for a world that lives here (None: one front-end).
     public_url: str | None = None
+    #: A drain (SIGTERM, ``POST /admin/drain``) admits no more starts and lets the worlds here run this
+    #: long at most before the server stops (seconds; 0: a SIGTERM stops at once, ending every world).
+    drain_timeout_s: float = 0.0
 
     @property
     def world_url(self) -> str | None:
@@ -82,6 +85,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.public_url is not None:
             world_url(self.public_url)  # refused now, with what a public URL must be
+        if not self.drain_timeout_s >= 0:
+            raise ValueError("drain_timeout_s must be non-negative.")
         if self.token is not None and not self.token.strip():
             raise ValueError("token must be non-empty when given.")
         if self.max_message_bytes < 1024:

@@ -103,6 +103,8 @@ class WaitingRoom(Generic[T]):
         self._wake = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Future[None]] = set()
+        self._refusing: str | None = None  # why no start is admitted any more (a drain), once stopped
+        self._retry_refused_s = 1.0
 
     # -- what the server asks ----------------------------------------------------------
 
@@ -120,8 +122,27 @@ class WaitingRoom(Generic[T]):
         """How many starts wait in line now."""
         return len(self._line)
 
+    @property
+    def admitting(self) -> bool:
+        """False once :meth:`stop_admitting` was called."""
+        return self._refusing is None
+
+    def stop_admitting(self, why: str, retry_after_s: float = 1.0) -> None:
+        """From now on every start is refused with ``why`` (``admission_refused``, a retry hint: through a
+        balancer the retry lands on another front-end), those waiting in line first."""
+        self._refusing = why
+        self._retry_refused_s = retry_after_s
+        while self._line:  # a start being admitted meanwhile finds its future done and is released
+            waiter = self._line.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(AdmissionRefusedError(why, retry_after_s=retry_after_s))
+        self._wake.set()
+
     def refuse_if_waiting(self) -> None:
-        """A start that did not ask to queue: refused at once while others wait (they came first)."""
+        """A start that did not ask to queue: refused at once while others wait (they came first), or
+        when the front-end admits no more (:meth:`stop_admitting`)."""
+        if self._refusing is not None:
+            raise AdmissionRefusedError(self._refusing, retry_after_s=self._retry_refused_s)
         if self._line:
             raise AdmissionRefusedError(
                 f"the server is full and {len(self._line)} waiting in line came first; "
@@ -137,6 +158,8 @@ class WaitingRoom(Generic[T]):
         the wait ran past ``timeout_s``; other errors of ``create`` as they are. Cancelled
         (the client left), it leaves the line; a start admitted meanwhile is released.
         """
+        if self._refusing is not None:
+            raise AdmissionRefusedError(self._refusing, retry_after_s=self._retry_refused_s)
         if not self._line:
             with contextlib.suppress(AdmissionRefusedError):
                 return await create()

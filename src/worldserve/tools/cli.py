@@ -232,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         "resume or join for a world that lives here (docs/deploy.md, 'Many front-ends')",
     )
     serve.add_argument(
+        "--drain-timeout-s",
+        type=non_negative_float,
+        default=0.0,
+        help="SIGTERM (or POST /admin/drain) drains: no more starts (each refused with a retry hint; /healthz "
+        "answers 503 draining), the worlds here go on until they end or this many seconds pass, then the server "
+        "stops; 0: a SIGTERM stops at once. A second SIGTERM, or Ctrl-C, stops at once",
+    )
+    serve.add_argument(
         "--directory",
         choices=("off", "ray"),
         default="off",
@@ -418,6 +426,7 @@ def _serve(args: argparse.Namespace) -> int:
             realtime_start_timeout_s=args.realtime_start_timeout_s,
             realtime_stall_timeout_s=args.realtime_stall_timeout_s,
             public_url=args.public_url,
+            drain_timeout_s=args.drain_timeout_s,
         )
         if args.directory != "off" and args.public_url is None:
             raise ValueError("--directory ray needs --public-url: the URL the other front-ends send clients to")
@@ -544,6 +553,8 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
             ws_ping_timeout=20.0,
         ),
         before_shutdown=lambda: end_worlds(app),
+        drain=lambda: app.state.worldserve.get("drain"),
+        drain_on_sigterm=config.drain_timeout_s > 0,
     )
 
     def stop_when_lost(watch: asyncio.Future[Any]) -> None:
@@ -589,7 +600,13 @@ def startup_summary(runtime: Any, server: Any) -> str:
     return "\n".join(lines)
 
 
-def _shutdown_aware_server(config: Any, *, before_shutdown: Callable[[], Awaitable[None]]) -> Any:
+def _shutdown_aware_server(
+    config: Any,
+    *,
+    before_shutdown: Callable[[], Awaitable[None]],
+    drain: Callable[[], Any] = lambda: None,
+    drain_on_sigterm: bool = False,
+) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -604,6 +621,26 @@ def _shutdown_aware_server(config: Any, *, before_shutdown: Callable[[], Awaitab
         def __init__(self, config: uvicorn.Config, *, before_shutdown: Callable[[], Awaitable[None]]) -> None:
             super().__init__(config)
             self._before_shutdown = before_shutdown
+            self._drain_asked = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            """A first SIGTERM begins a drain (``--drain-timeout-s``; its loop ends the server when the drain
+            is over); anything else, a second SIGTERM included, stops at once."""
+            running = drain()
+            first = drain_on_sigterm and not self._drain_asked and running is not None and not running.draining
+            if first and sig == signal.SIGTERM:
+                self._drain_asked = True  # begun from the loop (on_tick), not inside a signal handler
+                return
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            running = drain()
+            if running is not None:
+                if self._drain_asked and not running.draining:
+                    running.begin("SIGTERM")
+                if running.over():
+                    return True
+            return bool(await super().on_tick(counter))
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
