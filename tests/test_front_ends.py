@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,3 +257,113 @@ def test_the_players_share_link_through_the_balancer_joins_wherever_it_lands(
         assert {url for url in landed if url} <= {door.ws for door in doors}, landed
         assert any(landed), "no page landed on the other front-end (and was moved)"
     assert sum(_moved(door) for door in doors) == moved_before + sum(1 for url in landed if url)
+
+
+@pytest.fixture(scope="module")
+def full_doors(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Door]]:
+    """Two front-ends of one session slot each, behind a balancer of their own."""
+    started: list[RunningServer] = []
+    balancer = ("127.0.0.1", free_port())
+    lb = f"http://{balancer[0]}:{balancer[1]}"
+    try:
+        for index in (1, 2):
+            args = ["--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1", "--directory", "ray"]
+            args += ["--ray-address", cluster.address, "--public-url", f"{lb}{front_end_path(index)}"]
+            args += ["--service", "full"]  # a service of its own on the cluster: its own worlds and line
+            started.append(start_server(*args, timeout=120.0))
+        with Nginx(balancer, [("127.0.0.1", server.port) for server in started], tmp_path_factory.mktemp("nginx")):
+            yield [Door(server, lb, index) for index, server in enumerate(started, 1)]
+    finally:
+        for server in started:
+            server.stop()
+
+
+async def test_twelve_queued_starts_across_both_doors_start_in_arrival_order_as_room_opens_on_either(
+    full_doors: list[Door],
+) -> None:
+    """One line for the service: starts queued at either door are told their place in the whole line and
+    start in arrival order on whichever front-end frees a slot (moved there when it is the other one)."""
+    running: list[WorldClient] = []
+    waiting: list[tuple[WorldClient, asyncio.Task[Any]]] = []
+    try:
+        for door in full_doors:  # both slots taken
+            host = WorldClient(door.ws)
+            await host.connect()
+            await host.start(seed=1)
+            running.append(host)
+        for i in range(12):
+            door = full_doors[i % 2]
+            client = WorldClient(door.ws)
+            await client.connect()
+            waiting.append((client, asyncio.create_task(client.start(seed=100 + i, queue=True))))
+            async with asyncio.timeout(20):
+                while not client.queued:  # noqa: ASYNC110 -- its first notice: it is in line
+                    await asyncio.sleep(0.02)
+            first = client.queued[0]
+            assert (first.position, first.ahead) == (i + 1, i), f"start {i} told {first}"
+        assert all(_health(door)["queue"]["line"] == "service" for door in full_doors)
+
+        moved = 0
+        for i in range(12):
+            # A slot opens on a (then b, a, ...) for three starts in a row: the head waits there or not.
+            door = full_doors[(i // 3) % 2]
+            there = [client for client in running if client.url == door.ws] or running
+            running.remove(there[0])
+            await there[0].close()
+            pending = {task for _, task in waiting if not task.done()}
+            async with asyncio.timeout(30):
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            client, task = waiting[i]
+            assert done == {task}, f"start {i} was not the one to start next"
+            info = task.result()
+            moved += client.url != full_doors[i % 2].ws
+            assert client.url == info.url  # it plays on the front-end it started on
+            running.append(client)
+            positions = [notice.position for notice in client.queued]
+            assert positions == sorted(positions, reverse=True), positions  # counted down, never back
+            assert all(notice.ahead == notice.position - 1 for notice in client.queued)
+        assert moved > 0, "no start was moved to the other front-end"
+        assert moved < 12, "every start was moved"
+    finally:
+        for _, task in waiting:
+            task.cancel()
+        for client in running + [client for client, _ in waiting]:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+def test_the_players_queued_start_moves_to_the_front_end_that_frees_a_slot(full_doors: list[Door]) -> None:
+    """Chromium through nginx: both front-ends full, the page's start waits in the service's line on the
+    front-end it landed on; a slot frees on the other one: the page follows session.moved, starts there."""
+    from test_browser import open_page, wait_for  # Playwright is imported by the browser tests only
+
+    async def hold(door: Door) -> WorldClient:
+        client = WorldClient(door.ws)
+        await client.connect()
+        await client.start(seed=2)
+        return client
+
+    loop = asyncio.new_event_loop()  # the clients' own, in a thread: Playwright's sync API holds this one
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=30)
+
+    try:
+        hosts = [run(hold(door)) for door in full_doors]
+        lb = full_doors[0].http.rsplit("/fe/", 1)[0]
+        with open_page(SimpleNamespace(http=lb)) as page:  # type: ignore[arg-type]
+            page.click("#start")
+            wait_for(page, "window.worldserve.status === 'queued'")
+            (here,) = [i for i, door in enumerate(full_doors) if _health(door)["queue"]["waiting"] == 1]
+            other = 1 - here
+            run(hosts[other].close())  # the slot opens on the front-end it does not wait on
+            wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 2")
+            assert page.evaluate("() => window.worldserve.worldUrl") == full_doors[other].ws
+            page.click("#close")
+            wait_for(page, "window.worldserve.status === 'idle'")
+        run(hosts[here].close())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)

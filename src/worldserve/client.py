@@ -356,6 +356,12 @@ class WorldClient:
 
     # -- requests ------------------------------------------------------------------
 
+    async def _move(self, url: str) -> None:
+        """Leave this connection (it holds no session: a clean close) for one to ``url``."""
+        await self.disconnect()
+        self.url = url
+        await self.connect()
+
     async def _follow(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send a ``session.resume`` or ``session.join`` and return its reply; where the world lives on
         another front-end of the service (``session.moved``), connect there (:attr:`url` becomes its
@@ -364,9 +370,7 @@ class WorldClient:
         for _ in range(_MAX_MOVES):
             if reply["type"] != "session.moved":
                 return reply
-            await self.disconnect()  # this connection holds no session: a clean close
-            self.url = str(reply["url"])
-            await self.connect()
+            await self._move(str(reply["url"]))
             reply = await self._request(message)
         if reply["type"] == "session.moved":
             raise WorldClientError(
@@ -423,7 +427,9 @@ class WorldClient:
         ``share_viewers`` / ``share_controllers`` ask for tokens others can :meth:`join` with.
         ``queue``: when the server is full, wait in line until a slot opens (each position
         notice is appended to :attr:`queued` and passed to ``on_queued``) instead of raising
-        ``admission_refused`` at once; the server refuses after its ``--queue-timeout-s``.
+        ``admission_refused`` at once; the server refuses after its ``--queue-timeout-s``. Behind a
+        balancer, the service's line may start it on another front-end (``session.moved``): the
+        client connects there by itself (:attr:`url` becomes its URL) and starts with the reservation.
         """
         options: dict[str, Any] = {"media": media}
         if quality is not None:
@@ -446,6 +452,13 @@ class WorldClient:
         self._on_queued = on_queued
         try:
             reply = await self._request(message, wait=not queue)
+            for _ in range(_MAX_MOVES):  # the service's line placed this start on another front-end: go there
+                if reply["type"] != "session.moved":
+                    break
+                await self._move(str(reply["url"]))
+                reply = await self._request({**message, "reservation": reply["reservation"]}, wait=not queue)
+            if reply["type"] == "session.moved":
+                raise WorldClientError(f"the start moved more than {_MAX_MOVES} times in a row.")
         finally:
             self._on_queued = None
         self.session = SessionInfo(

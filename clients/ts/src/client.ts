@@ -198,7 +198,16 @@ export class WorldClient {
     if (options.queue) message.queue = true;
     this.onQueued = options.onQueued ?? null;
     try {
-      const reply = (await this.request(message, !options.queue)) as SessionStarted;
+      let answer = await this.request(message, !options.queue);
+      for (let moves = 0; answer.type === "session.moved"; moves += 1) {
+        // The service's line placed this start on another front-end: start there with the reservation.
+        if (moves === MAX_MOVES) throw new WorldClientError(`the start moved more than ${MAX_MOVES} times in a row.`);
+        this.drop();
+        this.url = answer.url;
+        await this.connect();
+        answer = await this.request({ ...message, reservation: answer.reservation }, !options.queue);
+      }
+      const reply = answer as SessionStarted;
       this.session = {
         sessionId: reply.session_id,
         role: "host",

@@ -161,7 +161,11 @@ def create_app(
                     "room": capacity.room,
                     "workers_alive": capacity.workers_alive,
                 },
-                "queue": {"waiting": room.waiting, "max": room.max_waiting},
+                "queue": {
+                    "waiting": room.waiting,
+                    "max": room.max_waiting,
+                    "line": "service" if room.shared else "front-end",  # the service's (several front-ends)
+                },
                 "directory": {"state": "off"} if directory is None else directory.health(),
             },
             status_code=503 if drain.draining else 200,
@@ -248,6 +252,7 @@ def create_app(
             state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
             if directory is not None:
                 directory.start(hosts.session_ids)
+                room.start_sharing()
             try:
                 yield
                 await room.aclose()

@@ -64,7 +64,7 @@ from worldserve.server.messages import (
     wire_json,
 )
 from worldserve.server.metrics import ServerMetrics
-from worldserve.server.waiting import Position, WaitingRoom, waiting_room
+from worldserve.server.waiting import Position, StartMoved, WaitingRoom, waiting_room
 from worldserve.session import (
     EventAcceptanceStatus,
     Session,
@@ -383,7 +383,7 @@ class Connection:
             self._backend.mark_in_use(session.session_id, self._config.evict_idle_s)
             return session
 
-        if message.queue:  # wait in line if need be; meanwhile this connection reads on (session.close leaves)
+        if message.queue or message.reservation is not None:  # wait in line if need be, reading on meanwhile
             self._queued = asyncio.create_task(self._start_in_line(message, encoding, create), name="waiting-in-line")
             return
         try:
@@ -401,7 +401,12 @@ class Connection:
             self.post((SessionQueued(id=message.id, position=where.position, ahead=where.ahead, eta_s=where.eta_s),))
 
         try:
-            session = await self._room.admit(create, notify)
+            session = await self._room.admit(create, notify, message.reservation)
+        except StartMoved as moved:  # the service's line placed it on another front-end: the client goes there
+            self._queued = None
+            self._metrics.sessions_moved.inc()
+            self.post((SessionMoved(id=message.id, url=moved.url, reservation=moved.reservation),))
+            return
         except (SessionError, ValueError) as error:
             self._queued = None
             await self._start_refused(error, message.id)

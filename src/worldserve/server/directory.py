@@ -7,6 +7,9 @@ is. Each front-end publishes its worlds under its public URL; any front-end find
 owner there and answers ``session.moved {url}`` (the client goes there itself: the media never
 takes a second hop through a front-end that does not own the world).
 
+The same store keeps the service's one waiting line (``cluster_line.py``); :class:`Directory` is
+also the front-end's waiting room's way to it (a :class:`~worldserve.server.waiting.SharedLine`).
+
 Owns: :class:`DirectoryTable` (the entries, pure: a front-end's worlds replaced whole by its
 refresh, withdrawn one by one, forgotten when the front-end stops refreshing for ``ttl_s``),
 :class:`DirectoryStore` (where the table lives, shared by the front-ends: the Ray actor of
@@ -28,6 +31,8 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
+
+from worldserve.server.cluster_line import LineAnswer
 
 __all__ = ["Directory", "DirectoryStore", "DirectoryTable", "world_url"]
 
@@ -155,6 +160,18 @@ class DirectoryStore(Protocol):
 
     def front_ends(self) -> Awaitable[dict[str, int]]: ...
 
+    # The service's waiting line (cluster_line.py), kept beside the table.
+
+    def line_join(self, url: str, ticket: str) -> Awaitable[int]: ...
+
+    def line_leave(self, ticket: str) -> Awaitable[Any]: ...
+
+    def line_unplace(self, ticket: str) -> Awaitable[Any]: ...
+
+    def line_ended(self, length_s: float) -> Awaitable[Any]: ...
+
+    def line_poll(self, url: str, free: int, slots: int | None, tickets: tuple[str, ...]) -> Awaitable[LineAnswer]: ...
+
     @property
     def where(self) -> str:
         """The store, in words (for logs and ``/healthz``)."""
@@ -238,6 +255,44 @@ class Directory:
 
     def health(self) -> dict[str, Any]:
         return {"state": self.state, "since_s": round(self._clock() - self.since, 1), "url": self.url}
+
+    # -- the service's waiting line (waiting.SharedLine) ---------------------------------------
+
+    @property
+    def shared(self) -> bool:
+        """Whether the service's line answers: while not, the front-end's room is a line of its own."""
+        return self.state == "ok" and not self._closed
+
+    async def join(self, ticket: str) -> int | None:
+        """Put a waiting start at the back of the service's line: its position there (None while lost)."""
+        if not self.shared:
+            return None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return int(await self._store.line_join(self.url, ticket))
+        except Exception as error:
+            self._lose(error)
+            return None
+
+    def leave(self, ticket: str) -> None:
+        self._submit(self._store.line_leave(ticket), f"leave the line with {ticket}")
+
+    def unplace(self, ticket: str) -> None:
+        self._submit(self._store.line_unplace(ticket), f"unplace {ticket}")
+
+    def ended(self, length_s: float) -> None:
+        self._submit(self._store.line_ended(length_s), "a world ended")
+
+    async def poll(self, free: int, slots: int | None, tickets: tuple[str, ...]) -> LineAnswer | None:
+        """The service's line's word for this front-end (None while the store is lost)."""
+        if not self.shared:
+            return None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._store.line_poll(self.url, free, slots, tickets)
+        except Exception as error:
+            self._lose(error)
+            return None
 
     async def aclose(self) -> None:
         """Stop refreshing and leave the table (this front-end's worlds are gone with it)."""

@@ -4,7 +4,8 @@ Owns: :class:`DirectoryActor` (the actor's body: a :class:`~worldserve.server.di
 on the actor's clock), :class:`RayDirectoryStore` (a front-end's handle on it: every call submitted
 at once, in call order, so a world's publish reaches the actor before its withdraw), and
 :func:`connect_directory` (joining the cluster when the executor has not, then finding the actor
-or creating it). The actor is named ``worldserve-directory`` in the ``worldserve`` namespace,
+or creating it). The actor is named ``worldserve-directory.<service>`` in the ``worldserve`` namespace
+(``--service``: several services may share a cluster, each with its own worlds and line),
 detached (it outlives the front-end that made it), takes no CPU and restarts where Ray can place it
 when its node goes: it comes back empty and the front-ends' next refresh fills it.
 
@@ -22,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from worldserve.runtime.errors import WorkerStartError
+from worldserve.server.cluster_line import ClusterLine, LineAnswer
 from worldserve.server.directory import DirectoryTable
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "DirectoryActor", "RayDirectoryStore", "connect_directory"]
@@ -31,10 +33,26 @@ NAMESPACE = "worldserve"
 
 
 class DirectoryActor:
-    """The actor's body: the service's table, timed by the actor's own clock."""
+    """The actor's body: the service's table and its waiting line, timed by the actor's own clock."""
 
     def __init__(self, ttl_s: float) -> None:
         self._table = DirectoryTable(ttl_s)
+        self._line = ClusterLine(front_end_ttl_s=ttl_s)
+
+    def line_join(self, url: str, ticket: str) -> int:
+        return self._line.join(url, ticket, time.monotonic())
+
+    def line_leave(self, ticket: str) -> None:
+        self._line.leave(ticket)
+
+    def line_unplace(self, ticket: str) -> None:
+        self._line.unplace(ticket)
+
+    def line_ended(self, length_s: float) -> None:
+        self._line.ended([length_s], time.monotonic())
+
+    def line_poll(self, url: str, free: int, slots: int | None, tickets: tuple[str, ...]) -> LineAnswer:
+        return self._line.poll(url, free, slots, tickets, time.monotonic())
 
     def publish(self, url: str, world: str) -> None:
         self._table.publish(url, world, time.monotonic())
@@ -88,6 +106,21 @@ class RayDirectoryStore:
     def front_ends(self) -> Awaitable[dict[str, int]]:
         return self._call("front_ends")
 
+    def line_join(self, url: str, ticket: str) -> Awaitable[int]:
+        return self._call("line_join", url, ticket)
+
+    def line_leave(self, ticket: str) -> Awaitable[Any]:
+        return self._call("line_leave", ticket)
+
+    def line_unplace(self, ticket: str) -> Awaitable[Any]:
+        return self._call("line_unplace", ticket)
+
+    def line_ended(self, length_s: float) -> Awaitable[Any]:
+        return self._call("line_ended", length_s)
+
+    def line_poll(self, url: str, free: int, slots: int | None, tickets: tuple[str, ...]) -> Awaitable[LineAnswer]:
+        return self._call("line_poll", url, free, slots, tickets)
+
 
 def _ray() -> ModuleType:
     try:
@@ -98,11 +131,12 @@ def _ray() -> ModuleType:
 
 
 async def connect_directory(
-    address: str | None, *, connect_timeout: float = 20.0, ttl_s: float = 5.0
+    address: str | None, *, service: str = "default", connect_timeout: float = 20.0, ttl_s: float = 5.0
 ) -> RayDirectoryStore:
-    """The directory of the Ray cluster this process is connected to (the Ray executor's), else of the
-    one ``address`` names, else ``RAY_ADDRESS``, else this machine's last ``ray start``; created by the
-    first front-end that asks. A front-end with no cluster to share has no use for one: refused."""
+    """The directory of ``service`` (its worlds and its line: several services may share one cluster) on the
+    Ray cluster this process is connected to (the Ray executor's), else the one ``address`` names, else
+    ``RAY_ADDRESS``, else this machine's last ``ray start``; created by the first front-end that asks. A
+    front-end with no cluster to share has no use for one: refused."""
     from worldserve.runtime.executor.ray_actor import _off_loop, _reclaim_signals
 
     ray = _ray()
@@ -125,8 +159,9 @@ async def connect_directory(
             ) from None
         finally:
             _reclaim_signals()
+    name = f"{ACTOR_NAME}.{service}"
     remote = ray.remote(DirectoryActor).options(
-        name=ACTOR_NAME,
+        name=name,
         namespace=NAMESPACE,
         lifetime="detached",
         get_if_exists=True,
@@ -141,4 +176,4 @@ async def connect_directory(
     gcs = "?"
     with contextlib.suppress(Exception):  # a Ray Client connection has none to show
         gcs = str(ray.get_runtime_context().gcs_address)
-    return RayDirectoryStore(handle, f"Ray actor {NAMESPACE}/{ACTOR_NAME} on the cluster at {gcs}")
+    return RayDirectoryStore(handle, f"Ray actor {NAMESPACE}/{name} on the cluster at {gcs}")

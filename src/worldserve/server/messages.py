@@ -173,6 +173,12 @@ class SessionStart(_ClientMessage):
         description="When the server is full, wait in line (session.queued notices, then session.started) "
         "instead of an admission_refused error.",
     )
+    reservation: str | None = Field(
+        default=None,
+        max_length=64,
+        description="From session.moved: this start's place on this front-end, where the service's line "
+        "placed it (admitted at once; an unknown or lapsed one waits as any start does).",
+    )
 
 
 _TOKEN = Annotated[str, Field(min_length=1, max_length=128)]
@@ -344,13 +350,17 @@ class SessionStarted(_ServerMessage):
 
 
 class SessionMoved(_ServerMessage):
-    """The world of a ``session.resume`` or ``session.join`` lives on another front-end of this service: send
-    the same message there (a new connection to ``url``, the same token). Nothing changed on this
-    connection; it may start a world of its own or close."""
+    """Go to another front-end of this service: the world of a ``session.resume`` or ``session.join`` lives
+    there, or a ``session.start`` waiting in the service's line starts there. Send the same message there
+    (a new connection to ``url``, the same token; a start with ``reservation``). Nothing changed on this
+    connection; it may close."""
 
     type: Literal["session.moved"] = "session.moved"
-    session_id: str
-    url: str = Field(description="The /v1/world WebSocket URL of the front-end the world lives on.")
+    url: str = Field(description="The /v1/world WebSocket URL of the front-end to go to.")
+    session_id: str | None = Field(default=None, description="The world that lives there (a resume or join).")
+    reservation: str | None = Field(
+        default=None, description="A waiting start's place there: send session.start again with it (a start)."
+    )
 
 
 class SessionQueued(_ServerMessage):

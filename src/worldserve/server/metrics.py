@@ -179,7 +179,8 @@ class ServerMetrics:
         )
         self.sessions_moved = Counter(
             "worldserve_sessions_moved",
-            "session.resume or session.join sent on to the front-end its world lives on (session.moved).",
+            "Clients sent on to another front-end (session.moved): a resume or join to the one its world lives "
+            "on, a waiting start to the one the service's line placed it on.",
             registry=self.registry,
         )
         self.sessions_active = Gauge(

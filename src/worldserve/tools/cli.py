@@ -247,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
         "directory kept on the Ray cluster (--ray-address, or the one the Ray executor joined), and answer a "
         "resume or join for a world on another front-end with session.moved {url}; needs --public-url",
     )
+    serve.add_argument(
+        "--service",
+        default="default",
+        metavar="NAME",
+        help="with --directory: the service this front-end belongs to (its directory and waiting line; several "
+        "services may share one Ray cluster)",
+    )
     RuntimeConfig.add_cli_arguments(serve)
 
     bench = command(
@@ -494,7 +501,7 @@ async def _serve_async(args: argparse.Namespace, config: Any, runtime_config: Ru
             from worldserve.server.directory_ray import connect_directory
 
             store = await connect_directory(
-                runtime_config.ray_address, connect_timeout=runtime_config.ray_connect_timeout_s
+                runtime_config.ray_address, service=args.service, connect_timeout=runtime_config.ray_connect_timeout_s
             )
             directory = Directory(store, config.public_url)
 

@@ -323,9 +323,11 @@
     const protocols = ["worldserve.v1"];
     const token = tokenValue();
     if (token) protocols.push(`bearer.${token}`);
-    // A resume or join goes where the world lives (session.moved told us, behind a balancer); a start, here.
-    const url = mode !== "start" && state.worldUrl ? state.worldUrl : `${scheme}${location.host}/v1/world`;
-    if (mode === "start") state.worldUrl = null;
+    // A resume or join goes where the world lives, a start with a reservation where the service's line placed
+    // it (session.moved told us, behind a balancer); any other start, here.
+    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
+    const url = moved && state.worldUrl ? state.worldUrl : `${scheme}${location.host}/v1/world`;
+    if (mode === "start" && !state.reservation) state.worldUrl = null;
     let ws;
     try {
       ws = new WebSocket(url, protocols);
@@ -380,6 +382,10 @@
     if (started.prompt) message.prompt = started.prompt;
     if (state.startImage) message.image = state.startImage;
     if (state.references) message.references = state.references;
+    if (state.reservation) { // sent once: where the service's line placed this start
+      message.reservation = state.reservation;
+      state.reservation = null;
+    }
     state.lastSeq = -1;
     return message;
   }
@@ -544,6 +550,7 @@
   function onMessage(message) {
     switch (message.type) {
       case "session.started":
+        state.moves = 0;
         stopReconnecting();
         state.lastSeq = -1;
         enterWorld(message, "host");
@@ -561,6 +568,12 @@
           break;
         }
         state.worldUrl = message.url;
+        if (message.reservation) { // our start, waiting in the service's line, starts on that front-end
+          state.reservation = message.reservation;
+          log(`starting at ${message.url}, where the line placed this start`);
+          connect("start");
+          break;
+        }
         log(`session ${message.session_id.slice(0, 8)}… lives at ${message.url}: going there`);
         connect(state.join && state.join.session === message.session_id ? "join" : "resume");
         break;
