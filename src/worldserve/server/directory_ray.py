@@ -30,6 +30,8 @@ __all__ = ["ACTOR_NAME", "NAMESPACE", "DirectoryActor", "RayDirectoryStore", "co
 
 ACTOR_NAME = "worldserve-directory"
 NAMESPACE = "worldserve"
+#: How long a directory-only front-end's Ray driver waits for a lost head before Ray ends the process: a year.
+_RECONNECT_FOREVER_S = 365 * 24 * 3600
 
 
 class DirectoryActor:
@@ -141,6 +143,11 @@ async def connect_directory(
 
     ray = _ray()
     if not ray.is_initialized():
+        # This process joins the cluster for the directory alone (its workers are its own): without a head it
+        # goes on serving its worlds, so Ray must not end it when the head is gone for a minute (its default
+        # gcs_rpc_server_reconnect_timeout_s); a head that comes back with its state (GCS fault tolerance)
+        # is joined again, and the directory refills within a refresh.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(_RECONNECT_FOREVER_S))
         target = address or os.environ.get("RAY_ADDRESS") or None
         if target is None:
             from ray._private.services import find_bootstrap_address

@@ -449,9 +449,10 @@ def _serve(args: argparse.Namespace) -> int:
             raise
         print(f"worldserve {args.command}: error: {error}", file=sys.stderr)
         code = 2
-    if code != 0 and uses_ray:
+    if uses_ray and (code != 0 or runtime_config.executor != "ray"):
         # Ray's exit hook would shut its driver down again, for seconds (a minute without a
-        # head), after the server already released what it could: leave now.
+        # head, for ever for a front-end that joined for the directory alone), after the server
+        # already released what it could: leave now.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
