@@ -55,3 +55,4 @@ bench: venv
 	$(BIN)/python bench/media.py
 	$(BIN)/python bench/leads.py
 	$(BIN)/python bench/page_latency.py
+	$(BIN)/python bench/service.py

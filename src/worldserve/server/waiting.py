@@ -377,10 +377,10 @@ class WaitingRoom(Generic[T]):
         self._tell_all()
         return False
 
-    async def _pause(self) -> None:
+    async def _pause(self, seconds: float | None = None) -> None:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._poll_s):
+            async with asyncio.timeout(self._poll_s if seconds is None else seconds):
                 await self._wake.wait()
 
     # -- the service's line (a shared room) ------------------------------------------------
@@ -409,7 +409,8 @@ class WaitingRoom(Generic[T]):
                 await self._apply(answer)
             elif self._line and await self._local_round():  # the service is lost: this front-end's own line
                 continue
-            await self._pause()
+            # While a start waits here, the service may place it elsewhere at any moment: ask more often.
+            await self._pause(self._poll_s / 5 if self._line and answer is not None else self._poll_s)
 
     async def _apply(self, answer: LineAnswer) -> None:
         """The service's word: start these here, send those elsewhere, tell everyone their place."""

@@ -9,7 +9,8 @@ commands docs/deploy.md ("Many front-ends") gives; the tests run the same pieces
 (``tests/test_front_ends.py``).
 
 Owns: the nginx configuration of such a balancer (:func:`nginx_config`), running nginx from a
-folder of its own (:class:`Nginx`: no root, no system files), and the script.
+folder of its own (:class:`Nginx`: no root, no system files), the whole service for as long as a
+block runs (:func:`service`: ``bench/service.py`` measures one), and the script.
 Must not know: what a world is; how the front-ends find each other (the directory does).
 """
 
@@ -27,9 +28,10 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Nginx", "front_end_path", "nginx_config"]
+__all__ = ["Nginx", "Service", "front_end_path", "nginx_config", "service"]
 
 
 def front_end_path(index: int) -> str:
@@ -171,9 +173,39 @@ def _healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None
     raise RuntimeError(f"{url} was not healthy within {timeout} s")
 
 
+@dataclass(frozen=True)
+class Service:
+    """A running service: its balancer, and each front-end's own address and process."""
+
+    balancer: Nginx
+    front_ends: tuple[tuple[str, int], ...]
+    processes: tuple[subprocess.Popen[bytes], ...]
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        """The balancer's HTTP URL (the page); its ``/v1/world`` is the service's WebSocket."""
+        return self.balancer.url
+
+    def door(self, index: int) -> str:
+        """Front-end ``index``'s ``/v1/world`` through the balancer (its public URL's; 1-based)."""
+        return f"ws://{self.balancer.listen[0]}:{self.balancer.listen[1]}{front_end_path(index)}/v1/world"
+
+
 @contextlib.contextmanager
-def _service(args: argparse.Namespace, folder: Path) -> Iterator[Nginx]:
-    host = args.host
+def service(
+    front_ends: int = 2,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    serve_args: Sequence[str] = (),
+    folder: Path | None = None,
+    start_timeout: float = 180.0,
+) -> Iterator[Service]:
+    """Run a Ray head, ``front_ends`` front-ends sharing its session directory (each ``worldserve serve
+    --directory ray`` with ``serve_args``) and nginx over them, until the block ends (then all torn down)."""
+    folder = folder or Path(tempfile.mkdtemp(prefix="worldserve-service-"))
+    folder.mkdir(parents=True, exist_ok=True)
     ray_port = _free_port(host)
     # A Ray of the service's own (its address file and token under RAY_TMPDIR): the front-ends join it as
     # `ray start`'s own cluster, so Ray's token authentication needs nothing more.
@@ -182,23 +214,22 @@ def _service(args: argparse.Namespace, folder: Path) -> Iterator[Nginx]:
     subprocess.run(
         [*ray, "start", "--head", "--port", str(ray_port), "--num-cpus", "0", "--num-gpus", "0",
          "--include-dashboard", "false", "--disable-usage-stats"],
-        check=True, env=env, stdout=subprocess.DEVNULL,
+        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     servers: list[subprocess.Popen[bytes]] = []
     try:
-        lb_port = args.port or _free_port(host)
-        ports = [_free_port(host) for _ in range(args.front_ends)]
-        for index, port in enumerate(ports, 1):
+        lb_port = port or _free_port(host)
+        ports = [_free_port(host) for _ in range(front_ends)]
+        for index, front_end_port in enumerate(ports, 1):
             public = f"http://{host}:{lb_port}{front_end_path(index)}"
-            command = [sys.executable, "-m", "worldserve", "serve", "--host", host, "--port", str(port),
-                       "--directory", "ray", "--public-url", public,
-                       *args.serve_args]  # fmt: skip
+            command = [sys.executable, "-m", "worldserve", "serve", "--host", host, "--port", str(front_end_port),
+                       "--directory", "ray", "--public-url", public, *serve_args]  # fmt: skip
             log = open(folder / f"front-end-{index}.log", "wb")  # noqa: SIM115 -- the child holds it
             servers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
-        for port, process in zip(ports, servers, strict=True):
-            _healthy(f"http://{host}:{port}", process, args.start_timeout)
-        with Nginx((host, lb_port), [(host, port) for port in ports], folder / "nginx") as balancer:
-            yield balancer
+        for front_end_port, process in zip(ports, servers, strict=True):
+            _healthy(f"http://{host}:{front_end_port}", process, start_timeout)
+        with Nginx((host, lb_port), [(host, p) for p in ports], folder / "nginx") as balancer:
+            yield Service(balancer, tuple((host, p) for p in ports), tuple(servers), folder)
     finally:
         for process in servers:
             process.terminate()
@@ -225,7 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.serve_args[:1] == ["--"]:
         args.serve_args = args.serve_args[1:]
-    folder = args.folder or Path(tempfile.mkdtemp(prefix="worldserve-service-"))
     stop = False
 
     def ask_stop(signum: int, frame: object) -> None:
@@ -234,8 +264,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, ask_stop)
     signal.signal(signal.SIGINT, ask_stop)
-    with _service(args, folder) as balancer:
-        print(f"worldserve service: {balancer.url}/ (logs and configs in {folder}); Ctrl-C stops it", flush=True)
+    with service(
+        args.front_ends,
+        host=args.host,
+        port=args.port,
+        serve_args=args.serve_args,
+        folder=args.folder,
+        start_timeout=args.start_timeout,
+    ) as running:
+        print(f"worldserve service: {running.url}/ (logs and configs in {running.folder}); Ctrl-C stops it", flush=True)
         while not stop:
             time.sleep(0.2)
     return 0
