@@ -1,12 +1,13 @@
-"""A whole service on one machine: a Ray head, N front-ends and nginx as the L7 balancer in front.
+"""A whole service on one machine: a Ray head, worker nodes, N front-ends and nginx as the L7 balancer.
 
-``python -m worldserve.tools.topology`` starts a Ray head (``ray start --head``, no work on it),
-front-ends (``worldserve serve --directory ray``, each with its own port and a public URL through
-the balancer: ``http://HOST:PORT/fe/N``) and nginx (round robin over the front-ends for ``/`` and
-``/v1/world``, WebSocket upgrade, and ``/fe/N/`` to front-end N, where ``session.moved`` sends a
-client), prints the balancer's URL and tears it all down on Ctrl-C or SIGTERM. These are the
-commands docs/deploy.md ("Many front-ends") gives; the tests run the same pieces
-(``tests/test_front_ends.py``).
+``python -m worldserve.tools.topology`` starts a Ray head (``ray start --head``, no work on it), Ray
+worker nodes (``ray start --address``, each with a temporary folder of its own) where each front-end
+runs its worker (``--executor ray``), front-ends (``worldserve serve --directory ray``, each with its
+own port and a public URL through the balancer: ``http://HOST:PORT/fe/N``) and nginx (round robin
+over the front-ends for ``/`` and ``/v1/world``, WebSocket upgrade, and ``/fe/N/`` to front-end N,
+where ``session.moved`` sends a client), prints the balancer's URL and tears it all down on Ctrl-C or
+SIGTERM. These are the commands docs/deploy.md ("Many front-ends") gives; the tests run the script's
+own :func:`service` once (``tests/test_topology.py``) and the same pieces (``tests/test_front_ends.py``).
 
 Owns: the nginx configuration of such a balancer (:func:`nginx_config`), running nginx from a
 folder of its own (:class:`Nginx`: no root, no system files), the whole service for as long as a
@@ -192,38 +193,73 @@ class Service:
         return f"ws://{self.balancer.listen[0]}:{self.balancer.listen[1]}{front_end_path(index)}/v1/world"
 
 
+def _start_ray(ray: Sequence[str], env: dict[str, str], *args: str) -> None:
+    done = subprocess.run([*ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # e.g. a folder so deep that Ray's socket paths pass the 107 bytes a socket takes
+        raise RuntimeError(f"`ray start {' '.join(args)}` failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def _stop_ray(folder: Path) -> None:
+    """End the Ray processes of this service alone (``ray stop`` would end every Ray on the machine): those
+    whose command line names its folder (their session and socket paths are under it). Linux's /proc."""
+    mark = str(folder).encode()
+    own = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        with contextlib.suppress(OSError):
+            if mark in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + 5
+        while (
+            signum == signal.SIGTERM and time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in found)
+        ):
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def service(
     front_ends: int = 2,
     *,
+    worker_nodes: int = 0,
     host: str = "127.0.0.1",
     port: int = 0,
     serve_args: Sequence[str] = (),
     folder: Path | None = None,
     start_timeout: float = 180.0,
 ) -> Iterator[Service]:
-    """Run a Ray head, ``front_ends`` front-ends sharing its session directory (each ``worldserve serve
-    --directory ray`` with ``serve_args``) and nginx over them, until the block ends (then all torn down)."""
+    """Run a Ray head, ``worker_nodes`` Ray nodes for the workers (one CPU and one ``worldserve`` resource
+    each; with any, each front-end runs one worker there: ``--executor ray``), ``front_ends`` front-ends
+    sharing the head's session directory (each ``worldserve serve --directory ray`` with ``serve_args``) and
+    nginx over them, until the block ends; then all of it is torn down."""
     folder = folder or Path(tempfile.mkdtemp(prefix="worldserve-service-"))
     folder.mkdir(parents=True, exist_ok=True)
     ray_port = _free_port(host)
-    # A Ray of the service's own (its address file and token under RAY_TMPDIR): the front-ends join it as
-    # `ray start`'s own cluster, so Ray's token authentication needs nothing more.
+    # A Ray of the service's own: its address file and token under the head's RAY_TMPDIR, so the front-ends
+    # join it as `ray start`'s own cluster and Ray's token authentication needs nothing more. Each node has
+    # a temporary folder of its own (two raylets of one machine cannot share one).
     env = {**os.environ, "RAY_TMPDIR": str(folder / "ray")}
     ray = [str(Path(sys.executable).with_name("ray"))]
-    subprocess.run(
-        [*ray, "start", "--head", "--port", str(ray_port), "--num-cpus", "0", "--num-gpus", "0",
-         "--include-dashboard", "false", "--disable-usage-stats"],
-        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     servers: list[subprocess.Popen[bytes]] = []
     try:
+        _start_ray(ray, env, "--head", "--port", str(ray_port), "--num-cpus", "0", "--num-gpus", "0",
+                   "--include-dashboard", "false")  # fmt: skip
+        for node in range(1, worker_nodes + 1):
+            node_env = {**env, "RAY_TMPDIR": str(folder / f"ray-node-{node}"), "RAY_AUTH_MODE": "token"}
+            _start_ray(ray, node_env, "--address", f"{host}:{ray_port}", "--num-cpus", "1",
+                       "--resources", '{"worldserve": 1}')  # fmt: skip
+        workers = ["--executor", "ray", "--workers", "1", "--ray-resource", "worldserve=1"] if worker_nodes else []
         lb_port = port or _free_port(host)
         ports = [_free_port(host) for _ in range(front_ends)]
         for index, front_end_port in enumerate(ports, 1):
             public = f"http://{host}:{lb_port}{front_end_path(index)}"
             command = [sys.executable, "-m", "worldserve", "serve", "--host", host, "--port", str(front_end_port),
-                       "--directory", "ray", "--public-url", public, *serve_args]  # fmt: skip
+                       "--directory", "ray", "--public-url", public, *workers, *serve_args]  # fmt: skip
             log = open(folder / f"front-end-{index}.log", "wb")  # noqa: SIM115 -- the child holds it
             servers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
         for front_end_port, process in zip(ports, servers, strict=True):
@@ -236,7 +272,7 @@ def service(
         for process in servers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=20)
-        subprocess.run([*ray, "stop", "--force"], env=env, stdout=subprocess.DEVNULL, check=False)
+        _stop_ray(folder)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,6 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address everything listens on")
     parser.add_argument("--port", type=int, default=8080, help="the balancer's port (0: a free one)")
     parser.add_argument("--front-ends", type=int, default=2, help="how many front-ends")
+    parser.add_argument(
+        "--worker-nodes",
+        type=int,
+        default=2,
+        help="Ray nodes for the workers (each front-end then runs one worker there, --executor ray; 0: the "
+        "front-ends' own processes)",
+    )
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds each front-end may take to start")
     parser.add_argument("--folder", type=Path, default=None, help="where logs and configs go (default: a new temp dir)")
     parser.add_argument(
@@ -266,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, ask_stop)
     with service(
         args.front_ends,
+        worker_nodes=args.worker_nodes,
         host=args.host,
         port=args.port,
         serve_args=args.serve_args,
