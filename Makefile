@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: venv lint test conformance bench serve browser balancer ts
+.PHONY: venv lint test conformance bench serve browser services ts
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
-# The service tests put Debian's nginx in front of two front-ends (tests/test_front_ends.py, worldserve.tools.topology).
-balancer:
-	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nginx-light; }
+# The service tests put Debian's nginx in front of two front-ends (tests/test_front_ends.py, worldserve.tools.topology)
+# and keep a Ray head's state in Debian's Redis, so that a head can come back (tests/test_front_ends_head_return.py).
+services:
+	@{ command -v nginx || [ -x /usr/sbin/nginx ]; } >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nginx-light redis-server; }
 
 # The TypeScript client (clients/ts, @worldserve/client): its locked packages from the npm registry,
 # its types generated from docs/protocol.schema.json, its tests (Node's runner) against a real server.
@@ -41,7 +43,7 @@ ts: venv
 
 # Two pytest processes (the suite waits on sockets, subprocesses and a browser much of the time);
 # the Ray tests share one of them (xdist group "ray": they use this machine's Ray address file).
-test: lint browser balancer ts
+test: lint browser services ts
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 conformance: venv

@@ -144,6 +144,13 @@ class _Store:
     def front_ends(self) -> Awaitable[dict[str, int]]:
         return self._call("front_ends")
 
+    async def follow(self, timeout: float) -> None:
+        await asyncio.wait_for(self.up.wait(), timeout)
+
+    async def reconnect(self, timeout: float) -> None:
+        self.calls.append(("reconnect", ()))
+        await asyncio.wait_for(self.up.wait(), timeout)  # found again once it is up
+
 
 async def test_a_front_end_publishes_its_worlds_finds_others_and_goes_on_alone_while_the_store_is_lost() -> None:
     store = _Store()

@@ -34,7 +34,7 @@ from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E
 from worldserve.tools.topology import Nginx, front_end_path  # noqa: E402
 
 if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-    pytest.skip("nginx is not installed (make balancer installs Debian's nginx-light)", allow_module_level=True)
+    pytest.skip("nginx is not installed (make services installs Debian's nginx-light)", allow_module_level=True)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ray")
 if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-    pytest.skip("nginx is not installed (make balancer installs Debian's nginx-light)", allow_module_level=True)
+    pytest.skip("nginx is not installed (make services installs Debian's nginx-light)", allow_module_level=True)
 
 from worldserve.client import WorldClient
 from worldserve.tools.topology import service

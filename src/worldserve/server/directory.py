@@ -160,6 +160,12 @@ class DirectoryStore(Protocol):
 
     def front_ends(self) -> Awaitable[dict[str, int]]: ...
 
+    async def reconnect(self, timeout: float) -> None:
+        """Find the store again (it may have moved while it did not answer); raises if it cannot."""
+
+    async def follow(self, timeout: float) -> None:
+        """Use the store all front-ends use now (another one may have found it anew); raises if it cannot."""
+
     # The service's waiting line (cluster_line.py), kept beside the table.
 
     def line_join(self, url: str, ticket: str) -> Awaitable[int]: ...
@@ -311,6 +317,10 @@ class Directory:
     async def _refresh_forever(self) -> None:
         while not self._closed:
             try:
+                if self.state != "ok":  # a store that came back may be somewhere else now
+                    await self._store.reconnect(self._timeout_s)
+                else:
+                    await self._store.follow(self._timeout_s)  # another front-end may have started it again
                 async with asyncio.timeout(self._timeout_s):
                     await self._store.refresh(self.url, tuple(self._worlds()))
             except asyncio.CancelledError:

@@ -4,8 +4,9 @@ Owns: :class:`DirectoryActor` (the actor's body: a :class:`~worldserve.server.di
 on the actor's clock), :class:`RayDirectoryStore` (a front-end's handle on it: every call submitted
 at once, in call order, so a world's publish reaches the actor before its withdraw), and
 :func:`connect_directory` (joining the cluster when the executor has not, then finding the actor
-or creating it). The actor is named ``worldserve-directory.<service>`` in the ``worldserve`` namespace
-(``--service``: several services may share a cluster, each with its own worlds and line),
+or creating it). The actor is named ``worldserve-directory.<service>.<generation>`` in the ``worldserve``
+namespace (``--service``: several services may share a cluster, each with its own worlds and line; the
+generation, in the cluster's key-value store, moves on when the actor was lost with a head),
 detached (it outlives the front-end that made it), takes no CPU and restarts where Ray can place it
 when its node goes: it comes back empty and the front-ends' next refresh fills it.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Awaitable
@@ -27,6 +29,8 @@ from worldserve.server.cluster_line import ClusterLine, LineAnswer
 from worldserve.server.directory import DirectoryTable
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "DirectoryActor", "RayDirectoryStore", "connect_directory"]
+
+_log = logging.getLogger("worldserve.server")
 
 ACTOR_NAME = "worldserve-directory"
 NAMESPACE = "worldserve"
@@ -76,11 +80,84 @@ class DirectoryActor:
 
 
 class RayDirectoryStore:
-    """A front-end's handle on the cluster's :class:`DirectoryActor` (a ``DirectoryStore``)."""
+    """A front-end's handle on the cluster's :class:`DirectoryActor` (a ``DirectoryStore``).
 
-    def __init__(self, handle: Any, where: str) -> None:
-        self._handle = handle
+    The actor has a *generation*, kept in the cluster's key-value store (the GCS's: with Ray's GCS
+    fault tolerance it survives a head's restart, and so does a driver's link to it), and is named
+    after it. After a lost head a driver cannot reach an actor it knew (it pushes to the actor's old
+    address, waiting for news of it from a GCS that restarted without its subscription), so a
+    front-end that finds its actor gone starts the next generation, killing the old one, and every
+    front-end follows the newest generation at its next refresh: all of them on one actor again,
+    empty, refilled by their refreshes."""
+
+    def __init__(self, service: str, ttl_s: float, where: str) -> None:
+        self._service = service
+        self._ttl_s = ttl_s
         self._where = where
+        self._handle: Any = None
+        self.generation = -1
+
+    @property
+    def _key(self) -> bytes:
+        return f"{ACTOR_NAME}.{self._service}.generation".encode()
+
+    def _actor(self, generation: int) -> Any:
+        """The actor of ``generation``, found or created (blocking: run off the loop)."""
+        ray = _ray()
+        return (
+            ray.remote(DirectoryActor)
+            .options(
+                name=f"{ACTOR_NAME}.{self._service}.{generation}",
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_restarts=-1,  # back, empty, wherever Ray can place it; the front-ends refill it
+                max_task_retries=0,
+            )
+            .remote(self._ttl_s)
+        )
+
+    def _read_generation(self) -> int:
+        from ray.experimental import internal_kv
+
+        value = internal_kv._internal_kv_get(self._key, namespace=NAMESPACE.encode())
+        return int(value) if value else 0
+
+    def _write_generation(self, generation: int) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(self._key, str(generation).encode(), overwrite=True, namespace=NAMESPACE.encode())
+
+    async def follow(self, timeout: float) -> None:
+        """Use the newest generation's actor (another front-end may have started one)."""
+        from worldserve.runtime.executor.ray_actor import _off_loop
+
+        generation = await _off_loop(self._read_generation, timeout)
+        if generation != self.generation or self._handle is None:
+            self._handle = await _off_loop(lambda: self._actor(generation), timeout)
+            self.generation = generation
+
+    async def reconnect(self, timeout: float) -> None:
+        """The actor did not answer: follow the newest generation, and if its actor does not answer either
+        (this driver lost it with a head), start the next generation; raises while the cluster does not answer."""
+        from worldserve.runtime.executor.ray_actor import _off_loop
+
+        await self.follow(timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await self.front_ends()
+            return
+        except Exception:  # unreachable from here: a new generation
+            pass
+        ray = _ray()
+        old, generation = self._handle, self.generation + 1
+        await _off_loop(lambda: self._write_generation(generation), timeout)
+        with contextlib.suppress(Exception):
+            await _off_loop(lambda: ray.kill(old, no_restart=True), timeout)  # through the GCS, wherever it is
+        self._handle = await _off_loop(lambda: self._actor(generation), timeout)
+        self.generation = generation
+        _log.warning("the session directory starts again as generation %d (%s)", generation, self._where)
 
     @property
     def where(self) -> str:
@@ -166,21 +243,16 @@ async def connect_directory(
             ) from None
         finally:
             _reclaim_signals()
-    name = f"{ACTOR_NAME}.{service}"
-    remote = ray.remote(DirectoryActor).options(
-        name=name,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        num_cpus=0,
-        max_restarts=-1,  # back, empty, wherever Ray can place it; the front-ends refill it
-        max_task_retries=0,
-    )
-    try:
-        handle = await _off_loop(lambda: remote.remote(ttl_s), connect_timeout)
-    except TimeoutError:
-        raise WorkerStartError(f"the session directory's actor did not answer within {connect_timeout:g} s.") from None
     gcs = "?"
     with contextlib.suppress(Exception):  # a Ray Client connection has none to show
         gcs = str(ray.get_runtime_context().gcs_address)
-    return RayDirectoryStore(handle, f"Ray actor {NAMESPACE}/{name} on the cluster at {gcs}")
+    store = RayDirectoryStore(service, ttl_s, f"Ray actor {NAMESPACE}/{ACTOR_NAME}.{service} on the cluster at {gcs}")
+    try:
+        await store.follow(connect_timeout)
+        async with asyncio.timeout(connect_timeout):
+            await store.front_ends()
+    except TimeoutError:
+        raise WorkerStartError(f"the session directory's actor did not answer within {connect_timeout:g} s.") from None
+    except Exception:  # an actor this cluster lost: the next generation
+        await store.reconnect(connect_timeout)
+    return store

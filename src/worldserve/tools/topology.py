@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Nginx", "Service", "front_end_path", "nginx_config", "service"]
+__all__ = ["Nginx", "Service", "front_end_path", "nginx_config", "service", "start_ray", "stop_ray"]
 
 
 def front_end_path(index: int) -> str:
@@ -101,7 +101,7 @@ class Nginx:
     def __init__(self, listen: tuple[str, int], front_ends: Sequence[tuple[str, int]], folder: Path) -> None:
         binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if binary is None:
-            raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light; `make balancer`).")
+            raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light; `make services`).")
         self.binary = binary
         self.listen = listen
         self.folder = folder
@@ -193,13 +193,13 @@ class Service:
         return f"ws://{self.balancer.listen[0]}:{self.balancer.listen[1]}{front_end_path(index)}/v1/world"
 
 
-def _start_ray(ray: Sequence[str], env: dict[str, str], *args: str) -> None:
+def start_ray(ray: Sequence[str], env: dict[str, str], *args: str) -> None:
     done = subprocess.run([*ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True)
     if done.returncode != 0:  # e.g. a folder so deep that Ray's socket paths pass the 107 bytes a socket takes
         raise RuntimeError(f"`ray start {' '.join(args)}` failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
-def _stop_ray(folder: Path) -> None:
+def stop_ray(folder: Path) -> None:
     """End the Ray processes of this service alone (``ray stop`` would end every Ray on the machine): those
     whose command line names its folder (their session and socket paths are under it). Linux's /proc."""
     mark = str(folder).encode()
@@ -247,11 +247,11 @@ def service(
     ray = [str(Path(sys.executable).with_name("ray"))]
     servers: list[subprocess.Popen[bytes]] = []
     try:
-        _start_ray(ray, env, "--head", "--port", str(ray_port), "--num-cpus", "0", "--num-gpus", "0",
+        start_ray(ray, env, "--head", "--port", str(ray_port), "--num-cpus", "0", "--num-gpus", "0",
                    "--include-dashboard", "false")  # fmt: skip
         for node in range(1, worker_nodes + 1):
             node_env = {**env, "RAY_TMPDIR": str(folder / f"ray-node-{node}"), "RAY_AUTH_MODE": "token"}
-            _start_ray(ray, node_env, "--address", f"{host}:{ray_port}", "--num-cpus", "1",
+            start_ray(ray, node_env, "--address", f"{host}:{ray_port}", "--num-cpus", "1",
                        "--resources", '{"worldserve": 1}')  # fmt: skip
         workers = ["--executor", "ray", "--workers", "1", "--ray-resource", "worldserve=1"] if worker_nodes else []
         lb_port = port or _free_port(host)
@@ -272,7 +272,7 @@ def service(
         for process in servers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=20)
-        _stop_ray(folder)
+        stop_ray(folder)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
