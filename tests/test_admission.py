@@ -95,7 +95,7 @@ async def test_newcomers_wait_in_line_first_come_first_served(server: RunningSer
         assert [w.queued[0].position for w in waiters] == [1, 2, 3]
         assert [w.queued[0].ahead for w in waiters] == [0, 1, 2]
         health = json.loads(_get(server.http + "/healthz"))
-        assert health["queue"] == {"waiting": 3, "max": 3}
+        assert health["queue"] == {"waiting": 3, "max": 3, "line": "front-end"}
         assert health["capacity"]["room"] is False
 
         async with WorldClient(server.ws) as late:  # the line is full
