@@ -82,6 +82,25 @@ def test_a_late_chunk_moves_playback_by_its_lateness_and_is_counted() -> None:
     assert direct.made(0, 1.5, 1.65) is True  # due 1.6025: 47.5 ms late
 
 
+def test_the_players_acks_bring_a_grown_anchor_back_and_lateness_is_judged_against_them_again() -> None:
+    """A late chunk pushes playback later; the players' acks (their jitter buffers took the stall back)
+    bring the anchor back, never further than they say, and never later; a later late chunk counts again."""
+    pacer = Pacer(C, Lead(0, F))
+    pacer.made(0, 1.0, 1.04)  # chunk 0 plays at 1.04 + F
+    anchor = 1.04 + F
+    assert pacer.made(0, 1.25, 1.35) is False  # chunk 1, due anchor + C = 1.3525: on time
+    assert pacer.late == 0
+    assert pacer.made(0, 1.5, 1.70) is True  # chunk 2 due anchor + 2C = 1.6025: 97.5 ms late
+    assert pacer.due_of(3) == pytest.approx(1.70 + C)  # playback moved by the lateness
+    pacer.played(3, 1.70 + C + 0.5)  # an ack later than the pacer's own instant: nothing moves
+    assert pacer.due_of(3) == pytest.approx(1.70 + C)
+    pacer.played(3, anchor + 3 * C + 0.01)  # the player took the stall back: chunk 3 showed 10 ms after its old time
+    assert pacer.due_of(4) == pytest.approx(anchor + 4 * C + 0.01)
+    assert pacer.made(0, 1.75, 1.75 + 0.04) is False  # chunk 3, on time
+    assert pacer.made(0, 2.0, anchor + 4 * C + 0.05) is True  # 40 ms after its players' instant: late again
+    Pacer(C, Lead(1)).played(2, 0.0)  # a lead of whole chunks keeps its own rule
+
+
 def test_a_world_held_back_more_than_a_period_is_re_anchored_and_a_reset_starts_over() -> None:
     for lead in (Lead(1), Lead(0, F)):
         pacer = Pacer(C, lead)

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
@@ -273,5 +274,29 @@ async def test_a_key_that_comes_while_a_chunk_is_undone_waits_for_the_next_chunk
         loop.wake()
         await _until(lambda: len(world.sent) == 5)
         assert world.sent[4] == (4, 3, None, (3,))  # the release, in the next chunk
+    finally:
+        await loop.stop(grace=0)
+
+
+async def test_a_controllers_ack_tells_the_pacer_when_playback_is() -> None:
+    """Just in time: an ack of a sent chunk, earlier than the pacer's own instant for it, brings the
+    playout anchor back (the host passes each controller's ack on); an ack of an unknown seq does nothing."""
+    backend, world, clock = _Backend(), _World(), _Clock()
+    loop = _loop(backend, world, clock)
+    loop.pacer.lead = Lead(0, 0.05)
+    loop.start()
+    try:
+        await _until(lambda: len(world.sent) == 1)
+        clock.now += PERIOD
+        loop.wake()
+        await _until(lambda: len(world.sent) == 2)
+        before = loop.pacer.due_of(1)
+        assert before is not None
+        loop.played(99, 0.0)  # not a chunk it sent
+        assert loop.pacer.due_of(1) == before
+        loop.played(1, before - 0.03)  # chunk 1 showed 30 ms before the pacer's instant for it
+        assert loop.pacer.due_of(1) == pytest.approx(before - 0.03)
+        loop.played(1, before + 1.0)  # a late ack moves nothing
+        assert loop.pacer.due_of(1) == pytest.approx(before - 0.03)
     finally:
         await loop.stop(grace=0)

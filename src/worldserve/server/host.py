@@ -610,6 +610,7 @@ class WorldHost:
             member.acked_at = self._clock()
             _forget_acked(member)
             if member.can_control:
+                self.pacing.played(member.acked_seq, member.acked_at)
                 self.pacing.wake()
 
     # -- events ----------------------------------------------------------------------

@@ -16,7 +16,8 @@ The two leads, with C the chunk period and G the step (tick issued -> chunk comm
   is due to be ready: the first chunk's commit + ``margin_s`` + k C. A key then waits C/2 +
   G + the margin. A chunk that still comes after its playout instant stalls the viewer by
   that much; the pacer moves the playout anchor by the same amount (the lead grows only
-  as far as that step's jitter demanded) and counts it. A viewer that fell more than one
+  as far as that step's jitter demanded) and counts it; the players' acks bring it back as
+  their jitter buffers take the stall back (:meth:`Pacer.played`). A viewer that fell more than one
   period behind (a stall of the whole world) is re-anchored as with ``chunks``.
 
 :class:`Preempt` is the third piece of the latency policy: an input that comes after the
@@ -139,6 +140,15 @@ class Pacer:
     def due_of(self, index: int) -> float | None:
         """When this epoch's chunk ``index`` plays (None: before the first chunk anchored playback)."""
         return None if self._anchor is None else self._anchor + index * self.period
+
+    def played(self, index: int, at: float) -> None:
+        """A player showed this epoch's chunk ``index`` at ``at`` or before (its ack came then). ``jit``: playback
+        is no later than that, so the anchor comes back to it where a late chunk pushed it further (a
+        player's jitter buffer takes back its stall once the stream is steady): a chunk is late again
+        when it comes after the instant its viewers play it, not after one that only ever grew."""
+        if not self.lead.jit or self._anchor is None or index < 0:
+            return
+        self._anchor = min(self._anchor, at - index * self.period)
 
     def unmade(self) -> None:
         """The last chunk made was undone (a preemption): it is to be made again, at its own instant.

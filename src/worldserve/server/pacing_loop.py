@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +47,9 @@ from worldserve.session import EventReach, Session, SessionError, SessionStateEr
 __all__ = ["PacingLoop", "TickClock", "World"]
 
 log = logging.getLogger("worldserve.server")
+
+#: Recent chunks whose acks still tell the pacer when playback is.
+_SENT_KEPT = 64
 
 
 class TickClock(Protocol):
@@ -138,6 +142,7 @@ class PacingLoop:
         self._tick_started = 0.0
         self._tick_reach = EventReach()  # what the events of the tick in flight change
         self._last: _Sent | None = None  # the chunk sent last, while a preemption may undo it
+        self._sent: OrderedDict[int, tuple[int, int]] = OrderedDict()  # recent seqs -> (epoch, chunk index)
         self._seq = -1  # the seq of the chunk sent last (an undone one too: its replacement gets the next)
         self._preempted: tuple[int, int] | None = None  # (epoch, chunk index) preempted last: once a chunk
         self._undo_wanted: int | None = None  # the seq of the chunk to undo between ticks (an event came for it)
@@ -238,6 +243,9 @@ class PacingLoop:
             supersedes, self._superseded = self._superseded, None
             seq = self._seq = await world.send(chunk, epoch, started=started, committed=finished, supersedes=supersedes)
             metadata = chunk.metadata
+            self._sent[seq] = (epoch, chunk.metadata.chunk_index)
+            if len(self._sent) > _SENT_KEPT:
+                self._sent.popitem(last=False)
             self._last = _Sent(
                 seq,
                 epoch,
@@ -245,6 +253,12 @@ class PacingLoop:
                 reach=self._tick_reach,
                 step_s=chunk.compute_s / max(1, chunk.batch_size),
             )
+
+    def played(self, seq: int, at: float) -> None:
+        """A controller acked chunk ``seq`` (its first frame shown) at ``at``: the pacer learns when playback is."""
+        sent = self._sent.get(seq)
+        if sent is not None and sent[0] == self.pacer.epoch:
+            self.pacer.played(sent[1], at)
 
     # -- preemption (pacing.py's Preempt) ------------------------------------------------
 
