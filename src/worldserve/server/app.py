@@ -1,7 +1,8 @@
 """The HTTP + WebSocket application (Starlette): routes, authentication, origins.
 
 Owns: ``/`` (the browser player), ``/static`` and ``/favicon.ico``, ``GET /healthz``,
-``GET /v1/models``, ``POST /admin/drain`` (a drain, as SIGTERM begins one: drain.py; behind the
+``GET /v1/models``, ``POST /v1/whep/{session_id}`` and ``DELETE`` on its resource (WebRTC viewers
+signalled as WHEP: webrtc.py), ``POST /admin/drain`` (a drain, as SIGTERM begins one: drain.py; behind the
 token), ``POST /v1/origin`` (whether the request's ``Origin`` may open a socket: a
 browser's handshake refusal reads only as 1006, so the player asks), ``GET /metrics``,
 ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime video protocol, over the
@@ -48,6 +49,7 @@ from worldserve.server.host import WorldHosts
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.realtime_video import RealtimeVideoConnection
 from worldserve.server.waiting import waiting_room
+from worldserve.server.webrtc import MAX_OFFER_BYTES, WhepError, WhepPeers, whep_url
 
 __all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
@@ -171,6 +173,47 @@ def create_app(
             status_code=503 if drain.draining else 200,
         )
 
+    def whep_refusal(error: WhepError) -> Response:
+        return JSONResponse({"error": {"code": error.code, "message": str(error)}}, status_code=error.status)
+
+    async def whep_offer(request: Request) -> Response:
+        """WHEP: an SDP offer in, the answer out (201, ``Location``: the viewer's resource). The bearer token is a
+        share token of the world (it grants watching that world, and nothing else)."""
+        session_id = request.path_params["session_id"]
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/sdp":
+            return whep_refusal(WhepError(415, "bad_offer", "send the offer as application/sdp."))
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            return whep_refusal(WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes."))
+        peers: WhepPeers = state["whep"]
+        try:
+            resource, answer = await peers.offer(session_id, _bearer(request), body.decode(errors="replace"))
+        except WhepError as error:
+            if error.status == 404 and directory is not None:  # it lives on another front-end: go there
+                url = await directory.find(session_id)
+                if url is not None:
+                    return Response(status_code=307, headers={"Location": whep_url(url, session_id)})
+            return whep_refusal(error)
+        base = (config.public_url or "").rstrip("/")
+        return Response(
+            answer,
+            status_code=201,
+            media_type="application/sdp",
+            headers={"Location": f"{base}/v1/whep/{session_id}/{resource}"},
+        )
+
+    async def whep_resource(request: Request) -> Response:
+        """WHEP: ``DELETE`` leaves; a trickled candidate (``PATCH``) is not taken: the answer had them all."""
+        if request.method != "DELETE":
+            return whep_refusal(WhepError(405, "not_supported", "candidates are not trickled: the SDP had them all."))
+        peers: WhepPeers = state["whep"]
+        try:
+            await peers.leave(request.path_params["session_id"], request.path_params["resource"])
+        except WhepError as error:
+            return whep_refusal(error)
+        return Response(status_code=200)
+
     async def admin_drain(request: Request) -> Response:
         """Begin draining (as SIGTERM does): behind the token, or from this machine on a server without one."""
         if config.token is None:
@@ -250,12 +293,14 @@ def create_app(
             state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             state["connections"] = set()
             state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
+            state["whep"] = whep = WhepPeers(hosts, ice_servers=config.ice_servers)
             if directory is not None:
                 directory.start(hosts.session_ids)
                 room.start_sharing()
             try:
                 yield
                 await room.aclose()
+                await whep.aclose()
                 await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
             finally:
                 if directory is not None:
@@ -269,6 +314,8 @@ def create_app(
             Route("/v1/models", models),
             Route("/v1/origin", origin, methods=["POST"]),
             Route("/admin/drain", admin_drain, methods=["POST"]),
+            Route("/v1/whep/{session_id}", whep_offer, methods=["POST"]),
+            Route("/v1/whep/{session_id}/{resource}", whep_resource, methods=["DELETE", "PATCH"]),
             Route("/favicon.ico", favicon),
             Route("/metrics", metrics_route),
             WebSocketRoute("/v1/world", world),

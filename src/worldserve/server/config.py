@@ -76,6 +76,9 @@ class ServerConfig:
     #: A drain (SIGTERM, ``POST /admin/drain``) admits no more starts and lets the worlds here run this
     #: long at most before the server stops (seconds; 0: a SIGTERM stops at once, ending every world).
     drain_timeout_s: float = 0.0
+    #: STUN/TURN servers for WebRTC viewers (WHEP), as RTCIceServer URLs (``stun:stun.example:3478``,
+    #: ``turn:user:pass@turn.example``); none: host candidates only (a LAN, or tests on one machine).
+    ice_servers: tuple[str, ...] = ()
 
     @property
     def world_url(self) -> str | None:

@@ -403,6 +403,11 @@ class WorldHost:
     def start(self) -> None:
         self.pacing.start()
 
+    @property
+    def spec(self) -> ModelSpec:
+        """The world's model."""
+        return self._backend.spec
+
     def join(
         self, token: str, role: Role, outlet: Outlet, seq_base: int = 0, *, media: str | None = None
     ) -> Member | None:

@@ -248,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
         "resume or join for a world on another front-end with session.moved {url}; needs --public-url",
     )
     serve.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a STUN or TURN server for WebRTC viewers (WHEP, POST /v1/whep/SESSION), e.g. stun:stun.example:3478; "
+        "repeat for more (none: host candidates only, for a LAN)",
+    )
+    serve.add_argument(
         "--service",
         default="default",
         metavar="NAME",
@@ -434,6 +442,7 @@ def _serve(args: argparse.Namespace) -> int:
             realtime_stall_timeout_s=args.realtime_stall_timeout_s,
             public_url=args.public_url,
             drain_timeout_s=args.drain_timeout_s,
+            ice_servers=tuple(args.ice_server),
         )
         if args.directory != "off" and args.public_url is None:
             raise ValueError("--directory ray needs --public-url: the URL the other front-ends send clients to")

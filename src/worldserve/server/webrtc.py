@@ -1,0 +1,280 @@
+"""WebRTC for viewers, signalled as WHEP: a world's frames as a video track to any WHEP player.
+
+``POST /v1/whep/{session_id}`` with a share token of the world as its bearer token and an SDP offer
+(``application/sdp``) answers ``201 Created`` with the SDP answer and the viewer's resource in
+``Location``; ``DELETE`` on that resource leaves. Signalling is not trickled: the answer carries every
+candidate (host candidates; STUN/TURN servers from ``--ice-server`` for real networks). Each peer
+connection is one *viewer* member of the world (:class:`~worldserve.server.host.WorldHost`), sent its
+chunks as raw frames, which aiortc encodes (VP8 or H.264, as the offer prefers: one encode per viewer).
+
+Latency first: the track holds at most ``max_frames`` frames not yet sent and drops the oldest when a
+newer one comes (a viewer behind never falls further behind); it plays them at the model's frame
+rate and acks each chunk as its first frame goes out, as a player acks what it shows, so the world's
+pacing and a lagging viewer's skipping work as for WebSocket viewers.
+
+Owns: :class:`FrameTrack` (the video track), :class:`WhepViewer` (the member's outlet), :class:`WhepPeers`
+(the offers, answers and leaves of one server, and their errors).
+Must not know: how frames are made, the WebSocket protocol's messages beyond the chunk's header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel
+
+from worldserve.server.host import Member, Role, WorldHosts
+from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
+
+__all__ = ["MAX_OFFER_BYTES", "FrameTrack", "WhepError", "WhepPeers", "WhepViewer", "whep_url"]
+
+_log = logging.getLogger("worldserve.server")
+
+#: An SDP offer larger than this is refused (a real one is a few kB).
+MAX_OFFER_BYTES = 64 * 1024
+_CLOCK_RATE = 90_000
+
+
+def whep_url(world_url: str, session_id: str) -> str:
+    """The WHEP endpoint of ``session_id`` on the front-end whose ``/v1/world`` URL is ``world_url``."""
+    base = world_url.removesuffix("/v1/world")
+    return base.replace("wss://", "https://", 1).replace("ws://", "http://", 1) + f"/v1/whep/{session_id}"
+
+
+class WhepError(Exception):
+    """A refused WHEP request: its HTTP status, a stable code and what to fix."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def _aiortc() -> Any:
+    try:
+        import aiortc
+    except ImportError:  # pragma: no cover - depends on the extra
+        raise WhepError(501, "not_supported", "this server has no WebRTC: pip install 'worldserve[webrtc]'.") from None
+    return aiortc
+
+
+class FrameTrack:
+    """The video track of one viewer: frames in as chunks come, out at the model's rate, oldest dropped first.
+
+    Made an aiortc ``MediaStreamTrack`` by :func:`_track_class` (aiortc is imported only when WHEP is used).
+    """
+
+    kind = "video"
+
+    def __init__(self, fps: float, max_frames: int, on_shown: Callable[[int], None]) -> None:
+        self._fps = fps
+        self._max = max_frames
+        self._on_shown = on_shown  # a chunk's first frame went out: its seq
+        self._frames: deque[tuple[int, bool, npt.NDArray[np.uint8]]] = deque()  # (seq, first of its chunk, frame)
+        self._arrived = asyncio.Event()
+        self._next = 0.0  # when the next frame is due (monotonic)
+        self._t0: float | None = None
+        self.sent = 0
+        self.dropped = 0
+
+    def push(self, seq: int, frames: Sequence[npt.NDArray[np.uint8]]) -> None:
+        for index, frame in enumerate(frames):
+            self._frames.append((seq, index == 0, frame))
+        while len(self._frames) > self._max:  # latency first: the oldest unsent frame goes
+            seq_dropped, first, _ = self._frames.popleft()
+            self.dropped += 1
+            if first:
+                self._on_shown(seq_dropped)  # passed over, as a lagging player would: not held against pacing
+        self._arrived.set()
+
+    def drop(self, seq: int) -> None:
+        """A chunk was superseded (a preemption): its frames not yet sent go."""
+        self._frames = deque(item for item in self._frames if item[0] != seq)
+
+    async def next_frame(self) -> tuple[npt.NDArray[np.uint8], int]:
+        """The next frame to send and its timestamp (90 kHz), at the model's frame rate."""
+        while not self._frames:
+            self._arrived.clear()
+            await self._arrived.wait()
+            self._next = max(self._next, time.monotonic())  # a stall: go on from now, not in a burst
+        wait = self._next - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        self._next = max(self._next, now - 1.0 / self._fps) + 1.0 / self._fps
+        seq, first, frame = self._frames.popleft()
+        if first:
+            self._on_shown(seq)
+        self.sent += 1
+        return frame, round((now - self._t0) * _CLOCK_RATE)
+
+
+def _track_class() -> type:
+    """``FrameTrack`` as an aiortc ``MediaStreamTrack`` (its ``recv`` gives ``av.VideoFrame``)."""
+    aiortc = _aiortc()
+    import av
+
+    class AiortcFrameTrack(aiortc.MediaStreamTrack, FrameTrack):  # type: ignore[misc,name-defined]
+        kind = "video"
+
+        def __init__(self, fps: float, max_frames: int, on_shown: Callable[[int], None]) -> None:
+            aiortc.MediaStreamTrack.__init__(self)
+            FrameTrack.__init__(self, fps, max_frames, on_shown)
+
+        async def recv(self) -> Any:
+            frame, pts = await self.next_frame()
+            video = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            video.pts = pts
+            video.time_base = fractions.Fraction(1, _CLOCK_RATE)
+            return video
+
+    return AiortcFrameTrack
+
+
+class WhepViewer:
+    """A viewer member's outlet: its chunks' raw frames into its track; the world's end closes its peer."""
+
+    def __init__(self, track: FrameTrack, on_end: Callable[[str], None]) -> None:
+        self._track = track
+        self._on_end = on_end
+
+    def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
+        for message in messages:
+            if isinstance(message, ChunkMessage):
+                if message.supersedes is not None:
+                    self._track.drop(message.supersedes)
+                info = message.frames
+                if info.media == "raw" and binary:
+                    shape = (info.height, info.width, 3)
+                    self._track.push(message.seq, [np.frombuffer(blob, np.uint8).reshape(shape) for blob in binary])
+            elif isinstance(message, SessionClosed):
+                self._on_end(f"the world ended ({message.reason})")
+            elif isinstance(message, SessionFailed):
+                self._on_end(f"the world failed ({message.code})")
+
+    def detach(self) -> None:
+        self._on_end("taken over")
+
+    @property
+    def backlog(self) -> int:
+        return 0  # frames are dropped, never queued behind a slow peer
+
+    def unsent(self) -> list[tuple[BaseModel, ...]]:
+        return []
+
+
+@dataclass
+class _Peer:
+    resource: str
+    session_id: str
+    pc: Any
+    member: Member
+    outlet: WhepViewer
+    track: FrameTrack
+
+
+class WhepPeers:
+    """The WHEP viewers of one server: offers answered, resources left, all closed at the server's stop."""
+
+    def __init__(self, hosts: WorldHosts, *, ice_servers: Sequence[str] = (), max_frames: int | None = None) -> None:
+        self._hosts = hosts
+        self._ice_servers = tuple(ice_servers)
+        self._max_frames = max_frames
+        self._peers: dict[str, _Peer] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    async def offer(self, session_id: str, token: str | None, sdp: str) -> tuple[str, str]:
+        """Answer a viewer's offer: (its resource id, the SDP answer); :class:`WhepError` when refused."""
+        if not token:
+            raise WhepError(401, "unauthorized", "send the world's share token as the bearer token.")
+        host = self._hosts.get(session_id)
+        if host is None:
+            raise WhepError(404, "unknown_session", f"no world {session_id!r} lives on this server.")
+        if len(sdp.encode()) > MAX_OFFER_BYTES or "m=video" not in sdp:
+            raise WhepError(400, "bad_offer", "the offer must be an SDP offer with a video section (m=video).")
+        aiortc = _aiortc()
+        resource = secrets.token_urlsafe(16)
+        spec = host.spec
+        frames = self._max_frames or spec.frames_per_chunk + 2
+        member_box: list[Member] = []
+
+        def shown(seq: int) -> None:
+            if member_box and not member_box[0].gone:
+                host.ack(member_box[0], seq)
+
+        track = _track_class()(spec.fps, frames, shown)
+        outlet = WhepViewer(track, lambda why: self._end(resource, why))
+        member = host.join(token, Role.VIEWER, outlet, media="raw")
+        if member is None:
+            raise WhepError(403, "join_refused", "this token does not let you watch this world.")
+        member_box.append(member)
+        servers = [aiortc.RTCIceServer(urls=url) for url in self._ice_servers]
+        pc = aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
+        peer = self._peers[resource] = _Peer(resource, session_id, pc, member, outlet, track)
+
+        @pc.on("connectionstatechange")  # type: ignore[untyped-decorator]
+        async def changed() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                self._end(resource, f"the peer connection {pc.connectionState}")
+
+        try:
+            await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
+            video = [t for t in pc.getTransceivers() if t.kind == "video"]
+            if not video:
+                raise ValueError("no video section")
+            video[0].direction = "sendonly"
+            pc.addTrack(track)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as error:
+            await self._close(peer, "a bad offer")
+            raise WhepError(400, "bad_offer", f"the offer could not be answered: {error}") from error
+        return resource, str(pc.localDescription.sdp)
+
+    async def leave(self, session_id: str, resource: str) -> None:
+        peer = self._peers.get(resource)
+        if peer is None or peer.session_id != session_id:
+            raise WhepError(404, "unknown_resource", "no such WHEP viewer on this server.")
+        await self._close(peer, "DELETE")
+
+    async def aclose(self) -> None:
+        for peer in list(self._peers.values()):
+            await self._close(peer, "the server stops")
+        for task in list(self._closing):
+            with contextlib.suppress(BaseException):
+                await task
+
+    def stats(self, resource: str) -> dict[str, int]:
+        track = self._peers[resource].track
+        return {"sent": track.sent, "dropped": track.dropped}
+
+    def _end(self, resource: str, why: str) -> None:
+        peer = self._peers.get(resource)
+        if peer is not None:
+            task = asyncio.ensure_future(self._close(peer, why))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close(self, peer: _Peer, why: str) -> None:
+        if self._peers.pop(peer.resource, None) is None:
+            return
+        _log.info("WHEP viewer %s of session %s leaves: %s", peer.resource, peer.session_id, why)
+        with contextlib.suppress(Exception):
+            await peer.member.host.disconnected(peer.member, peer.outlet, clean=True)
+        with contextlib.suppress(Exception):
+            await peer.pc.close()
