@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import threading
 import urllib.request
@@ -27,10 +26,10 @@ import pytest
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from ray_harness import local_cluster  # noqa: E402
 from server_harness import RunningServer, free_port, start_server  # noqa: E402
 from worldserve.client import ClientChunk, WorldClient, WorldError  # noqa: E402
 from worldserve.protocol import ControlInput  # noqa: E402
-from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
 from worldserve.tools.topology import Nginx, front_end_path  # noqa: E402
 
 if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
@@ -45,21 +44,8 @@ def keys(*held: str) -> ControlInput:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    root = Path(__file__).resolve().parent
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
-    )
-    try:
+    with local_cluster() as made:
         yield made
-    finally:
-        with contextlib.suppress(Exception):
-            made.shutdown()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 class Door:

@@ -10,13 +10,10 @@ say where it lives). The process lives on past Ray's own minute without a head.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,30 +21,17 @@ import pytest
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from ray_harness import local_cluster  # noqa: E402
 from server_harness import RunningServer, free_port, start_server  # noqa: E402
 from worldserve.client import WorldClient, WorldError  # noqa: E402
-from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture
 def cluster() -> Iterator[Any]:
-    root = Path(__file__).resolve().parent
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
-    )
-    try:
+    with local_cluster() as made:
         yield made
-    finally:
-        with contextlib.suppress(Exception):
-            made.shutdown()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 def _health(server: RunningServer) -> dict[str, Any]:

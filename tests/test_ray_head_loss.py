@@ -10,10 +10,7 @@ with one line saying why.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +18,9 @@ import pytest
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from ray_harness import local_cluster  # noqa: E402
 from server_harness import start_server, until_failed  # noqa: E402
 from worldserve.client import WorldClient, WorldClientError  # noqa: E402
-from worldserve.runtime.executor.ray_actor import LOCAL_SYSTEM_CONFIG  # noqa: E402
 
 # One xdist group for every Ray test: they share the machine's Ray address file and its cores.
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
@@ -31,22 +28,9 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 @pytest.fixture
 def cluster() -> Iterator[Any]:
-    root = Path(__file__).resolve().parent
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root.parent / "src"), str(root), saved or ""])
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
-    )
-    try:
+    with local_cluster() as made:
         made.add_node(num_cpus=1, resources={"worldserve": 1.0})
         yield made
-    finally:
-        with contextlib.suppress(Exception):
-            made.shutdown()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 async def test_a_lost_head_fails_every_session_worker_died_then_the_server_stops(cluster: Any) -> None:
