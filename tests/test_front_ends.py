@@ -62,20 +62,27 @@ def balancer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     return ("127.0.0.1", free_port())
 
 
-@pytest.fixture(scope="module")
-def doors(cluster: Any, balancer: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Door]]:
+@contextlib.contextmanager
+def _service(cluster: Any, balancer: tuple[str, int], folder: Path, *extra: str) -> Iterator[list[Door]]:
+    """Two front-ends (procedural, ``extra`` flags) sharing the cluster's directory, behind nginx at ``balancer``."""
     started: list[RunningServer] = []
     lb = f"http://{balancer[0]}:{balancer[1]}"
     try:
         for index in (1, 2):
-            args = ["--model", "procedural", "--workers", "1", "--resume-grace-s", "30", "--directory", "ray"]
+            args = ["--model", "procedural", "--workers", "1", "--directory", "ray", *extra]
             args += ["--ray-address", cluster.address, "--public-url", f"{lb}{front_end_path(index)}"]
             started.append(start_server(*args, timeout=120.0))
-        with Nginx(balancer, [("127.0.0.1", server.port) for server in started], tmp_path_factory.mktemp("nginx")):
+        with Nginx(balancer, [("127.0.0.1", server.port) for server in started], folder):
             yield [Door(server, lb, index) for index, server in enumerate(started, 1)]
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def doors(cluster: Any, balancer: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Door]]:
+    with _service(cluster, balancer, tmp_path_factory.mktemp("nginx"), "--resume-grace-s", "30") as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -247,21 +254,13 @@ def test_the_players_share_link_through_the_balancer_joins_wherever_it_lands(
 
 @pytest.fixture(scope="module")
 def full_doors(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Door]]:
-    """Two front-ends of one session slot each, behind a balancer of their own."""
-    started: list[RunningServer] = []
-    balancer = ("127.0.0.1", free_port())
-    lb = f"http://{balancer[0]}:{balancer[1]}"
-    try:
-        for index in (1, 2):
-            args = ["--model", "procedural", "--workers", "1", "--max-sessions-per-worker", "1", "--directory", "ray"]
-            args += ["--ray-address", cluster.address, "--public-url", f"{lb}{front_end_path(index)}"]
-            args += ["--service", "full"]  # a service of its own on the cluster: its own worlds and line
-            started.append(start_server(*args, timeout=120.0))
-        with Nginx(balancer, [("127.0.0.1", server.port) for server in started], tmp_path_factory.mktemp("nginx")):
-            yield [Door(server, lb, index) for index, server in enumerate(started, 1)]
-    finally:
-        for server in started:
-            server.stop()
+    """Two front-ends of one session slot each, behind a balancer of their own, a service of their own on the
+    cluster (its own worlds and line)."""
+    folder = tmp_path_factory.mktemp("nginx")
+    with _service(
+        cluster, ("127.0.0.1", free_port()), folder, "--max-sessions-per-worker", "1", "--service", "full"
+    ) as made:
+        yield made
 
 
 async def test_twelve_queued_starts_across_both_doors_start_in_arrival_order_as_room_opens_on_either(
