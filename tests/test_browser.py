@@ -205,6 +205,8 @@ def open_page(server: RunningServer, query: str = "?media=raw", recorder: str = 
                 "--disable-background-networking",
                 "--disable-component-update",
                 "--disable-sync",
+                # WebRTC on one machine: host candidates as addresses, not mDNS names a peer cannot resolve.
+                "--disable-features=WebRtcHideLocalIpsWithMdns",
             ],
         )
         page = browser.new_page()

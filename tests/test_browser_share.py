@@ -83,3 +83,28 @@ def test_the_page_names_the_model_on_load_and_has_an_icon(server: RunningServer)
             assert reply.status == 200
             assert reply.headers["content-type"] == "image/svg+xml"
         assert [r for r in responses if r[1] >= 400] == []
+
+
+def test_a_viewer_link_with_transport_webrtc_watches_over_webrtc(server: RunningServer) -> None:
+    """The page as a WHEP viewer (?transport=webrtc): the world's frames in a video, the overlay's transport
+    with its round trip and loss from getStats(); leaving deletes its WHEP resource, the world goes on."""
+    with open_page(server) as host:
+        host.fill("#seed", "12")
+        host.click("#start")
+        wait_for(host, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+        link = host.evaluate("() => window.worldserve.shareLinks")["viewer"]
+        assert host.context.browser is not None
+        viewer = host.context.browser.new_page()
+        viewer.goto(link + "&transport=webrtc")
+        wait_for(viewer, "window.worldserve.status === 'live' && window.worldserve.transport === 'webrtc'")
+        wait_for(viewer, "window.worldserve.webrtc && window.worldserve.webrtc.framesDecoded > 16")
+        stats = viewer.evaluate("() => window.worldserve.webrtc")
+        assert stats["lossPercent"] == 0
+        assert stats["rttMs"] is not None
+        assert viewer.inner_text("#stat-transport").startswith("webrtc · rtt")
+        assert viewer.evaluate("() => document.querySelector('video.rtc').videoWidth") == 48
+        assert viewer.evaluate("() => window.worldserve.role") == "viewer"
+        viewer.click("#leave-shared")
+        wait_for(viewer, "window.worldserve.status === 'idle' && window.worldserve.transport === 'websocket'")
+        shown = host.evaluate("() => window.worldserve.displayed")
+        wait_for(host, f"window.worldserve.status === 'live' && window.worldserve.displayed > {shown + 4}")

@@ -94,6 +94,8 @@
     get statusLog() { return state.statusLog.slice(); },
     get sessionId() { return state.sessionId; },
     get worldUrl() { return state.worldUrl || null; }, // where a session.moved sent this page's resume or join
+    get transport() { return rtc.pc ? "webrtc" : "websocket"; },
+    get webrtc() { return rtc.stats; }, // a WebRTC viewer's last getStats() figures
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
@@ -388,6 +390,112 @@
     }
     state.lastSeq = -1;
     return message;
+  }
+
+  // -- a viewer over WebRTC (WHEP: POST an SDP offer with the share token, the answer back) ---------------
+  // The world's frames come as a video track (played in a <video> over the canvas); the overlay's transport
+  // shows the round trip and the packets lost, from getStats(). Steering stays on the WebSocket.
+
+  const rtc = { pc: null, video: null, resource: null, timer: null, stats: null };
+
+  async function whepWatch(join) {
+    whepLeave();
+    setStatus("connecting", "connecting (WebRTC)…");
+    const pc = new RTCPeerConnection();
+    rtc.pc = pc;
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const video = document.createElement("video");
+    video.className = "mse rtc";
+    video.muted = true;
+    video.playsInline = true;
+    video.autoplay = true;
+    canvas.parentElement.prepend(video);
+    rtc.video = video;
+    pc.ontrack = (event) => {
+      video.srcObject = event.streams[0] || new MediaStream([event.track]);
+      video.play().catch(() => {});
+    };
+    pc.onconnectionstatechange = () => {
+      if (rtc.pc !== pc || !["failed", "closed"].includes(pc.connectionState)) return;
+      whepLeave();
+      leaveWorld();
+      setStatus("idle", "disconnected");
+      notice("The WebRTC connection ended (the world ended, or the network dropped it).");
+    };
+    try {
+      await pc.setLocalDescription(await pc.createOffer());
+      await new Promise((done) => { // not trickled: the offer carries every candidate
+        if (pc.iceGatheringState === "complete") done();
+        pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
+        setTimeout(done, 3000);
+      });
+      const reply = await fetch(`/v1/whep/${encodeURIComponent(join.session)}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/sdp", Authorization: `Bearer ${join.token}` },
+        body: pc.localDescription.sdp,
+      });
+      if (reply.status !== 201) {
+        let said = `HTTP ${reply.status}`;
+        try { said = (await reply.json()).error.message; } catch (error) { /* not JSON */ }
+        throw new Error(said);
+      }
+      rtc.resource = reply.headers.get("Location");
+      await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+    } catch (error) {
+      whepLeave();
+      setStatus("error", "cannot watch");
+      notice(`cannot watch this world over WebRTC: ${error.message}`);
+      return;
+    }
+    const spec = state.served || state.spec;
+    if (spec) {
+      state.spec = spec;
+      canvas.width = spec.width;
+      canvas.height = spec.height;
+      $("screen-box").style.aspectRatio = `${spec.width} / ${spec.height}`;
+    }
+    state.sessionId = join.session;
+    state.role = "viewer";
+    state.join = null;
+    document.body.dataset.role = "viewer";
+    state.media = "webrtc";
+    setStatus("live", "live (viewer, WebRTC)");
+    log(`watching session ${join.session.slice(0, 8)}… over WebRTC`);
+    rtc.timer = setInterval(whepStats, 1000);
+  }
+
+  async function whepStats() {
+    const pc = rtc.pc;
+    if (!pc) return;
+    const report = await pc.getStats();
+    const found = { transport: "webrtc", rttMs: null, packetsLost: 0, packetsReceived: 0, framesDecoded: 0, codec: null };
+    const codecs = {};
+    report.forEach((item) => { if (item.type === "codec") codecs[item.id] = item.mimeType; });
+    report.forEach((item) => {
+      if (item.type === "inbound-rtp" && item.kind === "video") {
+        found.packetsLost = item.packetsLost || 0;
+        found.packetsReceived = item.packetsReceived || 0;
+        found.framesDecoded = item.framesDecoded || 0;
+        found.codec = codecs[item.codecId] || null;
+      } else if (item.type === "candidate-pair" && item.nominated && item.currentRoundTripTime !== undefined) {
+        found.rttMs = Math.round(item.currentRoundTripTime * 1000);
+      }
+    });
+    const sent = found.packetsLost + found.packetsReceived;
+    found.lossPercent = sent ? Math.round((found.packetsLost / sent) * 1000) / 10 : 0;
+    rtc.stats = found;
+    $("stat-transport").textContent = `webrtc · rtt ${found.rttMs ?? "–"} ms · loss ${found.lossPercent} %`;
+    $("stat-media").textContent = found.codec || "webrtc";
+    $("stat-fps").textContent = rtc.lastFrames === undefined ? "–" : String(found.framesDecoded - rtc.lastFrames);
+    rtc.lastFrames = found.framesDecoded;
+  }
+
+  function whepLeave() {
+    if (rtc.resource) fetch(rtc.resource, { method: "DELETE", keepalive: true }).catch(() => {});
+    if (rtc.pc) rtc.pc.close();
+    if (rtc.video) rtc.video.remove();
+    if (rtc.timer) clearInterval(rtc.timer);
+    Object.assign(rtc, { pc: null, video: null, resource: null, timer: null });
   }
 
   // -- losing the socket: resume, restart, or say why ----------------------------------------
@@ -1806,6 +1914,13 @@
   });
   $("leave-shared").addEventListener("click", () => { // leaves our membership only (the host's world goes on)
     stopReconnecting();
+    if (rtc.pc) { // a WebRTC viewer: its peer and its WHEP resource go
+      whepLeave();
+      leaveWorld();
+      setStatus("idle", "left");
+      notice("You left the shared world. Choose a seed (and a start image) and press Start for a world of your own.", "info");
+      return;
+    }
     if (!send({ type: "session.close" })) { // no socket now (e.g. reconnecting): let the world go here
       closeSocket();
       leaveWorld();
@@ -1865,6 +1980,9 @@
   } else if (params.get("join") && params.get("token")) {
     const role = params.get("role") === "controller" ? "controller" : "viewer";
     state.join = { session: params.get("join"), token: params.get("token"), role };
-    connect("join");
+    // A viewer may watch over WebRTC (?transport=webrtc, where the browser has it); controllers steer over the socket.
+    if (role === "viewer" && params.get("transport") === "webrtc" && window.RTCPeerConnection) whepWatch(state.join);
+    else connect("join");
   }
+  window.addEventListener("pagehide", () => whepLeave());
 })();
