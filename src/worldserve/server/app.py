@@ -2,7 +2,9 @@
 
 Owns: ``/`` (the browser player), ``/static`` and ``/favicon.ico``, ``GET /healthz``,
 ``GET /v1/models``, ``POST /v1/whep/{session_id}`` and ``DELETE`` on its resource (WebRTC viewers
-signalled as WHEP: webrtc.py), ``POST /admin/drain`` (a drain, as SIGTERM begins one: drain.py; behind the
+signalled as WHEP: webrtc.py), ``POST /v1/webrtc`` and ``DELETE`` on its resource (a whole session over
+WebRTC: the ``/v1/world`` protocol on a data channel, frames on a video track: webrtc_session.py),
+``POST /admin/drain`` (a drain, as SIGTERM begins one: drain.py; behind the
 token), ``POST /v1/origin`` (whether the request's ``Origin`` may open a socket: a
 browser's handshake refusal reads only as 1006, so the player asks), ``GET /metrics``,
 ``WS /v1/world`` and ``WS /v1/realtime/video`` (vllm-omni's realtime video protocol, over the
@@ -42,7 +44,7 @@ from starlette.websockets import WebSocket
 
 from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
-from worldserve.server.connection import Connection
+from worldserve.server.connection import Connection, Socket
 from worldserve.server.directory import Directory
 from worldserve.server.drain import Drain
 from worldserve.server.host import WorldHosts
@@ -50,6 +52,7 @@ from worldserve.server.metrics import ServerMetrics
 from worldserve.server.realtime_video import RealtimeVideoConnection
 from worldserve.server.waiting import waiting_room
 from worldserve.server.webrtc import MAX_OFFER_BYTES, WhepError, WhepPeers, whep_url
+from worldserve.server.webrtc_session import WebRTCSessions
 
 __all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
@@ -214,6 +217,37 @@ def create_app(
             return whep_refusal(error)
         return Response(status_code=200)
 
+    async def webrtc_offer(request: Request) -> Response:
+        """A whole session over WebRTC (webrtc_session.py): the server's token, as on every route; an SDP offer
+        with a data channel and video in, the answer out (201, ``Location``: the peer's resource)."""
+        if not _token_ok(config.token, _bearer(request)):
+            return unauthorized()
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/sdp":
+            return whep_refusal(WhepError(415, "bad_offer", "send the offer as application/sdp."))
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            return whep_refusal(WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes."))
+        peers: WebRTCSessions = state["webrtc"]
+        try:
+            resource, answer = await peers.offer(body.decode(errors="replace"))
+        except WhepError as error:
+            return whep_refusal(error)
+        base = (config.public_url or "").rstrip("/")
+        return Response(
+            answer, status_code=201, media_type="application/sdp", headers={"Location": f"{base}/v1/webrtc/{resource}"}
+        )
+
+    async def webrtc_resource(request: Request) -> Response:
+        if request.method != "DELETE":
+            return whep_refusal(WhepError(405, "not_supported", "candidates are not trickled: the SDP had them all."))
+        peers: WebRTCSessions = state["webrtc"]
+        try:
+            await peers.leave(request.path_params["resource"])
+        except WhepError as error:
+            return whep_refusal(error)
+        return Response(status_code=200)
+
     async def admin_drain(request: Request) -> Response:
         """Begin draining (as SIGTERM does): behind the token, or from this machine on a server without one."""
         if config.token is None:
@@ -294,6 +328,16 @@ def create_app(
             state["connections"] = set()
             state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
             state["whep"] = whep = WhepPeers(hosts, ice_servers=config.ice_servers)
+
+            async def serve_socket(socket: Socket) -> None:
+                await serve(Connection(socket, runtime, config, state["metrics"], hosts, room))
+
+            state["webrtc"] = webrtc = WebRTCSessions(
+                serve_socket,
+                lambda: runtime.spec.fps,
+                ice_servers=config.ice_servers,
+                frames=lambda: runtime.spec.frames_per_chunk + 2,
+            )
             if directory is not None:
                 directory.start(hosts.session_ids)
                 room.start_sharing()
@@ -301,6 +345,7 @@ def create_app(
                 yield
                 await room.aclose()
                 await whep.aclose()
+                await webrtc.aclose()
                 await hosts.shutdown(runtime.lost)  # a runtime that lost its workers: each world says why
             finally:
                 if directory is not None:
@@ -316,6 +361,8 @@ def create_app(
             Route("/admin/drain", admin_drain, methods=["POST"]),
             Route("/v1/whep/{session_id}", whep_offer, methods=["POST"]),
             Route("/v1/whep/{session_id}/{resource}", whep_resource, methods=["DELETE", "PATCH"]),
+            Route("/v1/webrtc", webrtc_offer, methods=["POST"]),
+            Route("/v1/webrtc/{resource}", webrtc_resource, methods=["DELETE", "PATCH"]),
             Route("/favicon.ico", favicon),
             Route("/metrics", metrics_route),
             WebSocketRoute("/v1/world", world),

@@ -23,10 +23,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect
 
 from worldserve.errors import AdmissionRefusedError, ErrorCode
 from worldserve.media import FrameEncoding
@@ -74,7 +74,7 @@ from worldserve.session import (
     SessionStatus,
 )
 
-__all__ = ["Connection", "WorldBackend"]
+__all__ = ["Connection", "Socket", "WorldBackend"]
 
 log = logging.getLogger("worldserve.server")
 
@@ -93,12 +93,26 @@ def _wire_code(error: SessionError, fallback: ErrorCode) -> ErrorCode:
 _Item = tuple[tuple[BaseModel, ...], tuple[bytes, ...], "asyncio.Future[None] | None"]
 
 
+class Socket(Protocol):
+    """What a connection reads and writes: Starlette's ``WebSocket``, or a WebRTC DataChannel and its video
+    track (``webrtc_session.DataChannelSocket``). ``receive`` gives ASGI WebSocket events
+    (``websocket.receive`` with ``text``, ``websocket.disconnect`` with ``code``)."""
+
+    async def receive(self) -> Mapping[str, Any]: ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
 class Connection:
     """Serves one WebSocket until it closes; speaks for at most one member of one world at a time."""
 
     def __init__(
         self,
-        websocket: WebSocket,
+        websocket: Socket,
         backend: WorldBackend,
         config: ServerConfig,
         metrics: ServerMetrics,

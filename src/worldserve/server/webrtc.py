@@ -37,7 +37,16 @@ from pydantic import BaseModel
 from worldserve.server.host import Member, Role, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
 
-__all__ = ["MAX_OFFER_BYTES", "FrameTrack", "WhepError", "WhepPeers", "WhepViewer", "whep_url"]
+__all__ = [
+    "MAX_OFFER_BYTES",
+    "FrameTrack",
+    "WhepError",
+    "WhepPeers",
+    "WhepViewer",
+    "load_aiortc",
+    "track_class",
+    "whep_url",
+]
 
 _log = logging.getLogger("worldserve.server")
 
@@ -61,7 +70,7 @@ class WhepError(Exception):
         self.code = code
 
 
-def _aiortc() -> Any:
+def load_aiortc() -> Any:
     try:
         import aiortc
     except ImportError:  # pragma: no cover - depends on the extra
@@ -122,9 +131,9 @@ class FrameTrack:
         return frame, round((now - self._t0) * _CLOCK_RATE)
 
 
-def _track_class() -> type:
+def track_class() -> type:
     """``FrameTrack`` as an aiortc ``MediaStreamTrack`` (its ``recv`` gives ``av.VideoFrame``)."""
-    aiortc = _aiortc()
+    aiortc = load_aiortc()
     import av
 
     class AiortcFrameTrack(aiortc.MediaStreamTrack, FrameTrack):  # type: ignore[misc,name-defined]
@@ -208,7 +217,7 @@ class WhepPeers:
             raise WhepError(404, "unknown_session", f"no world {session_id!r} lives on this server.")
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must be an SDP offer with a video section (m=video).")
-        aiortc = _aiortc()
+        aiortc = load_aiortc()
         resource = secrets.token_urlsafe(16)
         spec = host.spec
         frames = self._max_frames or spec.frames_per_chunk + 2
@@ -218,7 +227,7 @@ class WhepPeers:
             if member_box and not member_box[0].gone:
                 host.ack(member_box[0], seq)
 
-        track = _track_class()(spec.fps, frames, shown)
+        track = track_class()(spec.fps, frames, shown)
         outlet = WhepViewer(track, lambda why: self._end(resource, why))
         member = host.join(token, Role.VIEWER, outlet, media="raw")
         if member is None:

@@ -1,0 +1,223 @@
+"""A whole session over WebRTC: the ``/v1/world`` protocol on a DataChannel, the frames on a video track.
+
+``POST /v1/webrtc`` (the server's bearer token, as on every route) with an SDP offer that holds a data
+channel (reliable and ordered: the default) and a video section answers ``201 Created`` with the SDP
+answer and the peer's resource in ``Location``; ``DELETE`` on it closes the connection cleanly. The
+data channel carries the same JSON messages as ``/v1/world``, both ways, so every feature of that
+route is here too (the waiting line, resume, sharing, cancel, recording): the connection behind it *is*
+the route's :class:`~worldserve.server.connection.Connection`, reading and writing a
+:class:`DataChannelSocket` instead of a WebSocket. Only the frames travel apart: each chunk's header
+goes on the data channel as on a WebSocket (``seq``, applied events, ``times``), its frames to the
+video track (aiortc encodes them: one encode per peer), so a session here is always sent raw frames
+(``media`` in ``session.start``, ``join`` and ``resume`` is taken as ``raw``). A peer connection that
+fails parks its member as a dropped socket does: ``session.resume`` on a new peer takes the world back.
+
+Owns: :class:`DataChannelSocket` and :class:`WebRTCSessions` (offers, answers, leaves).
+Must not know: what the messages mean (the connection's), how frames are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from worldserve.server.connection import Socket
+from worldserve.server.webrtc import MAX_OFFER_BYTES, FrameTrack, WhepError, load_aiortc, track_class
+
+__all__ = ["DataChannelSocket", "WebRTCSessions"]
+
+_log = logging.getLogger("worldserve.server")
+
+#: The data channel's label a client opens (any label is taken; this one is the documented one).
+CHANNEL_LABEL = "worldserve"
+
+
+class DataChannelSocket:
+    """A connection's socket over a WebRTC data channel (its JSON messages) and a video track (its frames)."""
+
+    def __init__(self, track: FrameTrack) -> None:
+        self._track = track
+        self._incoming: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue()
+        self._channel: Any = None
+        self._chunk: tuple[int, tuple[int, int, int], int, list[npt.NDArray[np.uint8]]] | None = None
+        self.closed = False
+
+    @property
+    def attached(self) -> bool:
+        return self._channel is not None
+
+    def attach(self, channel: Any) -> None:
+        self._channel = channel
+        channel.on("message", self._received)
+        channel.on("close", lambda: self.gone(clean=False))
+
+    def gone(self, *, clean: bool) -> None:
+        """The peer is gone: cleanly (DELETE) or not (a failed connection: the member is parked)."""
+        if not self.closed:
+            self.closed = True
+            self._incoming.put_nowait({"type": "websocket.disconnect", "code": 1000 if clean else 1006})
+
+    def _received(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            self._incoming.put_nowait({"type": "websocket.receive", "bytes": message})
+        else:
+            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(message)})
+
+    async def receive(self) -> Mapping[str, Any]:
+        return await self._incoming.get()
+
+    async def send_text(self, data: str) -> None:
+        if self._channel is None or self.closed:
+            raise ConnectionError("the data channel is closed.")
+        if data.startswith('{"type":"chunk"'):
+            header = json.loads(data)
+            frames = header["frames"]
+            shape = (frames["height"], frames["width"], 3)
+            self._chunk = (header["seq"], shape, frames["count"], [])
+            if header.get("supersedes") is not None:
+                self._track.drop(header["supersedes"])
+        self._channel.send(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionError("the data channel is closed.")
+        chunk = self._chunk
+        if chunk is None:
+            return
+        seq, shape, count, frames = chunk
+        frames.append(np.frombuffer(data, np.uint8).reshape(shape))
+        if len(frames) == count:
+            self._chunk = None
+            self._track.push(seq, frames)
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        self.gone(clean=code in (1000, 1001))
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                self._channel.close()
+
+
+def _raw_media(text: str) -> str:
+    """Frames go on the video track, so a session here is sent raw frames whatever media it asks for."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return text  # the connection says what is wrong with it
+    if not isinstance(message, dict):
+        return text
+    kind = message.get("type")
+    if kind == "session.start" and isinstance(message.get("options", {}), dict):
+        message["options"] = {**message.get("options", {}), "media": "raw"}
+    elif kind in ("session.join", "session.resume"):
+        message["media"] = "raw"
+    else:
+        return text
+    return json.dumps(message)
+
+
+@dataclass
+class _Peer:
+    resource: str
+    pc: Any
+    socket: DataChannelSocket
+
+
+class WebRTCSessions:
+    """The WebRTC peers of one server, each a connection of the session protocol."""
+
+    def __init__(
+        self,
+        serve: Callable[[Socket], Awaitable[None]],
+        fps: Callable[[], float],
+        *,
+        ice_servers: Sequence[str] = (),
+        frames: Callable[[], int],
+    ) -> None:
+        self._serve = serve
+        self._fps = fps
+        self._frames = frames
+        self._ice_servers = tuple(ice_servers)
+        self._peers: dict[str, _Peer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    async def offer(self, sdp: str) -> tuple[str, str]:
+        """Answer an offer: its resource id and the SDP answer (``WhepError`` when refused)."""
+        if len(sdp.encode()) > MAX_OFFER_BYTES or "m=application" not in sdp or "m=video" not in sdp:
+            raise WhepError(400, "bad_offer", "the offer must hold a data channel (m=application) and video (m=video).")
+        aiortc = load_aiortc()
+        track = track_class()(self._fps(), self._frames(), lambda seq: None)  # the client acks on the channel
+        socket = DataChannelSocket(track)
+        servers = [aiortc.RTCIceServer(urls=url) for url in self._ice_servers]
+        pc = aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
+        resource = secrets.token_urlsafe(16)
+        peer = self._peers[resource] = _Peer(resource, pc, socket)
+
+        @pc.on("datachannel")  # type: ignore[untyped-decorator]
+        def opened(channel: Any) -> None:
+            if socket.attached:
+                return  # one channel a peer: the protocol's
+            socket.attach(channel)
+            task = asyncio.ensure_future(self._run(peer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        @pc.on("connectionstatechange")  # type: ignore[untyped-decorator]
+        async def changed() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                socket.gone(clean=False)  # as a dropped socket: the member is parked for a resume
+
+        try:
+            await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
+            video = [t for t in pc.getTransceivers() if t.kind == "video"]
+            if not video:
+                raise ValueError("no video section")
+            video[0].direction = "sendonly"
+            pc.addTrack(track)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as error:
+            self._peers.pop(resource, None)
+            with contextlib.suppress(Exception):
+                await pc.close()
+            raise WhepError(400, "bad_offer", f"the offer could not be answered: {error}") from error
+        return resource, str(pc.localDescription.sdp)
+
+    async def leave(self, resource: str) -> None:
+        peer = self._peers.get(resource)
+        if peer is None:
+            raise WhepError(404, "unknown_resource", "no such WebRTC peer on this server.")
+        peer.socket.gone(clean=True)
+        await self._close(peer)
+
+    async def aclose(self) -> None:
+        for peer in list(self._peers.values()):
+            peer.socket.gone(clean=True)
+            await self._close(peer)
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _run(self, peer: _Peer) -> None:
+        try:
+            await self._serve(peer.socket)
+        except Exception:
+            _log.exception("the WebRTC connection %s failed", peer.resource)
+        finally:
+            await self._close(peer)
+
+    async def _close(self, peer: _Peer) -> None:
+        if self._peers.pop(peer.resource, None) is None:
+            return
+        with contextlib.suppress(Exception):
+            await peer.pc.close()

@@ -1,0 +1,139 @@
+"""A whole session over WebRTC against a real server: the ``/v1/world`` protocol on a data channel, the frames on
+a video track. An aiortc peer starts a world, sees its chunk headers and its frames, steers it, drops its
+peer connection and takes the world back with ``session.resume`` on a new one, then closes it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+aiortc = pytest.importorskip("aiortc")
+
+from server_harness import RunningServer, start_server  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "webrtc-test-token"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    running = start_server("--model", "procedural", "--resume-grace-s", "30", token=TOKEN)
+    yield running
+    running.stop()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any, str]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read().decode()
+
+
+class Peer:
+    """A client of the session protocol over WebRTC (what a page or a WebRTC app would do)."""
+
+    def __init__(self) -> None:
+        self.pc = aiortc.RTCPeerConnection()
+        self.channel = self.pc.createDataChannel("worldserve")
+        self.pc.addTransceiver("video", direction="recvonly")
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.track: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.opened = asyncio.Event()
+        self.ids = itertools.count(1)
+        self.channel.on("message", lambda text: self.inbox.put_nowait(json.loads(text)))
+        self.channel.on("open", self.opened.set)
+        self.pc.on("track", lambda track: self.track.done() or self.track.set_result(track))
+
+    async def connect(self, server: RunningServer) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}"}
+        status, _, answer = await asyncio.to_thread(
+            _post, server.http + "/v1/webrtc", self.pc.localDescription.sdp.encode(), headers
+        )
+        assert status == 201, answer
+        await self.pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=answer, type="answer"))
+        await asyncio.wait_for(self.opened.wait(), 20)
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        message_id = f"m{next(self.ids)}"
+        self.channel.send(json.dumps({**message, "id": message_id}))
+        while True:
+            reply = await asyncio.wait_for(self.inbox.get(), 20)
+            if reply.get("id") == message_id:
+                return reply
+
+    async def chunk(self) -> dict[str, Any]:
+        """The next chunk header (acked, as a player acks what it shows)."""
+        while True:
+            message = await asyncio.wait_for(self.inbox.get(), 20)
+            if message["type"] == "chunk":
+                self.channel.send(json.dumps({"type": "chunk.ack", "seq": message["seq"]}))
+                return message
+
+
+async def test_a_session_over_webrtc_plays_steers_resumes_after_its_peer_drops_and_closes(
+    server: RunningServer,
+) -> None:
+    peer = Peer()
+    await peer.connect(server)
+    started = await peer.request({"type": "session.start", "seed": 3, "options": {"media": "jpeg"}})
+    assert started["type"] == "session.started"
+    assert started["media"] == "raw"  # frames travel on the video track
+    first = await peer.chunk()
+    assert first["frames"]["count"] == 4
+    video = await asyncio.wait_for(peer.track, 20)
+    frame = await asyncio.wait_for(video.recv(), 20)
+    assert frame.to_ndarray(format="rgb24").shape == (48, 48, 3)
+    accepted = await peer.request(
+        {
+            "type": "input.event",
+            "event_id": 1,
+            "controls": [{"track": "keys", "schema": "worldserve.keys.v1", "data": {"held": ["W"]}}],
+        }
+    )
+    assert accepted["type"] == "input.accepted"
+    for _ in range(20):
+        if 1 in (await peer.chunk())["applied_event_ids"]:
+            break
+    else:
+        raise AssertionError("the event was never applied")
+    last = (await peer.chunk())["seq"]
+
+    await peer.pc.close()  # the peer connection drops (no DELETE): the member is parked
+    again = Peer()
+    await again.connect(server)
+    resumed = await again.request(
+        {
+            "type": "session.resume",
+            "session_id": started["session_id"],
+            "token": started["resume_token"],
+            "last_seq": last,
+        }
+    )
+    assert resumed["type"] == "session.resumed", resumed
+    after = await again.chunk()
+    assert after["seq"] > last
+    frame = await asyncio.wait_for((await asyncio.wait_for(again.track, 20)).recv(), 20)
+    closed = await again.request({"type": "session.close"})
+    assert closed == {**closed, "type": "session.closed", "reason": "closed"}
+    await again.pc.close()
+
+
+async def test_a_bad_offer_or_no_token_is_refused_with_a_clear_error(server: RunningServer) -> None:
+    url = server.http + "/v1/webrtc"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, body = await asyncio.to_thread(_post, url, b"v=0", {**auth, "Content-Type": "application/sdp"})
+    assert (status, json.loads(body)["error"]["code"]) == (400, "bad_offer")
+    status, _, body = await asyncio.to_thread(_post, url, b"v=0", {"Content-Type": "application/sdp"})
+    assert status == 401
+    status, _, body = await asyncio.to_thread(_post, url, b"v=0", {**auth, "Content-Type": "text/plain"})
+    assert status == 415
