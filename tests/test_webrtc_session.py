@@ -16,7 +16,8 @@ import pytest
 
 aiortc = pytest.importorskip("aiortc")
 
-from server_harness import RunningServer, start_server  # noqa: E402
+from server_harness import RunningServer, missing_fields, start_server  # noqa: E402
+from worldserve.server.messages import parse_server_message  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "webrtc-test-token"
@@ -49,9 +50,15 @@ class Peer:
         self.track: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.opened = asyncio.Event()
         self.ids = itertools.count(1)
-        self.channel.on("message", lambda text: self.inbox.put_nowait(json.loads(text)))
+        self.seen: list[dict[str, Any]] = []  # every message the data channel brought
+        self.channel.on("message", self._received)
         self.channel.on("open", self.opened.set)
         self.pc.on("track", lambda track: self.track.done() or self.track.set_result(track))
+
+    def _received(self, text: str) -> None:
+        message = json.loads(text)
+        self.seen.append(message)
+        self.inbox.put_nowait(message)
 
     async def connect(self, server: RunningServer) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -126,6 +133,12 @@ async def test_a_session_over_webrtc_plays_steers_resumes_after_its_peer_drops_a
     closed = await again.request({"type": "session.close"})
     assert closed == {**closed, "type": "session.closed", "reason": "closed"}
     await again.pc.close()
+    for message in peer.seen + again.seen:  # the data channel speaks the published protocol, as a socket does
+        assert missing_fields(message) == [], message
+        parse_server_message(json.dumps(message))
+    assert {"session.started", "chunk", "input.accepted", "session.resumed", "session.closed"} <= {
+        message["type"] for message in peer.seen + again.seen
+    }
 
 
 async def test_a_bad_offer_or_no_token_is_refused_with_a_clear_error(server: RunningServer) -> None:
