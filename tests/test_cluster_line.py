@@ -131,6 +131,9 @@ class _Door:
     def unplace(self, ticket: str) -> None:
         self.service.line.unplace(ticket)
 
+    async def placed_here(self, ticket: str) -> bool:
+        return self.service.up and self.service.line.placed_on(self.url, ticket)
+
     def ended(self, length_s: float) -> None:
         self.service.line.ended([length_s], 0.0)
 
@@ -225,3 +228,18 @@ async def test_two_rooms_sharing_a_line_start_in_arrival_order_and_move_a_start_
         for room in rooms.values():
             await room.aclose()
         await asyncio.gather(*waits.values(), return_exceptions=True)
+
+
+async def test_a_reserved_start_that_comes_before_its_rooms_next_poll_is_admitted_at_once() -> None:
+    """The line placed a start on b and its client came to b before b's room heard so: b asks the line."""
+    service = _Service()
+    slots = _Slots(1)
+    room = _room(slots, service.door(B))  # not sharing: its poll never runs here
+    service.line.join(A, "t1", 0.0)
+    assert service.line.poll(B, free=1, slots=1, tickets=(), now=0.0).expect == ("t1",)  # placed on b
+    assert await room.admit(slots.start("moved"), lambda _: None, "t1") == "moved"
+    assert service.line.poll(B, free=0, slots=1, tickets=(), now=0.1).waiting == 0  # it left the line
+    with pytest.raises(TimeoutError):  # an unknown reservation is a start like any other: it waits in line
+        await asyncio.wait_for(room.admit(slots.start("other"), lambda _: None, "no-such"), 0.2)
+    assert slots.made == ["moved"]
+    await room.aclose()

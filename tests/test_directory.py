@@ -175,9 +175,8 @@ async def test_a_front_end_publishes_its_worlds_finds_others_and_goes_on_alone_w
 
         store.up.clear()  # the head is gone: calls hang
         assert await b.find("mine") is None  # within timeout_s: refused as on one front-end
-        assert b.health()["state"] == "lost"
-        await asyncio.sleep(0.3)
-        assert a.health()["state"] == "lost"  # its refresh timed out too
+        await asyncio.sleep(0.3)  # a lookup alone does not say lost (a busy machine): the refresh does
+        assert (a.health()["state"], b.health()["state"]) == ("lost", "lost")
         assert await b.find("mine") is None  # no call while lost: answered at once
 
         store.up.set()

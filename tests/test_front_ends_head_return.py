@@ -78,10 +78,10 @@ async def test_a_head_that_comes_back_with_its_state_gives_the_front_ends_their_
         await _until(servers, "ok", 30)
 
         stop_ray(folder)  # the head, and the directory's actor with it
-        await _until(servers, "lost", 30)
+        await _until(servers, "lost", 60)
         seqs += [(await player.next_chunk(timeout=10)).seq for _ in range(3)]
         start_ray(ray, env, *head)  # back, with its state from Redis
-        await _until(servers, "ok", 60)
+        await _until(servers, "ok", 120)
         seqs += [(await player.next_chunk(timeout=10)).seq for _ in range(3)]
 
         async with WorldClient(b.ws) as viewer:  # a share link through the other door finds the world again

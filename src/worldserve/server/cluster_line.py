@@ -77,6 +77,11 @@ class ClusterLine:
         """The ticket's start left the line: it started, or its client left or gave up."""
         self._line = [item for item in self._line if item.ticket != ticket]
 
+    def placed_on(self, front_end: str, ticket: str) -> bool:
+        """Whether ``ticket`` is placed on ``front_end`` now (its client may arrive there before the
+        front-end's next poll says so)."""
+        return any(item.ticket == ticket and item.placed == front_end for item in self._line)
+
     def unplace(self, ticket: str) -> None:
         """The front-end a ticket was placed on could not start it after all: back to its place in line."""
         for item in self._line:

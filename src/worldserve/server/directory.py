@@ -174,6 +174,8 @@ class DirectoryStore(Protocol):
 
     def line_unplace(self, ticket: str) -> Awaitable[Any]: ...
 
+    def line_placed(self, url: str, ticket: str) -> Awaitable[bool]: ...
+
     def line_ended(self, length_s: float) -> Awaitable[Any]: ...
 
     def line_poll(self, url: str, free: int, slots: int | None, tickets: tuple[str, ...]) -> Awaitable[LineAnswer]: ...
@@ -189,9 +191,10 @@ class Directory:
 
     ``worlds`` says which worlds this front-end holds now (its ``WorldHosts``); every
     ``refresh_s`` they are published whole, so the store recovers from a restart within one
-    refresh. A store that does not answer within ``timeout_s`` is *lost*: ``find`` answers None
-    (the front-end goes on alone: a resume or join for a world elsewhere is refused as on one
-    front-end) until a refresh is taken again. ``state`` is ``"ok"`` or ``"lost"``.
+    refresh. The refresh is the heartbeat: one that the store does not take within ``timeout_s``
+    makes it *lost* (one slow lookup does not: a busy machine must not flap), and then ``find``
+    answers None at once (the front-end goes on alone: a resume or join for a world elsewhere is
+    refused as on one front-end) until a refresh is taken again. ``state`` is ``"ok"`` or ``"lost"``.
     """
 
     def __init__(
@@ -200,7 +203,7 @@ class Directory:
         public_url: str,
         *,
         refresh_s: float = 1.0,
-        timeout_s: float = 2.0,
+        timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not refresh_s > 0 or not timeout_s > 0:
@@ -244,7 +247,7 @@ class Directory:
             async with asyncio.timeout(self._timeout_s):
                 url = await self._store.find(world)
         except Exception as error:
-            self._lose(error)
+            _log.debug("directory: find %s failed: %r", world, error)
             return None
         return None if url == self.url else url
 
@@ -256,7 +259,7 @@ class Directory:
             async with asyncio.timeout(self._timeout_s):
                 return dict(await self._store.front_ends())
         except Exception as error:
-            self._lose(error)
+            _log.debug("directory: front_ends failed: %r", error)
             return {}
 
     def health(self) -> dict[str, Any]:
@@ -277,7 +280,7 @@ class Directory:
             async with asyncio.timeout(self._timeout_s):
                 return int(await self._store.line_join(self.url, ticket))
         except Exception as error:
-            self._lose(error)
+            _log.warning("directory: joining the service's line failed (%r): placed when the line is next heard", error)
             return None
 
     def leave(self, ticket: str) -> None:
@@ -285,6 +288,17 @@ class Directory:
 
     def unplace(self, ticket: str) -> None:
         self._submit(self._store.line_unplace(ticket), f"unplace {ticket}")
+
+    async def placed_here(self, ticket: str) -> bool:
+        """Whether the service's line placed ``ticket`` on this front-end (False while lost)."""
+        if not self.shared:
+            return False
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return bool(await self._store.line_placed(self.url, ticket))
+        except Exception as error:
+            _log.debug("directory: asking for a reservation failed: %r", error)
+            return False
 
     def ended(self, length_s: float) -> None:
         self._submit(self._store.line_ended(length_s), "a world ended")
@@ -297,7 +311,7 @@ class Directory:
             async with asyncio.timeout(self._timeout_s):
                 return await self._store.line_poll(self.url, free, slots, tickets)
         except Exception as error:
-            self._lose(error)
+            _log.debug("directory: polling the line failed: %r", error)
             return None
 
     async def aclose(self) -> None:
@@ -354,7 +368,6 @@ class Directory:
                 raise
             except Exception as error:
                 _log.debug("directory: %s failed: %r", what, error)
-                self._lose(error)
 
         task = asyncio.ensure_future(settle())
         self._pending.add(task)

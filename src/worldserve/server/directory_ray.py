@@ -54,6 +54,9 @@ class DirectoryActor:
     def line_unplace(self, ticket: str) -> None:
         self._line.unplace(ticket)
 
+    def line_placed(self, url: str, ticket: str) -> bool:
+        return self._line.placed_on(url, ticket)
+
     def line_ended(self, length_s: float) -> None:
         self._line.ended([length_s], time.monotonic())
 
@@ -193,6 +196,9 @@ class RayDirectoryStore:
 
     def line_unplace(self, ticket: str) -> Awaitable[Any]:
         return self._call("line_unplace", ticket)
+
+    def line_placed(self, url: str, ticket: str) -> Awaitable[bool]:
+        return self._call("line_placed", url, ticket)
 
     def line_ended(self, length_s: float) -> Awaitable[Any]:
         return self._call("line_ended", length_s)

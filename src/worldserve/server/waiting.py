@@ -92,6 +92,8 @@ class SharedLine(Protocol):
 
     def unplace(self, ticket: str) -> None: ...
 
+    async def placed_here(self, ticket: str) -> bool: ...
+
     def ended(self, length_s: float) -> None: ...
 
     async def poll(self, free: int, slots: int | None, tickets: tuple[str, ...]) -> LineAnswer | None: ...
@@ -230,7 +232,10 @@ class WaitingRoom(Generic[T]):
         """
         if self._refusing is not None:
             raise AdmissionRefusedError(self._refusing, retry_after_s=self._retry_refused_s)
-        if reservation is not None and reservation in self._expected:
+        held = reservation is not None and reservation in self._expected
+        if reservation is not None and not held and self._shared is not None:
+            held = await self._shared.placed_here(reservation)  # it may come before this room's next poll
+        if reservation is not None and held:
             self._expected.discard(reservation)
             try:
                 reserved = await create()
@@ -398,17 +403,17 @@ class WaitingRoom(Generic[T]):
         assert self._shared is not None
         while True:
             answer = None
-            if self._shared.shared:
-                try:
+            try:  # never let the loop die: the next round asks again
+                if self._shared.shared:
                     slots = self._capacity().slots
                     tickets = tuple(waiter.ticket for waiter in self._line)
                     answer = await self._shared.poll(self._free(), slots, tickets)
-                except Exception:  # never let the loop die: the next round asks again
-                    _log.exception("polling the service's waiting line failed")
-            if answer is not None:
-                await self._apply(answer)
-            elif self._line and await self._local_round():  # the service is lost: this front-end's own line
-                continue
+                if answer is not None:
+                    await self._apply(answer)
+                elif self._line and await self._local_round():  # the service is lost: this front-end's own line
+                    continue
+            except Exception:
+                _log.exception("a round of the service's waiting line failed")
             # While a start waits here, the service may place it elsewhere at any moment: ask more often.
             await self._pause(self._poll_s / 5 if self._line and answer is not None else self._poll_s)
 
@@ -466,6 +471,8 @@ class WaitingRoom(Generic[T]):
             return
         if self.shared and waiter.place is not None:  # its place in the service's line
             position, eta = waiter.place.position, waiter.place.eta_s
+        elif self.shared and not force:
+            return  # not placed in the service's line yet (its join is on its way): told once it is
         else:
             position = self._line.index(waiter) + 1
             eta = self.eta_s(position, waiting_since=waiter.enqueued)

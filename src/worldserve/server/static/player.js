@@ -36,6 +36,9 @@
     resume: "made while this view was away",
   };
 
+  // The server's routes below the page's own path: "/" at the root, "/fe/2/" for a page a balancer serves
+  // under a front-end's path (its socket and requests then reach that front-end, not the balancer's choice).
+  const BASE = location.pathname.replace(/[^/]*$/, "");
   const state = {
     ws: null,
     spec: null,
@@ -328,7 +331,7 @@
     // A resume or join goes where the world lives, a start with a reservation where the service's line placed
     // it (session.moved told us, behind a balancer); any other start, here.
     const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
-    const url = moved && state.worldUrl ? state.worldUrl : `${scheme}${location.host}/v1/world`;
+    const url = moved && state.worldUrl ? state.worldUrl : `${scheme}${location.host}${BASE}v1/world`;
     if (mode === "start" && !state.reservation) state.worldUrl = null;
     let ws;
     try {
@@ -429,7 +432,7 @@
         pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
         setTimeout(done, 3000);
       });
-      const reply = await fetch(`/v1/whep/${encodeURIComponent(join.session)}`, {
+      const reply = await fetch(`${BASE}v1/whep/${encodeURIComponent(join.session)}`, {
         method: "POST",
         headers: { "Content-Type": "application/sdp", Authorization: `Bearer ${join.token}` },
         body: pc.localDescription.sdp,
@@ -535,18 +538,18 @@
   // what the server says is a refusal: anything else is "transient" (retried while resuming).
   async function diagnose() {
     try {
-      const health = await fetch("/healthz", { cache: "no-store" });
+      const health = await fetch(`${BASE}healthz`, { cache: "no-store" });
       if (!health.ok) return "down";
     } catch (error) {
       return "down";
     }
     try {
       const token = tokenValue();
-      const models = await fetch("/v1/models", {
+      const models = await fetch(`${BASE}v1/models`, {
         cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
       });
       if (models.status === 401) return token ? "wrong-token" : "needs-token";
-      const origin = await fetch("/v1/origin", { method: "POST", cache: "no-store" });
+      const origin = await fetch(`${BASE}v1/origin`, { method: "POST", cache: "no-store" });
       if (origin.ok && (await origin.json()).allowed === false) return "origin";
     } catch (error) {
       return "transient";
@@ -610,7 +613,7 @@
     reconnect.timer = null;
     if (reconnect.mode === "restart") {
       try { // wait for the new server to answer before opening a socket
-        const health = await fetch("/healthz", { cache: "no-store" });
+        const health = await fetch(`${BASE}healthz`, { cache: "no-store" });
         if (!health.ok) throw new Error(String(health.status));
       } catch (error) {
         nextAttempt();
@@ -1633,11 +1636,11 @@
   async function learnServedModel() {
     try {
       const token = tokenValue();
-      const reply = await fetch("/v1/models", {
+      const reply = await fetch(`${BASE}v1/models`, {
         cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {},
       });
       if (!reply.ok) {
-        const health = await fetch("/healthz", { cache: "no-store" });
+        const health = await fetch(`${BASE}healthz`, { cache: "no-store" });
         const name = health.ok ? (await health.json()).model : null;
         if (name && !state.served && !state.spec) $("model-name").textContent = name;
         return;
