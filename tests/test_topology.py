@@ -5,7 +5,6 @@ of it torn down, no process of it left."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,22 +16,9 @@ if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
     pytest.skip("nginx is not installed (make services installs Debian's nginx-light)", allow_module_level=True)
 
 from worldserve.client import WorldClient
-from worldserve.tools.topology import service
+from worldserve.tools.topology import processes_of, service
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
-
-
-def _ours(folder: Path) -> list[int]:
-    mark = str(folder).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if mark in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 async def test_the_scripts_service_runs_worlds_on_its_worker_nodes_and_leaves_nothing_behind() -> None:
@@ -53,5 +39,5 @@ async def test_the_scripts_service_runs_worlds_on_its_worker_nodes_and_leaves_no
         logs = [(folder / f"front-end-{index}.log").read_text() for index in (1, 2)]
         assert all("a front-end of a service" in log for log in logs)
         assert all("Traceback" not in log for log in logs)
-    assert _ours(folder) == []  # the head, the nodes, the front-ends and nginx all ended
+    assert processes_of(folder) == []  # the head, the nodes, the front-ends and nginx all ended
     shutil.rmtree(folder, ignore_errors=True)

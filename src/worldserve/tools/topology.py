@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Nginx", "Service", "front_end_path", "nginx_config", "service", "start_ray", "stop_ray"]
+__all__ = ["Nginx", "Service", "front_end_path", "nginx_config", "processes_of", "service", "start_ray", "stop_ray"]
 
 
 def front_end_path(index: int) -> str:
@@ -199,27 +199,32 @@ def start_ray(ray: Sequence[str], env: dict[str, str], *args: str) -> None:
         raise RuntimeError(f"`ray start {' '.join(args)}` failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
-def stop_ray(folder: Path) -> None:
-    """End the Ray processes of this service alone (``ray stop`` would end every Ray on the machine): those
-    whose command line names its folder (their session and socket paths are under it). Linux's /proc."""
+def processes_of(folder: Path) -> list[int]:
+    """This machine's processes whose command line names ``folder`` (Linux's /proc), this one left out."""
     mark = str(folder).encode()
-    own = os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == own:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
             if mark in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
-    for signum in (signal.SIGTERM, signal.SIGKILL):
+    return found
+
+
+def stop_ray(folder: Path, timeout: float = 20.0) -> None:
+    """End the Ray processes of this service alone (``ray stop`` would end every Ray on the machine): those
+    whose command line names its folder (their session and socket paths are under it). Again until none
+    is left: a raylet may start a worker while the others end."""
+    deadline = time.monotonic() + timeout
+    while found := processes_of(folder):
+        late = time.monotonic() > deadline - timeout / 2
         for pid in found:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        deadline = time.monotonic() + 5
-        while (
-            signum == signal.SIGTERM and time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in found)
-        ):
-            time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager
