@@ -179,32 +179,35 @@ def create_app(
     def whep_refusal(error: WhepError) -> Response:
         return JSONResponse({"error": {"code": error.code, "message": str(error)}}, status_code=error.status)
 
+    async def sdp_offer(request: Request) -> str:
+        """The request's SDP offer; ``WhepError`` unless it is ``application/sdp`` within ``MAX_OFFER_BYTES``."""
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/sdp":
+            raise WhepError(415, "bad_offer", "send the offer as application/sdp.")
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            raise WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes.")
+        return body.decode(errors="replace")
+
+    def sdp_answer(answer: str, path: str) -> Response:
+        """201 with the SDP answer, ``Location``: the peer's resource (under this front-end's public URL)."""
+        location = f"{(config.public_url or '').rstrip('/')}{path}"
+        return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
+
     async def whep_offer(request: Request) -> Response:
         """WHEP: an SDP offer in, the answer out (201, ``Location``: the viewer's resource). The bearer token is a
         share token of the world (it grants watching that world, and nothing else)."""
         session_id = request.path_params["session_id"]
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/sdp":
-            return whep_refusal(WhepError(415, "bad_offer", "send the offer as application/sdp."))
-        body = await request.body()
-        if len(body) > MAX_OFFER_BYTES:
-            return whep_refusal(WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes."))
         peers: WhepPeers = state["whep"]
         try:
-            resource, answer = await peers.offer(session_id, _bearer(request), body.decode(errors="replace"))
+            resource, answer = await peers.offer(session_id, _bearer(request), await sdp_offer(request))
         except WhepError as error:
             if error.status == 404 and directory is not None:  # it lives on another front-end: go there
                 url = await directory.find(session_id)
                 if url is not None:
                     return Response(status_code=307, headers={"Location": whep_url(url, session_id)})
             return whep_refusal(error)
-        base = (config.public_url or "").rstrip("/")
-        return Response(
-            answer,
-            status_code=201,
-            media_type="application/sdp",
-            headers={"Location": f"{base}/v1/whep/{session_id}/{resource}"},
-        )
+        return sdp_answer(answer, f"/v1/whep/{session_id}/{resource}")
 
     async def whep_resource(request: Request) -> Response:
         """WHEP: ``DELETE`` leaves; a trickled candidate (``PATCH``) is not taken: the answer had them all."""
@@ -222,21 +225,12 @@ def create_app(
         with a data channel and video in, the answer out (201, ``Location``: the peer's resource)."""
         if not _token_ok(config.token, _bearer(request)):
             return unauthorized()
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/sdp":
-            return whep_refusal(WhepError(415, "bad_offer", "send the offer as application/sdp."))
-        body = await request.body()
-        if len(body) > MAX_OFFER_BYTES:
-            return whep_refusal(WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes."))
         peers: WebRTCSessions = state["webrtc"]
         try:
-            resource, answer = await peers.offer(body.decode(errors="replace"))
+            resource, answer = await peers.offer(await sdp_offer(request))
         except WhepError as error:
             return whep_refusal(error)
-        base = (config.public_url or "").rstrip("/")
-        return Response(
-            answer, status_code=201, media_type="application/sdp", headers={"Location": f"{base}/v1/webrtc/{resource}"}
-        )
+        return sdp_answer(answer, f"/v1/webrtc/{resource}")
 
     async def webrtc_resource(request: Request) -> Response:
         if request.method != "DELETE":

@@ -43,7 +43,9 @@ __all__ = [
     "WhepError",
     "WhepPeers",
     "WhepViewer",
+    "answer_offer",
     "load_aiortc",
+    "peer_connection",
     "track_class",
     "whep_url",
 ]
@@ -76,6 +78,27 @@ def load_aiortc() -> Any:
     except ImportError:  # pragma: no cover - depends on the extra
         raise WhepError(501, "not_supported", "this server has no WebRTC: pip install 'worldserve[webrtc]'.") from None
     return aiortc
+
+
+def peer_connection(ice_servers: Sequence[str]) -> Any:
+    """A new aiortc peer connection with these STUN/TURN servers (none: host candidates only)."""
+    aiortc = load_aiortc()
+    servers = [aiortc.RTCIceServer(urls=url) for url in ice_servers]
+    return aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
+
+
+async def answer_offer(pc: Any, sdp: str, track: Any) -> str:
+    """Answer an SDP offer on ``pc``, sending ``track`` on the offer's video section; the answer's SDP (with every
+    candidate: not trickled). Raises what aiortc raises for a bad offer, ``ValueError`` for one without video."""
+    aiortc = load_aiortc()
+    await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
+    video = [transceiver for transceiver in pc.getTransceivers() if transceiver.kind == "video"]
+    if not video:
+        raise ValueError("no video section")
+    video[0].direction = "sendonly"
+    pc.addTrack(track)
+    await pc.setLocalDescription(await pc.createAnswer())
+    return str(pc.localDescription.sdp)
 
 
 class FrameTrack:
@@ -217,7 +240,7 @@ class WhepPeers:
             raise WhepError(404, "unknown_session", f"no world {session_id!r} lives on this server.")
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must be an SDP offer with a video section (m=video).")
-        aiortc = load_aiortc()
+        load_aiortc()  # a server without the extra answers 501 before a member joins
         resource = secrets.token_urlsafe(16)
         spec = host.spec
         frames = self._max_frames or spec.frames_per_chunk + 2
@@ -233,8 +256,7 @@ class WhepPeers:
         if member is None:
             raise WhepError(403, "join_refused", "this token does not let you watch this world.")
         member_box.append(member)
-        servers = [aiortc.RTCIceServer(urls=url) for url in self._ice_servers]
-        pc = aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
+        pc = peer_connection(self._ice_servers)
         peer = self._peers[resource] = _Peer(resource, session_id, pc, member, outlet, track)
 
         @pc.on("connectionstatechange")  # type: ignore[untyped-decorator]
@@ -243,17 +265,11 @@ class WhepPeers:
                 self._end(resource, f"the peer connection {pc.connectionState}")
 
         try:
-            await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
-            video = [t for t in pc.getTransceivers() if t.kind == "video"]
-            if not video:
-                raise ValueError("no video section")
-            video[0].direction = "sendonly"
-            pc.addTrack(track)
-            await pc.setLocalDescription(await pc.createAnswer())
+            answer = await answer_offer(pc, sdp, track)
         except Exception as error:
             await self._close(peer, "a bad offer")
             raise WhepError(400, "bad_offer", f"the offer could not be answered: {error}") from error
-        return resource, str(pc.localDescription.sdp)
+        return resource, answer
 
     async def leave(self, session_id: str, resource: str) -> None:
         peer = self._peers.get(resource)

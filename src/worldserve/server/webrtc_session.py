@@ -31,7 +31,14 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.server.connection import Socket
-from worldserve.server.webrtc import MAX_OFFER_BYTES, FrameTrack, WhepError, load_aiortc, track_class
+from worldserve.server.webrtc import (
+    MAX_OFFER_BYTES,
+    FrameTrack,
+    WhepError,
+    answer_offer,
+    peer_connection,
+    track_class,
+)
 
 __all__ = ["DataChannelSocket", "WebRTCSessions"]
 
@@ -156,11 +163,9 @@ class WebRTCSessions:
         """Answer an offer: its resource id and the SDP answer (``WhepError`` when refused)."""
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=application" not in sdp or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must hold a data channel (m=application) and video (m=video).")
-        aiortc = load_aiortc()
         track = track_class()(self._fps(), self._frames(), lambda seq: None)  # the client acks on the channel
         socket = DataChannelSocket(track)
-        servers = [aiortc.RTCIceServer(urls=url) for url in self._ice_servers]
-        pc = aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
+        pc = peer_connection(self._ice_servers)
         resource = secrets.token_urlsafe(16)
         peer = self._peers[resource] = _Peer(resource, pc, socket)
 
@@ -179,19 +184,13 @@ class WebRTCSessions:
                 socket.gone(clean=False)  # as a dropped socket: the member is parked for a resume
 
         try:
-            await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
-            video = [t for t in pc.getTransceivers() if t.kind == "video"]
-            if not video:
-                raise ValueError("no video section")
-            video[0].direction = "sendonly"
-            pc.addTrack(track)
-            await pc.setLocalDescription(await pc.createAnswer())
+            answer = await answer_offer(pc, sdp, track)
         except Exception as error:
             self._peers.pop(resource, None)
             with contextlib.suppress(Exception):
                 await pc.close()
             raise WhepError(400, "bad_offer", f"the offer could not be answered: {error}") from error
-        return resource, str(pc.localDescription.sdp)
+        return resource, answer
 
     async def leave(self, resource: str) -> None:
         peer = self._peers.get(resource)
