@@ -30,7 +30,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -134,6 +134,9 @@ class ClientChunk:
     #: A preemption: the seq of the chunk received before that this one replaces (same chunk index; drop
     #: what is left of that one unplayed). None for every other chunk.
     supersedes: int | None = None
+    #: The index in the chunk of ``frames[0]``: 0 unless the frames before it were dropped (over WebRTC, the
+    #: server drops the oldest unsent frames of a peer behind; ``frames`` then holds fewer than the chunk made).
+    first_frame: int = 0
 
 
 def keys(*held: str) -> ControlInput:
@@ -160,6 +163,18 @@ def _image_field(image: npt.NDArray[np.uint8] | bytes) -> str:
     return base64.b64encode(image).decode()
 
 
+class MessageLink(Protocol):
+    """What a client reads and writes its messages on besides a WebSocket connection (a WebRTC data channel)."""
+
+    async def send(self, message: str) -> None: ...
+
+    async def recv(self) -> str | bytes: ...
+
+    async def close(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[str | bytes]: ...
+
+
 class WorldClient:
     """An async client for one session over one WebSocket connection."""
 
@@ -180,7 +195,7 @@ class WorldClient:
         self._token = token
         self._open_timeout = open_timeout
         self._reply_timeout = reply_timeout
-        self._ws: ClientConnection | None = None
+        self._ws: ClientConnection | MessageLink | None = None
         self._reader: asyncio.Task[None] | None = None
         self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._chunks: asyncio.Queue[ClientChunk | BaseException | object] = asyncio.Queue()
@@ -263,7 +278,7 @@ class WorldClient:
 
         The server parks the session for its resume grace period; :meth:`resume` takes it back.
         """
-        if self._ws is not None:
+        if isinstance(self._ws, ClientConnection):
             self._ws.transport.abort()
         await self._stop_reader()
 
@@ -571,7 +586,7 @@ class WorldClient:
     async def ack(self, seq: int) -> None:
         """Tell the server chunk ``seq`` is playing (its first frame shown); a closed socket is ignored."""
         if self._ws is not None:
-            with contextlib.suppress(websockets.ConnectionClosed):
+            with contextlib.suppress(websockets.ConnectionClosed, ConnectionError):
                 await self._ws.send(json.dumps({"type": "chunk.ack", "seq": seq}))
 
     async def chunks(self) -> AsyncIterator[ClientChunk]:
@@ -594,8 +609,8 @@ class WorldClient:
                 kind = message.get("type")
                 if kind == "chunk":
                     chunk = await self._read_chunk(message)
-                    self.last_seq = max(self.last_seq, chunk.seq)
-                    self._chunks.put_nowait(chunk)
+                    if chunk is not None:  # None: its frames come apart (WebRTC), and it is delivered then
+                        self._deliver(chunk)
                 elif kind == "chunk.skipped":
                     self.skipped.append((message["from_seq"], message["to_seq"]))
                     self.skipped_applied.extend(message.get("applied_event_ids", ()))
@@ -630,7 +645,11 @@ class WorldClient:
                     future.set_exception(WorldClientError("connection closed before the reply."))
             self._chunks.put_nowait(_CLOSED)
 
-    async def _read_chunk(self, header: dict[str, Any]) -> ClientChunk:
+    def _deliver(self, chunk: ClientChunk) -> None:
+        self.last_seq = max(self.last_seq, chunk.seq)
+        self._chunks.put_nowait(chunk)
+
+    async def _read_chunk(self, header: dict[str, Any]) -> ClientChunk | None:
         assert self._ws is not None
         info = header["frames"]
         payloads = []

@@ -32,6 +32,7 @@ __all__ = [
     "ChunkFrames",
     "ChunkMessage",
     "ChunkSkipped",
+    "ChunkTrack",
     "ChunkTimes",
     "ClientMessage",
     "ClientMessageError",
@@ -424,6 +425,20 @@ class ChunkSkipped(_ServerMessage):
     )
 
 
+class ChunkTrack(_ServerMessage):
+    """Over WebRTC (``/v1/webrtc``): chunk ``seq``'s first frame on the video track (its ``frame``-th) went out
+    with RTP timestamp ``rtp``; every frame after it, until the next ``chunk.track``'s, is this chunk's (frames a
+    peer is behind on are dropped, so a chunk may have fewer on the track than its header says, or none and no
+    message)."""
+
+    type: Literal["chunk.track"] = "chunk.track"
+    seq: int
+    frame: int = Field(ge=0, description="Its index in the chunk: 0 unless the frames before it were dropped.")
+    rtp: int = Field(
+        ge=0, lt=2**32, description="The RTP timestamp (90 kHz, with the stream's origin) of its first frame."
+    )
+
+
 class InputAccepted(_ServerMessage):
     type: Literal["input.accepted"] = "input.accepted"
     event_id: int
@@ -578,6 +593,7 @@ ServerMessage = Annotated[
     | SessionJoined
     | SessionResumed
     | ChunkSkipped
+    | ChunkTrack
     | InputAccepted
     | ChunkMessage
     | InputDropped

@@ -96,7 +96,7 @@ async def answer_offer(pc: Any, sdp: str, track: Any) -> str:
     if not video:
         raise ValueError("no video section")
     video[0].direction = "sendonly"
-    pc.addTrack(track)
+    track.sender = pc.addTrack(track)
     await pc.setLocalDescription(await pc.createAnswer())
     return str(pc.localDescription.sdp)
 
@@ -109,11 +109,23 @@ class FrameTrack:
 
     kind = "video"
 
-    def __init__(self, fps: float, max_frames: int, on_shown: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        fps: float,
+        max_frames: int,
+        on_shown: Callable[[int], None],
+        on_track: Callable[[int, int, int], None] | None = None,
+    ) -> None:
         self._fps = fps
         self._max = max_frames
-        self._on_shown = on_shown  # a chunk's first frame went out: its seq
-        self._frames: deque[tuple[int, bool, npt.NDArray[np.uint8]]] = deque()  # (seq, first of its chunk, frame)
+        self._on_shown = on_shown  # a chunk's first frame went out (or was passed over): its seq
+        self._on_track = on_track  # a chunk's first frame on the track went out: (seq, its index, RTP timestamp)
+        self._untold: list[tuple[int, int, int]] = []  # (seq, index, pts) of those sent before the origin was known
+        self._last_seq: int | None = None  # the chunk of the last frame sent
+        self._last_pts: int | None = None
+        #: The RTP timestamp the stream's pts 0 goes out with (aiortc draws it at random): known once a frame went.
+        self.rtp_origin: int | None = None
+        self._frames: deque[tuple[int, int, npt.NDArray[np.uint8]]] = deque()  # (seq, index in its chunk, frame)
         self._arrived = asyncio.Event()
         self._next = 0.0  # when the next frame is due (monotonic)
         self._t0: float | None = None
@@ -122,11 +134,11 @@ class FrameTrack:
 
     def push(self, seq: int, frames: Sequence[npt.NDArray[np.uint8]]) -> None:
         for index, frame in enumerate(frames):
-            self._frames.append((seq, index == 0, frame))
+            self._frames.append((seq, index, frame))
         while len(self._frames) > self._max:  # latency first: the oldest unsent frame goes
-            seq_dropped, first, _ = self._frames.popleft()
+            seq_dropped, index, _ = self._frames.popleft()
             self.dropped += 1
-            if first:
+            if index == 0:
                 self._on_shown(seq_dropped)  # passed over, as a lagging player would: not held against pacing
         self._arrived.set()
 
@@ -147,11 +159,31 @@ class FrameTrack:
         if self._t0 is None:
             self._t0 = now
         self._next = max(self._next, now - 1.0 / self._fps) + 1.0 / self._fps
-        seq, first, frame = self._frames.popleft()
-        if first:
+        seq, index, frame = self._frames.popleft()
+        pts = round((now - self._t0) * _CLOCK_RATE)
+        if index == 0:
             self._on_shown(seq)
+        if seq != self._last_seq and self._on_track is not None:  # its first frame on the track, dropped ones aside
+            self._untold.append((seq, index, pts))
+            self._tell()
+        self._last_seq = seq
         self.sent += 1
-        return frame, round((now - self._t0) * _CLOCK_RATE)
+        self._last_pts = pts
+        return frame, pts
+
+    def sent_rtp(self, rtp: int) -> None:
+        """The RTP timestamp the last frame from :meth:`next_frame` went out with (0: none went yet): the
+        stream's origin, so each chunk's first frame can be told by its RTP timestamp (``chunk.track``)."""
+        if self.rtp_origin is None and rtp and self._last_pts is not None:
+            self.rtp_origin = (rtp - self._last_pts) % 2**32
+            self._tell()
+
+    def _tell(self) -> None:
+        if self.rtp_origin is None or self._on_track is None:
+            return
+        for seq, index, pts in self._untold:
+            self._on_track(seq, index, (self.rtp_origin + pts) % 2**32)
+        self._untold.clear()
 
 
 def track_class() -> type:
@@ -162,11 +194,22 @@ def track_class() -> type:
     class AiortcFrameTrack(aiortc.MediaStreamTrack, FrameTrack):  # type: ignore[misc,name-defined]
         kind = "video"
 
-        def __init__(self, fps: float, max_frames: int, on_shown: Callable[[int], None]) -> None:
+        def __init__(
+            self,
+            fps: float,
+            max_frames: int,
+            on_shown: Callable[[int], None],
+            on_track: Callable[[int, int, int], None] | None = None,
+        ) -> None:
             aiortc.MediaStreamTrack.__init__(self)
-            FrameTrack.__init__(self, fps, max_frames, on_shown)
+            FrameTrack.__init__(self, fps, max_frames, on_shown, on_track)
+            self.sender: Any = None  # set by answer_offer
 
         async def recv(self) -> Any:
+            # aiortc's sender asks for a frame only once the last one's packets went out, stamped with a random
+            # origin it keeps to itself (pinned aiortc: the test of chunk.track fails if that changes).
+            if self.rtp_origin is None and self.sender is not None:
+                self.sent_rtp(int(getattr(self.sender, "_RTCRtpSender__rtp_timestamp", 0)))
             frame, pts = await self.next_frame()
             video = av.VideoFrame.from_ndarray(frame, format="rgb24")
             video.pts = pts

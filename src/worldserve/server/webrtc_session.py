@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.server.connection import Socket
+from worldserve.server.messages import ChunkTrack, wire_json
 from worldserve.server.webrtc import (
     MAX_OFFER_BYTES,
     FrameTrack,
@@ -93,6 +94,14 @@ class DataChannelSocket:
             if header.get("supersedes") is not None:
                 self._track.drop(header["supersedes"])
         self._channel.send(data)
+
+    def track_told(self, seq: int, frame: int, rtp: int) -> None:
+        """Chunk ``seq``'s first frame on the track (``frame``: its index in the chunk) went out with RTP timestamp
+        ``rtp``: tell the client, so it can tell each frame's chunk (key-to-photon over WebRTC is measured as on
+        the other routes)."""
+        if self._channel is not None and not self.closed:
+            with contextlib.suppress(Exception):  # a channel closing now: the connection learns it on its own
+                self._channel.send(wire_json(ChunkTrack(seq=seq, frame=frame, rtp=rtp)))
 
     async def send_bytes(self, data: bytes) -> None:
         if self.closed:
@@ -163,7 +172,12 @@ class WebRTCSessions:
         """Answer an offer: its resource id and the SDP answer (``WhepError`` when refused)."""
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=application" not in sdp or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must hold a data channel (m=application) and video (m=video).")
-        track = track_class()(self._fps(), self._frames(), lambda seq: None)  # the client acks on the channel
+
+        def told(seq: int, frame: int, rtp: int) -> None:
+            socket.track_told(seq, frame, rtp)
+
+        # The client acks on the channel as it shows a chunk; the track tells each chunk's first frame.
+        track = track_class()(self._fps(), self._frames(), lambda seq: None, told)
         socket = DataChannelSocket(track)
         pc = peer_connection(self._ice_servers)
         resource = secrets.token_urlsafe(16)
