@@ -65,6 +65,12 @@ def _spread(values: list[float]) -> str:
 
 def page_figures(server: BenchServer, media: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
     """Steer one world through the page for ``duration`` s; the page's own figures (ms) and its underruns."""
+    return steer_page(f"http://127.0.0.1:{server.port}/?media={media}", duration, interval, seed)
+
+
+def steer_page(url: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
+    """Open the player at ``url`` (its query picks the media or the transport), start a world and steer it for
+    ``duration`` s; the page's own key-to-photon figures (ms), their parts and its jitter buffer's underruns."""
     from playwright.sync_api import sync_playwright
 
     rng = random.Random(seed)
@@ -72,11 +78,17 @@ def page_figures(server: BenchServer, media: str, duration: float, interval: flo
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
             headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-features=WebRtcHideLocalIpsWithMdns",  # WebRTC: host candidates as addresses
+            ],
         )
         try:
             page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{server.port}/?media={media}")
+            page.goto(url)
             page.click("#start")
             page.wait_for_function("window.worldserve.status === 'live' && window.worldserve.displayed > 8")
             page.click("#screen")  # the keys go to the player

@@ -145,3 +145,22 @@ def test_page_latency_benchmark_smoke() -> None:
     assert done.returncode == 0, done.stderr
     figure = r"\d+ / \d+ / \d+ \(\d+\)"
     assert re.search(rf"\| procedural \| jit \| jpeg \| {figure} \| {figure} \| [+-]\d+ % \|", done.stdout), done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_webrtc_latency_benchmark_smoke() -> None:
+    """WebRTC beside a WebSocket across the user-space lossy link (two network namespaces: root only)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from link import available
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    if (why := available()) is not None:
+        pytest.skip(f"no link here: {why}")
+    command = [sys.executable, "bench/webrtc_latency.py", "--smoke", "--links", "lossy", "--transports", "ws/jpeg"]
+    done = subprocess.run([*command, "webrtc"], cwd=ROOT, capture_output=True, text=True, timeout=230, check=False)
+    assert done.returncode == 0, done.stderr
+    for transport in ("ws/jpeg", "webrtc"):  # one row each: key-to-photon measured, no event lost, no error
+        row = rf"\| lossy \(1 % loss\) \| {re.escape(transport)} \| \d+ / \d+ / \d+ \| \d+ / \d+ / \d+ \|"
+        assert re.search(row + r"[^\n]*\| [1-9]\d* \| 0 / 0 \| 0 \| \d+ \|", done.stdout), done.stdout
+    assert "lossy: webrtc key-to-photon p95 vs ws/jpeg:" in done.stdout

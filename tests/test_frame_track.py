@@ -21,7 +21,8 @@ async def test_each_chunks_first_frame_on_the_track_is_told_once_the_origin_is_k
     track.push(1, _frames(4, 10))  # 8 frames for 5 places: chunk 0's first three are dropped, unsent
     assert (track.dropped, shown) == (3, [0])  # passed over, as a lagging player would: acked
     frame, pts = await track.next_frame()
-    assert int(frame[0, 0, 0]) == 3 and told == []  # chunk 0's 4th frame goes first; the origin is not known yet
+    assert int(frame[0, 0, 0]) == 3
+    assert told == []
     track.sent_rtp(0)  # nothing went out yet: still unknown
     assert told == []
     origin = 4_294_967_000  # aiortc draws it at random; RTP timestamps wrap at 2**32
@@ -29,13 +30,16 @@ async def test_each_chunks_first_frame_on_the_track_is_told_once_the_origin_is_k
     assert told == [(0, 3, (origin + pts) % 2**32)]  # told late, with its index in the chunk
     frame, pts = await track.next_frame()
     assert int(frame[0, 0, 0]) == 10
-    assert told[1] == (1, 0, (origin + pts) % 2**32) and shown == [0, 1]  # told as it goes out
+    assert told[1] == (1, 0, (origin + pts) % 2**32)
+    assert shown == [0, 1]
     track.sent_rtp(12345)  # the origin, once known, stays
     for _ in range(3):
         await track.next_frame()
-    assert len(told) == 2 and track.sent == 5
+    assert len(told) == 2
+    assert track.sent == 5
     track.push(2, _frames(4, 20))
     track.drop(2)  # superseded before any frame of it went: never told
     track.push(3, _frames(2, 30))
     frame, pts = await track.next_frame()
-    assert int(frame[0, 0, 0]) == 30 and told[2] == (3, 0, (origin + pts) % 2**32)
+    assert int(frame[0, 0, 0]) == 30
+    assert told[2] == (3, 0, (origin + pts) % 2**32)

@@ -90,6 +90,7 @@ _SERVER_SAMPLES: dict[str, dict[str, object]] = {
     "session.resumed": {"session_id": "s", "role": "host", "model": _SPEC, "media": "jpeg", "max_pending_events": 64,
                         "max_lag_chunks": 3, "lead_chunks": 0, "seq": 4, "replayed": 0},
     "chunk.skipped": {"from_seq": 1, "to_seq": 2, "reason": "lagged"},
+    "chunk.track": {"seq": 3, "frame": 0, "rtp": 4294967295},
     "input.accepted": {"event_id": 1, "status": "accepted", "pending": 1},
     "chunk": {"seq": 0, "epoch": 0, "chunk_index": 0, "request_id": "r", "applied_event_ids": [], "frames": _FRAMES,
               "timings": {"tick_ms": 1.0}, "batch_size": 1, "applied_latency_ms": []},

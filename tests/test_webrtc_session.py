@@ -164,7 +164,8 @@ async def test_the_python_client_over_webrtc_tells_each_frame_its_chunk_and_resu
     checked = 0
     async with WebRTCWorldClient(server.ws, token=TOKEN) as client:
         info = await client.start(seed=5, share_viewers=True)
-        assert info.media == "raw" and info.viewer_token
+        assert info.media == "raw"
+        assert info.viewer_token
         async with WorldClient(server.ws, token=TOKEN) as viewer:
             await viewer.join(info.session_id, info.viewer_token, media="raw")
 
@@ -196,3 +197,20 @@ async def test_the_python_client_over_webrtc_tells_each_frame_its_chunk_and_resu
         await client.close()
     assert checked >= 5, checked  # enough moving chunks were told apart to mean something
     assert [chunk.seq for chunk in chunks] == list(range(chunks[0].seq, chunks[0].seq + len(chunks)))
+
+
+async def test_the_bench_measures_key_to_photon_over_webrtc(server: RunningServer) -> None:
+    """``worldserve bench --transport webrtc``'s client: each applied event's key-to-photon, its parts summing to
+    the total, to the first frame of its chunk decoded from the track; every event accounted for."""
+    from worldserve.tools.loadtest import run_bench
+
+    result = await run_bench(server.ws, clients=1, duration=2.0, token=TOKEN, settle=5.0, transport="webrtc")
+    report = result.reports[0]
+    assert not report.errors, report.error_messages
+    assert (report.lost, report.applied_twice, report.seq_gaps) == (0, 0, 0)
+    assert report.accepted > 0
+    assert result.k2p
+    assert all(sample.sums(result.offset) for sample in result.k2p)
+    assert all(sample.shown >= sample.sent for sample in result.k2p)
+    assert len(result.ages) > 0
+    assert result.transport == "webrtc"

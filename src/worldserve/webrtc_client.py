@@ -35,16 +35,22 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.client import ClientChunk, WorldClient, WorldClientError
+from worldserve.sctp_timers import use_libwebrtc_timers
 
 __all__ = ["WebRTCWorldClient", "webrtc_url"]
 
 _WRAP = 2**32
 #: Frames decoded before the ``chunk.track`` that names them are kept this long for it.
 _KEEP_UNTOLD_S = 2.0
-#: A chunk none of whose frames came is handed over this long after its header, at the latest.
+#: A chunk is handed over this long after its header at the latest, with the frames that came (maybe none).
 _GIVE_UP_S = 2.0
 #: A frame whose chunk could still be a later one (its chunk.track on its way) waits this long for it.
 _HOLD_S = 0.25
+#: No frame decoded this long while a chunk waits for its frames: a packet is missing still (aiortc's receiver
+#: NACKs each once, so a lost NACK or a lost resend leaves a hole that holds every later frame until 128 packets
+#: came behind it). Ask again for what is missing, and for a keyframe, as a browser's receiver does; again at
+#: most this often.
+_STALL_S = 0.25
 
 
 def webrtc_url(world_url: str) -> str:
@@ -163,10 +169,14 @@ class WebRTCWorldClient(WorldClient):
         #: after their chunk was handed over).
         self.frames_decoded = 0
         self.frames_unnamed = 0
+        #: Times the track stalled while chunks waited for their frames (each asked again for the missing packets
+        #: and for a keyframe).
+        self.stalls = 0
 
     async def connect(self) -> None:
         import aiortc  # the webrtc extra
 
+        use_libwebrtc_timers()  # a lost packet holds the data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
         pc = aiortc.RTCPeerConnection()
         channel = pc.createDataChannel("worldserve")
         pc.addTransceiver("video", direction="recvonly")
@@ -252,7 +262,15 @@ class WebRTCWorldClient(WorldClient):
         receiver = next(t.receiver for t in pc.getTransceivers() if t.kind == "video")
         while True:
             try:
-                frame = await video.recv()
+                async with asyncio.timeout(_STALL_S):
+                    frame = await video.recv()
+            except TimeoutError:
+                if self._headers:  # a chunk waits for frames that do not come
+                    await _ask_again(receiver)
+                    self.stalls += 1
+                self._tell()
+                self._hand_over()
+                continue
             except Exception:  # the track ended with its peer connection
                 return
             at = time.monotonic()
@@ -316,7 +334,7 @@ class WebRTCWorldClient(WorldClient):
                 or (through is not None and seq <= through)
                 or len(frames) >= int(header["frames"]["count"])
                 or newest_shown > seq
-                or (not frames and now - since > _GIVE_UP_S)
+                or now - since > _GIVE_UP_S
             )
             if not done:
                 return
@@ -326,6 +344,8 @@ class WebRTCWorldClient(WorldClient):
                 del self._marks[older]  # no frame is told to it again: a later chunk's mark is at or before them
                 self._first.pop(older, None)
             self._handed = max(self._handed, seq)
+            if not frames and self.ack_on_show:
+                self._ack_soon(seq)  # nothing of it to show: acked as it is passed over, as the page does
             self._deliver(self._chunk(header, frames, now, self._first.pop(seq, 0)))
 
     def _chunk(self, header: dict[str, Any], shown: list[_Shown], now: float, first: int) -> ClientChunk:
@@ -352,6 +372,18 @@ class WebRTCWorldClient(WorldClient):
             supersedes=header.get("supersedes"),
             first_frame=first,
         )
+
+
+async def _ask_again(receiver: Any) -> None:
+    """NACK again every packet still missing and send a picture loss indication (RFC 4585), which aiortc's sender
+    answers with the packets from its history and a keyframe (pinned aiortc: its receiver's own RTCP feedback)."""
+    nacks = getattr(receiver, "_RTCRtpReceiver__nack_generator", None)
+    missing = sorted(nacks.missing) if nacks is not None else []
+    for source in receiver.getSynchronizationSources():
+        with contextlib.suppress(Exception):  # a connection closing meanwhile
+            if missing:
+                await receiver._send_rtcp_nack(source.source, missing)
+            await receiver._send_rtcp_pli(source.source)
 
 
 def _rtp_of(receiver: Any, pts: int) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
 
+from worldserve.sctp_timers import use_libwebrtc_timers
 from worldserve.server.host import Member, Role, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
 
@@ -77,6 +78,7 @@ def load_aiortc() -> Any:
         import aiortc
     except ImportError:  # pragma: no cover - depends on the extra
         raise WhepError(501, "not_supported", "this server has no WebRTC: pip install 'worldserve[webrtc]'.") from None
+    use_libwebrtc_timers()  # a lost packet holds a data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
     return aiortc
 
 

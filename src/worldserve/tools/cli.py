@@ -327,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the sessions' frames travel (the clients decode them all; every mode but --newcomers)",
     )
     bench.add_argument(
+        "--transport",
+        choices=("ws", "webrtc"),
+        default="ws",
+        help="how each session travels: a WebSocket (/v1/world), or WebRTC (/v1/webrtc: the protocol on a data "
+        "channel, frames on a video track, each shown as decoded; needs the webrtc extra; --media does not apply)",
+    )
+    bench.add_argument(
+        "--same-clock",
+        action="store_true",
+        help="the server reads this machine's monotonic clock though --url is not a loopback address (another "
+        "network namespace of this machine): key-to-photon's parts need no clock offset estimate",
+    )
+    bench.add_argument(
         "--slack-frames",
         type=non_negative_float,
         default=1.0,
@@ -695,6 +708,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.session_seconds is not None and args.arrival_rate is None:
         raise UsageError("--session-seconds needs --arrival-rate (closed-loop sessions last --duration)")
+    if args.transport == "webrtc" and (args.find_capacity or args.newcomers or args.viewers):
+        raise UsageError("--transport webrtc runs the plain bench: not with --find-capacity, --newcomers or --viewers")
     if args.find_capacity and (args.arrival_rate is not None or args.viewers):
         raise UsageError("--find-capacity steps a closed-loop client count: not with --arrival-rate or --viewers")
     problem = asyncio.run(check_server(args.url, args.token))
@@ -762,6 +777,8 @@ def _bench(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 media=args.media,
                 playout_slack_frames=args.slack_frames,
+                transport=args.transport,
+                same_clock=True if args.same_clock else None,
                 **common,
             )
         )

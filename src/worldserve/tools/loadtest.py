@@ -81,6 +81,9 @@ LATE_LIMIT = 0.01
 #: chunks that arrived after a fixed playout instant (chunk 0's arrival plus the slack, then a period
 #: each, re-anchored after a stall; the figure before the page had a jitter buffer).
 LateBy = Literal["player", "arrival"]
+#: How a bench client's session travels: a WebSocket (/v1/world) or WebRTC (/v1/webrtc: the protocol on a data
+#: channel, the frames on a video track).
+Transport = Literal["ws", "webrtc"]
 
 _HELD_CHOICES = ((), ("W",), ("A",), ("S",), ("D",), ("W", "D"), ("S", "A"))
 _PROMPTS = ("islands", "desert dunes", "deep forest", "snowy tundra")
@@ -193,6 +196,8 @@ class ClientReport:
     underruns: int = 0  # its player's jitter buffer ran dry while live (tools/jitter.py)
     jitter_target: float | None = None  # that buffer's target at the end (frames)
     jitter_most: float | None = None  # and its largest (frames)
+    #: Per chunk shown: when its first frame was shown (client clock) and when it was encoded (server clock).
+    ages: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def late(self) -> tuple[int, float]:
@@ -287,10 +292,17 @@ class BenchResult:
     arrivals: str = "all at once"
     same_clock: bool = True  # the server is on this host: one monotonic clock for both sides
     load: tuple[float, float] | None = None  # this host's 1-minute load average at the start and the end
+    transport: Transport = "ws"
 
     @property
     def k2p(self) -> list[KeyToPhoton]:
         return [sample for report in self.reports for sample in report.k2p]
+
+    @property
+    def ages(self) -> list[float]:
+        """Per chunk shown: how old it was as its first frame was shown, from when the server encoded it (s)."""
+        offset = self.offset
+        return [shown - (encoded - offset) for report in self.reports for shown, encoded in report.ages]
 
     @property
     def offset(self) -> float:
@@ -399,6 +411,14 @@ def start_image(height: int, width: int, seed: int = 0) -> npt.NDArray[np.uint8]
     return image
 
 
+def _webrtc_client(url: str, token: str | None) -> WorldClient:
+    try:
+        from worldserve.webrtc_client import WebRTCWorldClient
+    except ImportError as error:  # pragma: no cover - depends on the extra
+        raise SystemExit("--transport webrtc needs the webrtc extra: pip install 'worldserve[webrtc]'.") from error
+    return WebRTCWorldClient(url, token=token, auto_ack=False, ack_on_show=True)
+
+
 def _takes_keys(spec: dict[str, Any]) -> bool:
     """Whether ``spec``'s model has the ``keys`` track the bench steers with."""
     return any(control.get("track") == "keys" for control in spec.get("controls", []))
@@ -449,6 +469,7 @@ async def _run_client(
     media: str = "raw",
     playout_slack_frames: float = 0.0,
     image: npt.NDArray[np.uint8] | None = None,
+    transport: Transport = "ws",
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -459,8 +480,11 @@ async def _run_client(
     applied: Counter[int] = Counter()
     accepted: set[int] = set()
     try:
-        # It acks a chunk as its player shows the chunk's first frame, as the page does.
-        async with WorldClient(url, token=token, auto_ack=False) as client:
+        # It acks a chunk as its player shows the chunk's first frame, as the page does. Over WebRTC frames come
+        # paced by the server and a player shows each as it is decoded: the client acks then itself.
+        webrtc = transport == "webrtc"
+        client = _webrtc_client(url, token) if webrtc else WorldClient(url, token=token, auto_ack=False)
+        async with client:
             started = time.monotonic()
             info = await client.start(
                 prompt=rng.choice(_PROMPTS), seed=seed, image=image, media=media, share_viewers=viewers > 0
@@ -514,9 +538,14 @@ async def _run_client(
                         report.superseded_chunks += 1
                     mark = _Counted.mark(chunk, report)
                     report.arrivals.append(chunk.received_at)
-                    played = player.arrive(chunk.seq, int(chunk.frames.shape[0]), chunk.received_at)
-                    shown = chunk.received_at if played is None else played
-                    ack_at(chunk.seq, played)
+                    if webrtc:  # its first frame was shown as it was decoded (none: it never showed)
+                        seen = chunk.frames.shape[0] > 0
+                        shown = chunk.received_at
+                    else:
+                        played = player.arrive(chunk.seq, int(chunk.frames.shape[0]), chunk.received_at)
+                        shown = chunk.received_at if played is None else played
+                        seen = True
+                        ack_at(chunk.seq, played)
                     if last_seq is not None and chunk.seq > last_seq + 1:
                         report.seq_gaps += chunk.seq - last_seq - 1
                     last_seq = chunk.seq
@@ -537,7 +566,9 @@ async def _run_client(
                         if event_id in sent_at:
                             report.latencies.append(chunk.received_at - sent_at[event_id])
                     times = chunk.times
-                    if times is not None and chunk.arrived_at is not None:
+                    if times is not None and seen:
+                        report.ages.append((shown, times["encoded_ms"] / 1000.0))
+                    if times is not None and chunk.arrived_at is not None and seen:
                         for event_id, accepted_ms in zip(chunk.applied_event_ids, times["accepted_ms"], strict=False):
                             if event_id not in sent_at:
                                 continue
@@ -651,6 +682,8 @@ async def run_bench(
     seed: int = 0,
     media: str = "raw",
     playout_slack_frames: float = 0.0,
+    transport: Transport = "ws",
+    same_clock: bool | None = None,
 ) -> BenchResult:
     """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
@@ -665,6 +698,10 @@ async def run_bench(
     arrives (0: on arrival), which the late-chunk figures count from; it is also where each
     client's jitter buffer (:class:`~worldserve.tools.jitter.JitterBuffer`, the page's rule, which
     key-to-photon's playout follows) starts its target (the page: 1).
+    ``transport``: ``webrtc`` runs each session over ``/v1/webrtc`` (frames decoded from its video track, each
+    chunk shown as its first frame is decoded; viewers stay on WebSockets). ``same_clock``: the server reads this
+    machine's monotonic clock (``None``: when ``url`` is a loopback address; another network namespace of this
+    machine is the same clock too), else its offset is estimated.
     """
     rng = random.Random(seed)
     lifetime = session_seconds if session_seconds is not None else duration
@@ -701,6 +738,7 @@ async def run_bench(
                 media=media,
                 playout_slack_frames=playout_slack_frames,
                 image=None if image_size is None else start_image(*image_size, index),
+                transport=transport,
             )
             for index, offset in enumerate(offsets)
         )
@@ -714,7 +752,8 @@ async def run_bench(
         viewers_per_session=viewers,
         server=None if before is None or after is None else (before, after),
         arrivals=arrivals,
-        same_clock=_same_host(url),
+        same_clock=_same_host(url) if same_clock is None else same_clock,
+        transport=transport,
         load=None if load_before is None or (load_after := _load()) is None else (load_before, load_after),
     )
 
@@ -859,7 +898,7 @@ def format_table(result: BenchResult) -> str:
     stalls = [r.late[1] for r in reports if r.chunks > 1]
     refused = sum(1 for r in reports if r.errors.get("admission_refused"))
     rows = [
-        ("clients", f"{result.clients} ({result.arrivals})"),
+        ("clients", f"{result.clients} ({result.arrivals}), over {result.transport}"),
         ("duration per client (s)", f"{result.duration:.0f}"),
         ("chunks received", f"{sum(r.chunks for r in reports)}"),
         (
@@ -955,6 +994,10 @@ def format_k2p_table(result: BenchResult) -> str:
         label = name if index == 0 else f"  {name}"
         cells = [_percentile(values, q) * 1000 for q in (0.5, 0.95, 0.99)]
         lines.append(f"{label:<{width}}  " + "  ".join("-".rjust(8) if math.isnan(c) else f"{c:8.1f}" for c in cells))
+    ages = result.ages
+    if ages:
+        aged = " / ".join(f"{_percentile(ages, q) * 1000:.0f}" for q in (0.5, 0.99, 1.0))
+        lines.append(f"chunks shown: age of the first frame (shown - encoded) ms p50 / p99 / max: {aged}")
     mismatched = sum(1 for sample in samples if not sample.sums(offset))
     clock = (
         "one clock (the server is on this host: CLOCK_MONOTONIC both sides)"

@@ -39,6 +39,8 @@
   // The server's routes below the page's own path: "/" at the root, "/fe/2/" for a page a balancer serves
   // under a front-end's path (its socket and requests then reach that front-end, not the balancer's choice).
   const BASE = location.pathname.replace(/[^/]*$/, "");
+  // ?transport=webrtc: the session over WebRTC (POST /v1/webrtc; a viewer's link: WHEP), where the browser has it.
+  const RTC_WANTED = new URLSearchParams(location.search).get("transport") === "webrtc" && Boolean(window.RTCPeerConnection);
   const state = {
     ws: null,
     spec: null,
@@ -98,7 +100,9 @@
     get sessionId() { return state.sessionId; },
     get worldUrl() { return state.worldUrl || null; }, // where a session.moved sent this page's resume or join
     get transport() { return rtc.pc ? "webrtc" : "websocket"; },
-    get webrtc() { return rtc.stats; }, // a WebRTC viewer's last getStats() figures
+    get webrtc() { return rtc.stats; }, // a WebRTC peer's last getStats() figures
+    // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
+    loseWebRTC() { if (rtc.lose && rtc.session) rtc.lose(); },
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
@@ -323,6 +327,10 @@
 
   // mode: "start" a new world, "join" the share link's, or "resume" ours after a drop.
   function connect(mode) {
+    if (RTC_WANTED) {
+      connectRtc(mode);
+      return;
+    }
     closeSocket();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const protocols = ["worldserve.v1"];
@@ -349,17 +357,7 @@
     if (!state.reconnect) setStatus("connecting", "connecting…");
     ws.onopen = () => {
       opened = true;
-      if (mode === "resume") {
-        const resume = { type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq };
-        if (state.reloaded) resume.keyframe = true; // no decoder after a reload: the stream must start again
-        send(resume);
-      } else if (mode === "join") {
-        const join = { type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role };
-        if (!h264Playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
-        send(join);
-      } else {
-        send(startMessage());
-      }
+      sendOpening(mode);
     };
     ws.onmessage = (event) => {
       if (state.ws !== ws) return;
@@ -371,6 +369,21 @@
       state.ws = null;
       onSocketClosed(event, opened);
     };
+  }
+
+  // The first message on a new connection: the resume, the join or the start that `mode` says.
+  function sendOpening(mode) {
+    if (mode === "resume") {
+      const resume = { type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq };
+      if (state.reloaded) resume.keyframe = true; // no decoder after a reload: the stream must start again
+      send(resume);
+    } else if (mode === "join") {
+      const join = { type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role };
+      if (!h264Playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
+      send(join);
+    } else {
+      send(startMessage());
+    }
   }
 
   function startMessage() {
@@ -407,17 +420,9 @@
     const pc = new RTCPeerConnection();
     rtc.pc = pc;
     pc.addTransceiver("video", { direction: "recvonly" });
-    const video = document.createElement("video");
-    video.className = "mse rtc";
-    video.muted = true;
-    video.playsInline = true;
-    video.autoplay = true;
-    canvas.parentElement.prepend(video);
+    const video = rtcVideo();
     rtc.video = video;
-    pc.ontrack = (event) => {
-      video.srcObject = event.streams[0] || new MediaStream([event.track]);
-      video.play().catch(() => {});
-    };
+    pc.ontrack = (event) => rtcPlay(video, event);
     pc.onconnectionstatechange = () => {
       if (rtc.pc !== pc || !["failed", "closed"].includes(pc.connectionState)) return;
       whepLeave();
@@ -426,24 +431,7 @@
       notice("The WebRTC connection ended (the world ended, or the network dropped it).");
     };
     try {
-      await pc.setLocalDescription(await pc.createOffer());
-      await new Promise((done) => { // not trickled: the offer carries every candidate
-        if (pc.iceGatheringState === "complete") done();
-        pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
-        setTimeout(done, 3000);
-      });
-      const reply = await fetch(`${BASE}v1/whep/${encodeURIComponent(join.session)}`, {
-        method: "POST",
-        headers: { "Content-Type": "application/sdp", Authorization: `Bearer ${join.token}` },
-        body: pc.localDescription.sdp,
-      });
-      if (reply.status !== 201) {
-        let said = `HTTP ${reply.status}`;
-        try { said = (await reply.json()).error.message; } catch (error) { /* not JSON */ }
-        throw new Error(said);
-      }
-      rtc.resource = reply.headers.get("Location");
-      await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+      await rtcOffer(pc, `${BASE}v1/whep/${encodeURIComponent(join.session)}`, join.token);
     } catch (error) {
       whepLeave();
       setStatus("error", "cannot watch");
@@ -498,7 +486,180 @@
     if (rtc.pc) rtc.pc.close();
     if (rtc.video) rtc.video.remove();
     if (rtc.timer) clearInterval(rtc.timer);
-    Object.assign(rtc, { pc: null, video: null, resource: null, timer: null });
+    Object.assign(rtc, { pc: null, video: null, resource: null, timer: null, session: false, lose: null });
+  }
+
+  // The <video> a WebRTC track plays in, over the canvas.
+  function rtcVideo() {
+    const video = document.createElement("video");
+    video.className = "mse rtc";
+    video.muted = true;
+    video.playsInline = true;
+    video.autoplay = true;
+    canvas.parentElement.prepend(video);
+    return video;
+  }
+
+  function rtcPlay(video, event) {
+    video.srcObject = event.streams[0] || new MediaStream([event.track]);
+    video.play().catch(() => {});
+  }
+
+  // Signalling as WHEP does it: the offer (not trickled: it waits for every candidate) POSTed with the bearer
+  // token, the answer back (201) and the peer's resource in Location (DELETE leaves).
+  async function rtcOffer(pc, url, token) {
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise((done) => {
+      if (pc.iceGatheringState === "complete") done();
+      pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
+      setTimeout(done, 3000);
+    });
+    const headers = { "Content-Type": "application/sdp" };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const reply = await fetch(url, { method: "POST", headers, body: pc.localDescription.sdp });
+    if (reply.status !== 201) {
+      let said = `HTTP ${reply.status}`;
+      try { said = (await reply.json()).error.message; } catch (error) { /* not JSON */ }
+      throw new Error(said);
+    }
+    const location = reply.headers.get("Location");
+    rtc.resource = location ? new URL(location, new URL(url, window.location.href)).href : null;
+    await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+  }
+
+  // -- a whole session over WebRTC (?transport=webrtc: POST /v1/webrtc) ---------------------------------------
+  // The session's messages travel on a data channel, exactly as on the socket; its frames on a video track,
+  // shown by a <video> over the canvas. A frame's chunk comes from its RTP timestamp: chunk.track {seq, frame,
+  // rtp} names the timestamp of a chunk's first frame on the track, and the <video>'s requestVideoFrameCallback
+  // tells each frame's as it is shown. A chunk is acked, and its inputs' key->screen figure taken, when its first
+  // frame is shown. A peer connection lost is a dropped socket: the page resumes its world on a new one.
+  async function connectRtc(mode) {
+    closeSocket();
+    whepLeave();
+    const pc = new RTCPeerConnection();
+    const channel = pc.createDataChannel("worldserve");
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const video = rtcVideo();
+    Object.assign(rtc, { pc, video, session: true, marks: new Map(), chunks: new Map() });
+    let opened = false;
+    let ended = false;
+    const sock = { // what the page reads and writes as its socket
+      get readyState() {
+        const states = { connecting: WebSocket.CONNECTING, open: WebSocket.OPEN, closing: WebSocket.CLOSING };
+        return ended ? WebSocket.CLOSED : states[channel.readyState] ?? WebSocket.CLOSED;
+      },
+      send(text) { channel.send(text); },
+      close(code) { // a clean close leaves (DELETE: the server closes the session); any other parks it
+        ended = true;
+        if (code !== 1000 && code !== 1001) rtc.resource = null;
+        whepLeave();
+      },
+    };
+    const lost = () => { // the peer connection failed, as a socket drops: resume (or say why it cannot)
+      if (ended || state.ws !== sock) return;
+      ended = true;
+      state.ws = null;
+      rtc.resource = null; // no DELETE: the server parks the world for its resume
+      whepLeave();
+      onSocketClosed({ code: 1006 }, opened);
+    };
+    rtc.lose = lost;
+    state.ws = sock;
+    state.header = null;
+    state.frames = [];
+    if (!state.reconnect) setStatus("connecting", "connecting (WebRTC)…");
+    pc.ontrack = (event) => {
+      rtcPlay(video, event);
+      rtcWatch(video);
+    };
+    pc.onconnectionstatechange = () => {
+      if (["failed", "closed"].includes(pc.connectionState)) lost();
+    };
+    channel.onopen = () => {
+      opened = true;
+      rtc.timer = setInterval(whepStats, 1000);
+      sendOpening(mode);
+    };
+    channel.onclose = lost;
+    channel.onmessage = (event) => {
+      if (state.ws !== sock) return;
+      const message = JSON.parse(event.data);
+      if (message.type === "chunk.track") rtc.marks.set(message.seq, message.rtp >>> 0);
+      else if (message.type === "chunk") rtcChunk(message);
+      else {
+        onMessage(message);
+        if (["session.started", "session.joined", "session.resumed"].includes(message.type)) {
+          state.media = "webrtc";
+          if (state.status === "live") setStatus("live", rtcLive());
+        }
+      }
+    };
+    // A resume or join goes where the world lives, a start with a reservation where the service's line placed it.
+    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
+    const here = `${BASE}v1/webrtc`;
+    const url = moved && state.worldUrl
+      ? state.worldUrl.replace(/^ws/, "http").replace(/v1\/world$/, "v1/webrtc")
+      : here;
+    if (mode === "start" && !state.reservation) state.worldUrl = null;
+    try {
+      await rtcOffer(pc, url, tokenValue());
+    } catch (error) {
+      if (state.ws !== sock) return;
+      log(`WebRTC: ${error.message}`, "error");
+      lost();
+    }
+  }
+
+  // A chunk's header: its inputs' figures wait for its first frame on the track.
+  function rtcChunk(header) {
+    if (header.supersedes != null) supersede(header.supersedes, header.seq);
+    if (header.epoch > state.epoch) newEpoch(header.epoch); // another controller reset the world
+    state.lastSeq = Math.max(state.lastSeq, header.seq);
+    state.lastChunkMs = header.timings.tick_ms;
+    rtc.chunks.set(header.seq, { header, photon: inputsApplied(header), shown: false });
+    for (const seq of rtc.chunks.keys()) { if (seq < header.seq - 16) rtc.chunks.delete(seq); }
+    for (const seq of rtc.marks.keys()) { if (seq < header.seq - 16) rtc.marks.delete(seq); }
+    if (state.status === "resetting" && header.epoch >= state.epoch) setStatus("live", rtcLive()); // the new world
+  }
+
+  function rtcLive() {
+    return state.role === "host" ? "live (WebRTC)" : `live (${state.role}, WebRTC)`;
+  }
+
+  function rtcWatch(video) {
+    if (!video.requestVideoFrameCallback) return;
+    const shown = (now, meta) => {
+      if (rtc.video !== video) return;
+      rtcShown(meta.rtpTimestamp, meta.presentationTime || now);
+      video.requestVideoFrameCallback(shown);
+    };
+    video.requestVideoFrameCallback(shown);
+  }
+
+  // A frame is on screen: its chunk is the one whose first frame's RTP timestamp is the latest at or before its
+  // own (a tick either way is the same frame). That chunk's first frame shown acks it and gives its figures.
+  function rtcShown(rtp, at) {
+    if (rtp === undefined) return;
+    state.displayed += 1;
+    let seq = null;
+    let behind = null;
+    for (const [marked, first] of rtc.marks) {
+      const since = ((rtp >>> 0) - first + 90) >>> 0; // a mark at or before this frame: under 2^31
+      if (since < 2 ** 31 && (behind === null || since < behind)) [seq, behind] = [marked, since];
+    }
+    const chunk = seq === null ? undefined : rtc.chunks.get(seq);
+    if (!chunk) return;
+    state.shownSeq = seq;
+    state.chunkIndex = chunk.header.chunk_index;
+    if (chunk.shown || state.supersededSeqs.has(seq)) return;
+    chunk.shown = true;
+    const info = state.chunkOf.get(seq);
+    if (info) info.shown = 1;
+    ack(seq);
+    if (chunk.photon) {
+      chunk.photon.received = chunk.photon.decoded = at; // the track's frames: decoded by the <video>
+      photonShown(chunk.photon, at);
+    }
   }
 
   // -- losing the socket: resume, restart, or say why ----------------------------------------
@@ -1917,7 +2078,7 @@
   });
   $("leave-shared").addEventListener("click", () => { // leaves our membership only (the host's world goes on)
     stopReconnecting();
-    if (rtc.pc) { // a WebRTC viewer: its peer and its WHEP resource go
+    if (rtc.pc && !rtc.session) { // a WHEP viewer: its peer and its WHEP resource go
       whepLeave();
       leaveWorld();
       setStatus("idle", "left");
