@@ -1010,7 +1010,13 @@ def format_k2p_table(result: BenchResult) -> str:
         f"{len(samples) - mismatched} ({mismatched} off); clock: {clock}"
     )
     targets = [r.jitter_target for r in result.reports if r.jitter_target is not None]
-    if targets:
+    if result.transport == "webrtc":
+        lines.append(
+            "over WebRTC: down runs from the handoff to the chunk's first frame decoded from the video track (the "
+            "track's pacing at the model's frame rate, the encode, the network, aiortc's receiver and decoder); a "
+            "WebRTC player shows a frame as it is decoded, so decode and playout are 0"
+        )
+    elif targets:
         most = max(r.jitter_most for r in result.reports if r.jitter_most is not None)
         lines.append(
             f"players' jitter buffers (frames; tools/jitter.py): final target p50 / max "
