@@ -5,14 +5,18 @@ peer connection is lost, and closes it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from server_harness import RunningServer, start_server
 from test_browser import open_page, wait_for
+from worldserve.tools.replay import replay
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +68,62 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         page.click("#close")
         wait_for(page, "window.worldserve.status === 'idle'")
     assert _sessions(server) == 0
+
+
+#: Installed on the page's <video>: every frame it shows, drawn to a canvas as it is shown, with its RTP timestamp.
+_CAPTURE = """() => {
+  const video = document.querySelector('video.rtc');
+  const canvas = document.createElement('canvas');
+  canvas.width = video.videoWidth;
+  canvas.height = video.videoHeight;
+  const context = canvas.getContext('2d', { willReadFrequently: true });
+  window.captured = [];
+  const grab = (now, meta) => {
+    context.drawImage(video, 0, 0);
+    const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    const rgb = [];
+    for (let i = 0; i < rgba.length; i += 4) rgb.push(rgba[i], rgba[i + 1], rgba[i + 2]);
+    window.captured.push({ rtp: meta.rtpTimestamp >>> 0, rgb });
+    video.requestVideoFrameCallback(grab);
+  };
+  video.requestVideoFrameCallback(grab);
+}"""
+
+
+def test_the_frames_the_page_shows_over_webrtc_are_the_journals(tmp_path: Path) -> None:
+    """Replay equals what was shown: each frame the page showed over WebRTC, told its chunk by its RTP timestamp,
+    is (up to VP8's loss) that chunk's frame as the journal replays it, and no other chunk's."""
+    journals = tmp_path / "journals"
+    running = start_server("--model", "procedural", "--record-dir", str(journals))
+    try:
+        with open_page(running, query="?transport=webrtc") as page:
+            page.fill("#seed", "9")
+            page.click("#start")
+            wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 8")
+            page.evaluate(_CAPTURE)
+            page.click("#screen")
+            page.keyboard.down("KeyD")  # the view moves 2 px a frame: every frame differs from the last
+            wait_for(page, "window.captured.length > 40")
+            page.keyboard.up("KeyD")
+            wait_for(page, "window.captured.length > 56")
+            captured = page.evaluate("() => window.captured")
+            told = {frame["rtp"]: frame for frame in page.evaluate("() => window.worldserve.webrtcShown")}
+            page.click("#close")
+            wait_for(page, "window.worldserve.status === 'idle'")
+    finally:
+        running.stop()
+    (journal,) = journals.glob("*.jsonl")
+    replayed = asyncio.run(replay(journal)).frames.astype(np.int16)
+    per_chunk = 4
+    moving = 0
+    for shown in captured:
+        frame = told.get(shown["rtp"])
+        assert frame is not None, "a frame shown was told no chunk"
+        image = np.asarray(shown["rgb"], np.int16).reshape(replayed.shape[1:])
+        distance = np.abs(replayed - image).reshape(len(replayed), -1).mean(axis=1)
+        own = distance[frame["chunk"] * per_chunk : (frame["chunk"] + 1) * per_chunk]
+        assert own.min() < 12.0, (frame, own)  # its own chunk's frame, up to the encoder's loss
+        assert own.min() <= distance.min() + 0.5, (frame, own, int(distance.argmin()))  # and no other's
+        gaps = np.abs(np.diff(replayed[frame["chunk"] * per_chunk : (frame["chunk"] + 1) * per_chunk], axis=0))
+        moving += bool(gaps.reshape(per_chunk - 1, -1).mean(axis=1).min() > 6.0)
+    assert moving >= 16, moving  # enough frames of moving chunks (adjacent frames ~9 apart, VP8 ~4 off its own)

@@ -92,6 +92,7 @@
     superseded: 0, // chunks a preemption replaced (the server made them again with newer input)
     supersededSeqs: new Set(), // their seqs: frames of theirs still decoding are never queued
     chunkOf: new Map(), // seq -> {shown, skip, applied: [[event id, input instant]]}, for the last chunks
+    rtcShown: [], // over WebRTC, the last PHOTON_LOG_MAX frames shown: {rtp, seq, chunk, epoch}
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
@@ -103,6 +104,8 @@
     get webrtc() { return rtc.stats; }, // a WebRTC peer's last getStats() figures
     // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
     loseWebRTC() { if (rtc.lose && rtc.session) rtc.lose(); },
+    // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).
+    get webrtcShown() { return state.rtcShown.map((frame) => ({ ...frame })); },
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
@@ -649,6 +652,8 @@
     }
     const chunk = seq === null ? undefined : rtc.chunks.get(seq);
     if (!chunk) return;
+    state.rtcShown.push({ rtp: rtp >>> 0, seq, chunk: chunk.header.chunk_index, epoch: chunk.header.epoch });
+    if (state.rtcShown.length > PHOTON_LOG_MAX) state.rtcShown.shift();
     state.shownSeq = seq;
     state.chunkIndex = chunk.header.chunk_index;
     if (chunk.shown || state.supersededSeqs.has(seq)) return;
