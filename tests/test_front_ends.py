@@ -122,7 +122,7 @@ async def _until_applied(client: WorldClient, wanted: set[int], seen: list[Clien
         dropped = {i for notice in client.dropped for i in notice.event_ids}
         if wanted <= applied | dropped:
             return
-        seen.append(await client.next_chunk(timeout=10))
+        seen.append(await client.next_chunk(timeout=30))
     raise AssertionError("events never applied")
 
 
@@ -143,7 +143,7 @@ async def test_a_player_dropped_mid_world_resumes_through_the_balancer_with_its_
     (a,) = [door for door in doors if door.ws == info.url]  # where the balancer put the world
     (b,) = [door for door in doors if door is not a]
     moved_before = _moved(b)
-    seen = [await client.next_chunk(timeout=10)]
+    seen = [await client.next_chunk(timeout=30)]
     accepted = {(await client.send_event(controls=[keys("W" if step % 2 else "D")])).event_id for step in range(3)}
     await client.drop()  # the socket dies; the world is parked on a for its grace
     client.url = b.ws  # the reconnect lands on the other front-end
@@ -151,7 +151,7 @@ async def test_a_player_dropped_mid_world_resumes_through_the_balancer_with_its_
     assert resumed.session_id == info.session_id
     assert client.url == a.ws  # told session.moved, the client went where the world lives
     assert _moved(b) == moved_before + 1
-    seen.append(await client.next_chunk(timeout=10))
+    seen.append(await client.next_chunk(timeout=30))
     await client.drop()  # and once more, through the balancer's round robin, whichever door it picks
     client.url = lb
     await client.resume()
@@ -159,7 +159,7 @@ async def test_a_player_dropped_mid_world_resumes_through_the_balancer_with_its_
     accepted |= {(await client.send_event(prompt=f"after {step}")).event_id for step in range(3)}
     await _until_applied(client, accepted, seen)
     for _ in range(2):
-        seen.append(await client.next_chunk(timeout=10))
+        seen.append(await client.next_chunk(timeout=30))
     seqs = [chunk.seq for chunk in seen]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"gap or repeat across the move: {seqs}"
     applied = [i for chunk in seen for i in chunk.applied_event_ids]
@@ -176,17 +176,17 @@ async def test_a_share_link_opened_through_either_door_joins(doors: list[Door]) 
         info = await host.start(seed=3, share_viewers=True, share_controllers=True)
         assert info.viewer_token
         assert info.controller_token
-        await host.next_chunk(timeout=10)
+        await host.next_chunk(timeout=30)
         for door in (a, b):
             async with WorldClient(door.ws) as viewer:
                 joined = await viewer.join(info.session_id, info.viewer_token)
                 assert (joined.session_id, joined.role, viewer.url) == (info.session_id, "viewer", b.ws)
-                assert len((await viewer.next_chunk(timeout=10)).frames) > 0  # the world's frames, from b
+                assert len((await viewer.next_chunk(timeout=30)).frames) > 0  # the world's frames, from b
         async with WorldClient(a.ws) as controller:
             await controller.join(info.session_id, info.controller_token, role="controller")
             event = await controller.send_event(controls=[keys("A")])
             for _ in range(20):
-                if event.event_id in (await controller.next_chunk(timeout=10)).applied_event_ids:
+                if event.event_id in (await controller.next_chunk(timeout=30)).applied_event_ids:
                     break
             else:
                 raise AssertionError("the controller's event, sent through the other door, was never applied")
@@ -197,7 +197,7 @@ async def test_an_ended_world_or_an_unknown_one_is_refused_at_either_door(doors:
     a, b = doors
     async with WorldClient(a.ws) as host:
         info = await host.start(seed=8, share_viewers=True)
-        await host.next_chunk(timeout=10)
+        await host.next_chunk(timeout=30)
         await _until_known(b, info.session_id)
         await host.close()  # the world ends: withdrawn from the directory at once
     assert info.viewer_token

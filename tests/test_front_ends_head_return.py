@@ -34,7 +34,7 @@ from server_harness import RunningServer, free_port, start_server  # noqa: E402
 from worldserve.client import WorldClient  # noqa: E402
 from worldserve.tools.topology import start_ray, stop_ray  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.timeout(480), pytest.mark.xdist_group("ray")]
 
 
 def _directory(server: RunningServer) -> str:
@@ -81,7 +81,7 @@ async def test_a_head_that_comes_back_with_its_state_gives_the_front_ends_their_
         await _until(servers, "lost", 60)
         seqs += [(await player.next_chunk(timeout=10)).seq for _ in range(3)]
         start_ray(ray, env, *head)  # back, with its state from Redis
-        await _until(servers, "ok", 120)
+        await _until(servers, "ok", 240)
         seqs += [(await player.next_chunk(timeout=10)).seq for _ in range(3)]
 
         async with WorldClient(b.ws) as viewer:  # a share link through the other door finds the world again

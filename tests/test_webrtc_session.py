@@ -214,3 +214,43 @@ async def test_the_bench_measures_key_to_photon_over_webrtc(server: RunningServe
     assert all(sample.shown >= sample.sent for sample in result.k2p)
     assert len(result.ages) > 0
     assert result.transport == "webrtc"
+
+
+async def test_a_client_whose_track_stalls_nacks_again_and_asks_for_a_keyframe(server: RunningServer) -> None:
+    """What ``WebRTCWorldClient`` does when no frame comes (a packet lost for good): NACK again every packet still
+    missing and send a picture loss indication, through aiortc's own receiver (the internals it reads: a test of
+    the pinned aiortc). The RTCP it sends is read off the wire."""
+    from aiortc.rtp import RTCP_PSFB_PLI, RTCP_RTPFB_NACK, RtcpPacket, RtcpPsfbPacket, RtcpRtpfbPacket
+
+    from worldserve.webrtc_client import _ask_again
+
+    peer = Peer()
+    await peer.connect(server)
+    await peer.request({"type": "session.start", "seed": 2})
+    receiver = next(t.receiver for t in peer.pc.getTransceivers() if t.kind == "video")
+    sent: list[Any] = []  # the RTCP packets the receiver sends from now on
+    transport = receiver.transport
+    send = transport._send_rtp
+
+    async def spy(data: bytes) -> None:
+        if len(data) > 1 and 192 <= data[1] <= 223:  # RTCP (RFC 5761): packet types 192-223
+            sent.extend(RtcpPacket.parse(data))
+        await send(data)
+
+    transport._send_rtp = spy
+    try:
+        await peer.chunk()
+        video = await asyncio.wait_for(peer.track, 20)
+        await asyncio.wait_for(video.recv(), 20)
+        missing = receiver._RTCRtpReceiver__nack_generator.missing
+        missing.add(4242)  # a packet lost for good, as the receiver counts it
+        sent.clear()
+        await _ask_again(receiver)
+        nacks = [p for p in sent if isinstance(p, RtcpRtpfbPacket) and p.fmt == RTCP_RTPFB_NACK]
+        plis = [p for p in sent if isinstance(p, RtcpPsfbPacket) and p.fmt == RTCP_PSFB_PLI]
+        assert [4242 in nack.lost for nack in nacks] == [True]
+        assert len(plis) == 1
+        assert nacks[0].media_ssrc == plis[0].media_ssrc == receiver.getSynchronizationSources()[0].source
+    finally:
+        transport._send_rtp = send
+        await peer.pc.close()
