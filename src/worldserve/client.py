@@ -138,6 +138,34 @@ class ClientChunk:
     #: server drops the oldest unsent frames of a peer behind; ``frames`` then holds fewer than the chunk made).
     first_frame: int = 0
 
+    @classmethod
+    def from_header(
+        cls,
+        header: Mapping[str, Any],
+        frames: npt.NDArray[np.uint8],
+        *,
+        received_at: float,
+        arrived_at: float | None,
+        first_frame: int = 0,
+    ) -> ClientChunk:
+        """A chunk from its ``chunk`` message and its frames."""
+        return cls(
+            seq=header["seq"],
+            epoch=header["epoch"],
+            chunk_index=header["chunk_index"],
+            request_id=header["request_id"],
+            applied_event_ids=tuple(header["applied_event_ids"]),
+            frames=frames,
+            timings=header.get("timings", {}),
+            batch_size=header.get("batch_size", 1),
+            applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
+            received_at=received_at,
+            arrived_at=arrived_at,
+            times=header.get("times"),
+            supersedes=header.get("supersedes"),
+            first_frame=first_frame,
+        )
+
 
 def keys(*held: str) -> ControlInput:
     """A ``keys`` control of the built-in models: the movement keys held now."""
@@ -666,21 +694,7 @@ class WorldClient:
             frames = await asyncio.to_thread(self._decode_h264, payloads[0], int(info.get("init_bytes") or 0))
         else:
             frames = await asyncio.to_thread(_decode_jpegs, payloads)
-        return ClientChunk(
-            seq=header["seq"],
-            epoch=header["epoch"],
-            chunk_index=header["chunk_index"],
-            request_id=header["request_id"],
-            applied_event_ids=tuple(header["applied_event_ids"]),
-            frames=frames,
-            timings=header.get("timings", {}),
-            batch_size=header.get("batch_size", 1),
-            applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
-            received_at=time.monotonic(),
-            arrived_at=arrived_at,
-            times=header.get("times"),
-            supersedes=header.get("supersedes"),
-        )
+        return ClientChunk.from_header(header, frames, received_at=time.monotonic(), arrived_at=arrived_at)
 
     def _decode_h264(self, payload: bytes, init_bytes: int) -> npt.NDArray[np.uint8]:
         if self._h264 is None or init_bytes:

@@ -356,22 +356,7 @@ class WebRTCWorldClient(WorldClient):
             else np.zeros((0, int(info["height"]), int(info["width"]), 3), np.uint8)
         )
         at = shown[0].at if shown else now
-        return ClientChunk(
-            seq=header["seq"],
-            epoch=header["epoch"],
-            chunk_index=header["chunk_index"],
-            request_id=header["request_id"],
-            applied_event_ids=tuple(header["applied_event_ids"]),
-            frames=frames,
-            timings=header.get("timings", {}),
-            batch_size=header.get("batch_size", 1),
-            applied_latency_ms=tuple(header.get("applied_latency_ms", ())),
-            received_at=at,
-            arrived_at=at,
-            times=header.get("times"),
-            supersedes=header.get("supersedes"),
-            first_frame=first,
-        )
+        return ClientChunk.from_header(header, frames, received_at=at, arrived_at=at, first_frame=first)
 
 
 async def _ask_again(receiver: Any) -> None:

@@ -196,15 +196,9 @@ def track_class() -> type:
     class AiortcFrameTrack(aiortc.MediaStreamTrack, FrameTrack):  # type: ignore[misc,name-defined]
         kind = "video"
 
-        def __init__(
-            self,
-            fps: float,
-            max_frames: int,
-            on_shown: Callable[[int], None],
-            on_track: Callable[[int, int, int], None] | None = None,
-        ) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # FrameTrack's
             aiortc.MediaStreamTrack.__init__(self)
-            FrameTrack.__init__(self, fps, max_frames, on_shown, on_track)
+            FrameTrack.__init__(self, *args, **kwargs)
             self.sender: Any = None  # set by answer_offer
 
         async def recv(self) -> Any:
