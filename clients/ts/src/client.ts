@@ -146,7 +146,7 @@ export class WorldClient {
   readonly dropped: InputDropped[] = [];
   readonly skipped: ChunkSkipped[] = [];
   readonly queued: SessionQueued[] = [];
-  private socket: SocketLike | null = null;
+  protected socket: SocketLike | null = null;
   private nextId = 1;
   private nextEventId = 1;
   private epoch = 0;
@@ -160,26 +160,32 @@ export class WorldClient {
   constructor(
     /** Where the socket goes; a resume or join told `session.moved` goes on to the world's front-end and keeps its URL. */
     public url: string,
-    private readonly options: ClientOptions = {},
+    protected readonly options: ClientOptions = {},
   ) {}
 
   /** Open the socket, offering the `worldserve.v1` subprotocol (a token travels as `bearer.<token>` beside it). */
   async connect(): Promise<void> {
+    this.closed = null;
+    this.ready.length = 0;
+    const socket = await this.open();
+    socket.onmessage = (event) => this.receive(event.data);
+    socket.onclose = () => this.lost(new WorldClientError("connection closed."));
+    socket.onerror = () => this.lost(new WorldClientError("connection failed."));
+    this.socket = socket;
+  }
+
+  /** A new socket to the server, open (a WebRTC client opens a data channel instead). */
+  protected async open(): Promise<SocketLike> {
     const protocols = [PROTOCOL, ...(this.options.token ? [`bearer.${this.options.token}`] : [])];
     const open = this.options.socket ?? ((url: string, p?: string[]) => new WebSocket(url, p) as unknown as SocketLike);
     const socket = open(this.url, protocols);
     socket.binaryType = "arraybuffer";
-    this.closed = null;
-    this.ready.length = 0;
     await new Promise<void>((resolve, reject) => {
       socket.onopen = () => resolve();
       socket.onerror = () => reject(new WorldClientError(`could not connect to ${this.url}`));
       socket.onclose = () => reject(new WorldClientError(`${this.url} closed before it opened`));
     });
-    socket.onmessage = (event) => this.receive(event.data);
-    socket.onclose = () => this.lost(new WorldClientError("connection closed."));
-    socket.onerror = () => this.lost(new WorldClientError("connection failed."));
-    this.socket = socket;
+    return socket;
   }
 
   /** Start this connection's session. */
@@ -381,7 +387,7 @@ export class WorldClient {
     });
   }
 
-  private receive(data: unknown): void {
+  protected receive(data: unknown): void {
     if (typeof data !== "string") {
       const partial = this.partial;
       if (!partial) return this.lost(new WorldClientError("binary message without a chunk header."));
@@ -421,7 +427,7 @@ export class WorldClient {
     }
   }
 
-  private deliver(item: Chunk | Error): void {
+  protected deliver(item: Chunk | Error): void {
     if (!(item instanceof Error)) this.lastSeq = Math.max(this.lastSeq, item.seq);
     const taker = this.takers.shift();
     if (!taker) {
@@ -462,7 +468,7 @@ export class WorldClient {
   }
 }
 
-function toChunk(header: ChunkHeader, payloads: Uint8Array[]): Chunk {
+export function toChunk(header: ChunkHeader, payloads: Uint8Array[]): Chunk {
   return {
     seq: header.seq,
     epoch: header.epoch,

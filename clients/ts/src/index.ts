@@ -1,3 +1,4 @@
 // @worldserve/client: worldserve's session protocol, typed from docs/protocol.schema.json.
 export * from "./client.js";
 export type { ClientMessages, ServerMessages } from "./messages.js";
+export * from "./webrtc.js";

@@ -1,0 +1,109 @@
+"""``@worldserve/client``'s WebRTC variant (``WebRTCWorldClient``, clients/ts/src/webrtc.ts) in a real headless
+Chromium against a real server: the built package imported as ES modules by a page, it starts a world over
+``/v1/webrtc``, shows its track in a <video> (acking each chunk as its first frame shows), steers it until the
+chunk that applied the key is shown, loses its peer connection and resumes, and closes. ``make ts`` builds the
+package (``make test`` runs it first)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server_harness import RunningServer, start_server
+from test_browser import open_page
+
+DIST = Path(__file__).resolve().parent.parent / "clients" / "ts" / "dist" / "src"
+PACKAGE = "http://package.test/"
+
+#: The page's part: the package's own verbs, as a web developer would call them.
+_SCRIPT = """async (url) => {
+  const { WebRTCWorldClient, keys } = await import("http://package.test/webrtc.js").then(async (webrtc) => ({
+    ...webrtc, ...(await import("http://package.test/client.js")),
+  }));
+  const client = new WebRTCWorldClient(url);
+  await client.connect();
+  const info = await client.start({ seed: 4 });
+  const video = document.createElement("video");
+  document.body.append(video);
+  const shown = [];
+  const firsts = []; // per chunk, whether its first frame shown is the one the server told (chunk.track)
+  const onFrame = (seq, rtp) => {
+    const mark = seq === null ? undefined : client.marks.get(seq);
+    if (seq !== null && !shown.includes(seq)) firsts.push(mark !== undefined && Math.abs((rtp - mark) | 0) <= 90);
+    shown.push(seq);
+  };
+  client.show(video, onFrame);
+  const until = async (done) => {
+    for (const deadline = performance.now() + 20000; !done() && performance.now() < deadline;) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    return done();
+  };
+  const first = [];
+  for (let i = 0; i < 4; i++) first.push((await client.nextChunk(20000)).seq);
+  const accepted = await client.sendEvent({ controls: [keys("W")] });
+  let applied = null;
+  for (let i = 0; i < 30 && applied === null; i++) {
+    const chunk = await client.nextChunk(20000);
+    if (chunk.appliedEventIds.includes(accepted.event_id)) applied = chunk.seq;
+  }
+  const appliedShown = await until(() => shown.includes(applied));
+  const before = client.lastSeq;
+  client.drop();
+  const resumed = await client.resume();
+  client.show(video, onFrame);
+  const after = await client.nextChunk(20000);
+  const afterShown = await until(() => shown.some((seq) => seq !== null && seq >= after.seq));
+  await client.close();
+  return {
+    media: info.media, first, accepted: accepted.status, applied, appliedShown, before,
+    resumed: resumed.type, after: after.seq, afterShown, payloads: after.payloads.length,
+    width: video.videoWidth, firsts,
+  };
+}"""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    running = start_server("--model", "procedural", "--resume-grace-s", "30")
+    yield running
+    running.stop()
+
+
+def _sessions(server: RunningServer) -> int:
+    with urllib.request.urlopen(server.http + "/healthz", timeout=10) as reply:
+        return int(json.loads(reply.read())["sessions"])
+
+
+def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(server: RunningServer) -> None:
+    if not (DIST / "webrtc.js").exists():
+        pytest.fail(f"{DIST / 'webrtc.js'} is missing: `make ts` builds the package.")
+    with open_page(server, query="") as page:
+
+        def serve(route: object) -> None:  # the package's built modules, from another origin (CORS: as a CDN)
+            name = route.request.url.removeprefix(PACKAGE)  # type: ignore[attr-defined]
+            route.fulfill(  # type: ignore[attr-defined]
+                path=str(DIST / name),
+                headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/javascript"},
+            )
+
+        page.route(PACKAGE + "**", serve)
+        result = page.evaluate(_SCRIPT, server.ws)
+    assert result["media"] == "raw"  # frames on the track
+    assert result["first"] == list(range(result["first"][0], result["first"][0] + 4))
+    assert result["accepted"] == "accepted"
+    assert result["applied"] is not None
+    assert result["appliedShown"] is True  # the chunk that applied the key was shown, told by its RTP timestamp
+    assert result["resumed"] == "session.resumed"
+    assert result["after"] > result["before"]
+    assert result["afterShown"] is True
+    assert result["payloads"] == 0  # its frames are the track's
+    assert result["width"] == 48
+    firsts = result["firsts"]  # each chunk's first frame shown is the one told as its first (a frame skipped
+    assert len(firsts) >= 5  # by the compositor now and then aside): the frames are told their chunks
+    assert sum(firsts) >= 0.75 * len(firsts), firsts
+    assert _sessions(server) == 0
