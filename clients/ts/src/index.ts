@@ -2,3 +2,4 @@
 export * from "./client.js";
 export type { ClientMessages, ServerMessages } from "./messages.js";
 export * from "./webrtc.js";
+export * from "./h264.js";

@@ -1,8 +1,11 @@
-"""``@worldserve/client``'s WebRTC variant (``WebRTCWorldClient``, clients/ts/src/webrtc.ts) in a real headless
-Chromium against a real server: the built package imported as ES modules by a page, it starts a world over
-``/v1/webrtc``, shows its track in a <video> (acking each chunk as its first frame shows), steers it until the
-chunk that applied the key is shown, loses its peer connection and resumes, and closes. ``make ts`` builds the
-package (``make test`` runs it first)."""
+"""``@worldserve/client``'s browser parts in a real headless Chromium against a real server, the built package
+imported as ES modules by a page (``make ts`` builds it; ``make test`` runs it first):
+
+- ``WebRTCWorldClient`` (clients/ts/src/webrtc.ts) starts a world over ``/v1/webrtc``, shows its track in a
+  <video> (acking each chunk as its first frame shows), steers it until the chunk that applied the key is
+  shown, loses its peer connection and resumes, and closes;
+- ``H264Player`` (clients/ts/src/h264.ts) plays an h264 session's chunks through Media Source Extensions,
+  acking each as its first frame shows."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +71,14 @@ _SCRIPT = """async (url) => {
 }"""
 
 
+def _serve(route: Any) -> None:
+    """The package's built modules, served from another origin (CORS), as a CDN would."""
+    route.fulfill(
+        path=str(DIST / route.request.url.removeprefix(PACKAGE)),
+        headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/javascript"},
+    )
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     running = start_server("--model", "procedural", "--resume-grace-s", "30")
@@ -83,15 +95,7 @@ def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(
     if not (DIST / "webrtc.js").exists():
         pytest.fail(f"{DIST / 'webrtc.js'} is missing: `make ts` builds the package.")
     with open_page(server, query="") as page:
-
-        def serve(route: object) -> None:  # the package's built modules, from another origin (CORS: as a CDN)
-            name = route.request.url.removeprefix(PACKAGE)  # type: ignore[attr-defined]
-            route.fulfill(  # type: ignore[attr-defined]
-                path=str(DIST / name),
-                headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/javascript"},
-            )
-
-        page.route(PACKAGE + "**", serve)
+        page.route(PACKAGE + "**", _serve)
         result = page.evaluate(_SCRIPT, server.ws)
     assert result["media"] == "raw"  # frames on the track
     assert result["first"] == list(range(result["first"][0], result["first"][0] + 4))
@@ -107,3 +111,45 @@ def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(
     assert len(firsts) >= 5  # by the compositor now and then aside): the frames are told their chunks
     assert sum(firsts) >= 0.75 * len(firsts), firsts
     assert _sessions(server) == 0
+
+
+_H264 = """async (url) => {
+  const { WorldClient, H264Player } = await import("http://package.test/index.js");
+  const client = new WorldClient(url, { autoAck: false });
+  await client.connect();
+  const info = await client.start({ seed: 6, media: "h264" });
+  const video = document.createElement("video");
+  document.body.append(video);
+  const player = new H264Player(video, info.model.fps, client);
+  const seqs = [];
+  for (let i = 0; i < 16; i++) {
+    const chunk = await client.nextChunk(20000);
+    seqs.push(chunk.seq);
+    player.push(chunk);
+  }
+  for (const deadline = performance.now() + 20000; player.shown.length < 12 && performance.now() < deadline;) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  const result = {
+    media: info.media, seqs, shown: player.shown.slice(), failure: player.failure,
+    width: video.videoWidth, time: video.currentTime,
+  };
+  await client.close();
+  return result;
+}"""
+
+
+def test_the_packages_h264_player_plays_a_session_through_media_source_extensions(server: RunningServer) -> None:
+    if not (DIST / "h264.js").exists():
+        pytest.fail(f"{DIST / 'h264.js'} is missing: `make ts` builds the package.")
+    with open_page(server, query="") as page:
+        page.route(PACKAGE + "**", _serve)
+        result = page.evaluate(_H264, server.ws)
+    assert result["media"] == "h264"
+    assert result["failure"] is None
+    assert result["width"] == 48
+    shown = result["shown"]
+    assert len(shown) >= 12  # chunks acked as their first frames showed, so the world went on (it is paced to acks)
+    assert shown == sorted(shown)
+    assert set(shown) <= set(result["seqs"])
+    assert result["time"] > 0
