@@ -177,6 +177,12 @@ async def test_a_share_link_opened_through_either_door_joins(doors: list[Door]) 
         assert info.viewer_token
         assert info.controller_token
         await host.next_chunk(timeout=30)
+
+        async def play() -> None:  # the host plays on (acking), or its world waits for it: paced to its acks
+            while True:
+                await host.next_chunk()
+
+        playing = asyncio.create_task(play())
         for door in (a, b):
             async with WorldClient(door.ws) as viewer:
                 joined = await viewer.join(info.session_id, info.viewer_token)
@@ -190,6 +196,7 @@ async def test_a_share_link_opened_through_either_door_joins(doors: list[Door]) 
                     break
             else:
                 raise AssertionError("the controller's event, sent through the other door, was never applied")
+        playing.cancel()
         await host.close()
 
 
