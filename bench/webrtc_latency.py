@@ -37,10 +37,7 @@ PORT = 8790
 
 
 def _ms(values: list[float], q: float) -> str:
-    if not values:
-        return "-"
-    ordered = sorted(values)
-    return f"{ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000:.0f}"
+    return f"{_q(values, q) * 1000:.0f}" if values else "-"
 
 
 def _wait_healthy(link: Link, deadline: float) -> None:

@@ -39,6 +39,11 @@ class RunningServer:
     def http(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def health(self) -> dict[str, Any]:
+        """Its ``/healthz`` answer (sessions, queue, directory, ...)."""
+        with urllib.request.urlopen(self.http + "/healthz", timeout=10) as response:
+            return dict(json.loads(response.read()))
+
     @property
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/world"

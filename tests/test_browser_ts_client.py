@@ -9,8 +9,6 @@ imported as ES modules by a page (``make ts`` builds it; ``make test`` runs it f
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,11 +84,6 @@ def server() -> Iterator[RunningServer]:
     running.stop()
 
 
-def _sessions(server: RunningServer) -> int:
-    with urllib.request.urlopen(server.http + "/healthz", timeout=10) as reply:
-        return int(json.loads(reply.read())["sessions"])
-
-
 def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(server: RunningServer) -> None:
     if not (DIST / "webrtc.js").exists():
         pytest.fail(f"{DIST / 'webrtc.js'} is missing: `make ts` builds the package.")
@@ -110,7 +103,7 @@ def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(
     firsts = result["firsts"]  # each chunk's first frame shown is the one told as its first (a frame skipped
     assert len(firsts) >= 5  # by the compositor now and then aside): the frames are told their chunks
     assert sum(firsts) >= 0.75 * len(firsts), firsts
-    assert _sessions(server) == 0
+    assert server.health()["sessions"] == 0
 
 
 _H264 = """async (url) => {

@@ -6,8 +6,6 @@ peer connection is lost, and closes it."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +22,6 @@ def server() -> Iterator[RunningServer]:
     running = start_server("--model", "procedural", "--resume-grace-s", "30")
     yield running
     running.stop()
-
-
-def _sessions(server: RunningServer) -> int:
-    with urllib.request.urlopen(server.http + "/healthz", timeout=10) as reply:
-        return int(json.loads(reply.read())["sessions"])
 
 
 def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: RunningServer) -> None:
@@ -63,11 +56,11 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         wait_for(page, "window.worldserve.resumes === 1 && window.worldserve.status === 'live'")
         assert page.evaluate("() => window.worldserve.sessionId") == session
         wait_for(page, f"window.worldserve.seq > {seq + 3} && window.worldserve.transport === 'webrtc'")
-        assert _sessions(server) == 1
+        assert server.health()["sessions"] == 1
 
         page.click("#close")
         wait_for(page, "window.worldserve.status === 'idle'")
-    assert _sessions(server) == 0
+    assert server.health()["sessions"] == 0
 
 
 #: Installed on the page's <video>: every frame it shows, drawn to a canvas as it is shown, with its RTP timestamp.

@@ -10,9 +10,7 @@ say where it lives). The process lives on past Ray's own minute without a head.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,8 +33,7 @@ def cluster() -> Iterator[Any]:
 
 
 def _health(server: RunningServer) -> dict[str, Any]:
-    with urllib.request.urlopen(server.http + "/healthz", timeout=5) as response:
-        return dict(json.loads(response.read()))
+    return server.health()
 
 
 async def test_without_the_head_each_front_end_goes_on_alone_and_says_so(cluster: Any) -> None:

@@ -96,8 +96,7 @@ async def test_resume_refused_after_the_grace_period() -> None:
 
 
 def _sessions(server: RunningServer) -> int:
-    with urllib.request.urlopen(server.http + "/healthz", timeout=5) as response:
-        return int(json.loads(response.read())["sessions"])
+    return int(server.health()["sessions"])
 
 
 def _metrics(server: RunningServer) -> str:

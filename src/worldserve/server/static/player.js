@@ -339,11 +339,7 @@
     const protocols = ["worldserve.v1"];
     const token = tokenValue();
     if (token) protocols.push(`bearer.${token}`);
-    // A resume or join goes where the world lives, a start with a reservation where the service's line placed
-    // it (session.moved told us, behind a balancer); any other start, here.
-    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
-    const url = moved && state.worldUrl ? state.worldUrl : `${scheme}${location.host}${BASE}v1/world`;
-    if (mode === "start" && !state.reservation) state.worldUrl = null;
+    const url = movedWorldUrl(mode) || `${scheme}${location.host}${BASE}v1/world`;
     let ws;
     try {
       ws = new WebSocket(url, protocols);
@@ -372,6 +368,16 @@
       state.ws = null;
       onSocketClosed(event, opened);
     };
+  }
+
+  // The /v1/world URL of the front-end a connection for `mode` goes to, where session.moved named one behind a
+  // balancer: a resume or join goes where the world lives, a start with a reservation where the service's line
+  // placed it. null: here (any other start, which forgets where an earlier world lived).
+  function movedWorldUrl(mode) {
+    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
+    const url = moved ? state.worldUrl : null;
+    if (mode === "start" && !state.reservation) state.worldUrl = null;
+    return url;
   }
 
   // The first message on a new connection: the resume, the join or the start that `mode` says.
@@ -597,13 +603,8 @@
         }
       }
     };
-    // A resume or join goes where the world lives, a start with a reservation where the service's line placed it.
-    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
-    const here = `${BASE}v1/webrtc`;
-    const url = moved && state.worldUrl
-      ? state.worldUrl.replace(/^ws/, "http").replace(/v1\/world$/, "v1/webrtc")
-      : here;
-    if (mode === "start" && !state.reservation) state.worldUrl = null;
+    const there = movedWorldUrl(mode);
+    const url = there ? there.replace(/^ws/, "http").replace(/v1\/world$/, "v1/webrtc") : `${BASE}v1/webrtc`;
     try {
       await rtcOffer(pc, url, tokenValue());
     } catch (error) {
