@@ -11,17 +11,123 @@ export function webrtcUrl(worldUrl: string): string {
   return worldUrl.replace(/^ws/, "http").replace(/\/v1\/world$/, "/v1/webrtc");
 }
 
-const OPEN = 1;
-const CLOSED = 3;
+/** WHEP's signalling: the offer (not trickled: it waits for every candidate, 3 s at most) POSTed to `url` with
+ * the bearer token, and the answer set. Returns the peer's resource (Location: DELETE it to leave), or null. A
+ * refusal throws WorldClientError with its HTTP status and the server's message. */
+export async function signal(pc: RTCPeerConnection, url: string, token?: string | null): Promise<string | null> {
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise<void>((resolve) => {
+    if (pc.iceGatheringState === "complete") resolve();
+    pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === "complete") resolve(); };
+    setTimeout(resolve, 3000);
+  });
+  const headers: Record<string, string> = { "Content-Type": "application/sdp" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const reply = await fetch(url, { method: "POST", headers, body: pc.localDescription?.sdp ?? "" });
+  if (reply.status !== 201) {
+    const text = await reply.text();
+    let said = text;
+    try {
+      said = (JSON.parse(text) as { error: { message: string } }).error.message;
+    } catch {
+      // not the server's JSON error: its text as it is
+    }
+    throw new WorldClientError(`HTTP ${reply.status}: ${said}`);
+  }
+  const location = reply.headers.get("Location");
+  const base = new URL(url, globalThis.location?.href);
+  await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+  return location ? new URL(location, base).href : null;
+}
+
 /** RTP timestamps this close are one frame's (a decoder may give one back a tick off). */
 const SAME_TICKS = 90;
+/** Marks kept behind the newest: a frame shown this late has no chunk to ack any more. */
+const MARKS_KEPT = 32;
 
+/** Which chunk each frame on the track is: `chunk.track {seq, rtp}` names the RTP timestamp of a chunk's first
+ * frame, and every frame from there up to the next chunk's is that chunk's. */
+export class TrackMarks {
+  private readonly told = new Map<number, number>(); // seq -> the RTP timestamp of its first frame
+
+  /** Chunk `seq`'s first frame on the track has this RTP timestamp. */
+  tell(seq: number, rtp: number): void {
+    this.told.set(seq, rtp >>> 0);
+    for (const old of this.told.keys()) if (old < seq - MARKS_KEPT) this.told.delete(old);
+  }
+
+  /** The chunk (seq) of the frame with this RTP timestamp: the latest chunk whose first frame is at or before it
+   * (wrapping at 2^32); null before any mark. */
+  chunkOf(rtpTimestamp: number): number | null {
+    let found: number | null = null;
+    let behind = 0;
+    for (const [seq, first] of this.told) {
+      const since = ((rtpTimestamp >>> 0) - first + SAME_TICKS) >>> 0;
+      if (since < 2 ** 31 && (found === null || since < behind)) [found, behind] = [seq, since];
+    }
+    return found;
+  }
+
+  /** The RTP timestamp of chunk `seq`'s first frame, if told and still kept. */
+  get(seq: number): number | undefined {
+    return this.told.get(seq);
+  }
+
+  clear(): void {
+    this.told.clear();
+  }
+}
+
+/** A peer connection's video link, from getStats(). */
+export interface LinkStats {
+  rttMs: number | null; // the nominated candidate pair's current round trip
+  packetsLost: number;
+  packetsReceived: number;
+  lossPercent: number; // lost of all sent, one decimal
+  framesDecoded: number;
+  codec: string | null; // the inbound video's mime type
+  jitterBufferMs: number | null; // the receiver's jitter buffer: its mean wait per frame so far
+  freezes: number; // the receiver's video freezes so far (its underruns)
+}
+
+/** The figures a player shows of its WebRTC link: round trip, packets lost, frames decoded, codec, and its
+ * receiver's jitter buffer (the browser's own: a WebRTC player has no other). */
+export async function linkStats(pc: RTCPeerConnection): Promise<LinkStats> {
+  const report = await pc.getStats();
+  const found: LinkStats = {
+    rttMs: null, packetsLost: 0, packetsReceived: 0, lossPercent: 0, framesDecoded: 0, codec: null, jitterBufferMs: null, freezes: 0,
+  };
+  const codecs = new Map<string, string>();
+  report.forEach((item: { type: string; id: string; mimeType?: string }) => {
+    if (item.type === "codec" && item.mimeType) codecs.set(item.id, item.mimeType);
+  });
+  report.forEach((item: Record<string, unknown>) => {
+    if (item.type === "inbound-rtp" && item.kind === "video") {
+      found.packetsLost = Number(item.packetsLost ?? 0);
+      found.packetsReceived = Number(item.packetsReceived ?? 0);
+      found.framesDecoded = Number(item.framesDecoded ?? 0);
+      found.codec = codecs.get(String(item.codecId)) ?? null;
+      found.freezes = Number(item.freezeCount ?? 0);
+      const emitted = Number(item.jitterBufferEmittedCount ?? 0);
+      if (emitted > 0) found.jitterBufferMs = Math.round((Number(item.jitterBufferDelay ?? 0) / emitted) * 1000);
+    } else if (item.type === "candidate-pair" && item.nominated && item.currentRoundTripTime !== undefined) {
+      found.rttMs = Math.round(Number(item.currentRoundTripTime) * 1000);
+    }
+  });
+  const sent = found.packetsLost + found.packetsReceived;
+  found.lossPercent = sent ? Math.round((found.packetsLost / sent) * 1000) / 10 : 0;
+  return found;
+}
+
+const OPEN = 1;
+const CLOSED = 3;
 export class WebRTCWorldClient extends WorldClient {
   /** The world's frames: the video track, once the peer connection is up. */
   stream: MediaStream | null = null;
   private pc: RTCPeerConnection | null = null;
   private resource: string | null = null;
-  private readonly told = new Map<number, number>(); // seq -> the RTP timestamp of its first frame
+  /** Each recent chunk's first frame on the track, as the server told it (chunk.track). */
+  readonly marks = new TrackMarks();
   private readonly shownSeqs = new Set<number>();
 
   constructor(url: string, options: ClientOptions = {}) {
@@ -40,20 +146,7 @@ export class WebRTCWorldClient extends WorldClient {
       channel.onerror = () => reject(new WorldClientError("the data channel failed before it opened."));
     });
     try {
-      await pc.setLocalDescription(await pc.createOffer());
-      await new Promise<void>((resolve) => { // not trickled: the offer carries every candidate
-        if (pc.iceGatheringState === "complete") resolve();
-        pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === "complete") resolve(); };
-        setTimeout(resolve, 3000);
-      });
-      const url = webrtcUrl(this.url);
-      const headers: Record<string, string> = { "Content-Type": "application/sdp" };
-      if (this.options.token) headers.Authorization = `Bearer ${this.options.token}`;
-      const reply = await fetch(url, { method: "POST", headers, body: pc.localDescription?.sdp ?? "" });
-      if (reply.status !== 201) throw new WorldClientError(`cannot connect to ${url}: HTTP ${reply.status}: ${await reply.text()}`);
-      const location = reply.headers.get("Location");
-      this.resource = location ? new URL(location, url).href : null;
-      await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+      this.resource = await signal(pc, webrtcUrl(this.url), this.options.token);
       await opened;
       this.stream = await track;
     } catch (error) {
@@ -61,7 +154,7 @@ export class WebRTCWorldClient extends WorldClient {
       throw error instanceof WorldClientError ? error : new WorldClientError(`cannot connect over WebRTC: ${String(error)}`);
     }
     this.pc = pc;
-    this.told.clear();
+    this.marks.clear();
     return channelSocket(channel, pc, () => this.leave());
   }
 
@@ -69,8 +162,7 @@ export class WebRTCWorldClient extends WorldClient {
     if (typeof data === "string" && data.startsWith('{"type":"chunk')) {
       const message = JSON.parse(data) as { type: string; seq: number; rtp?: number };
       if (message.type === "chunk.track") {
-        this.told.set(message.seq, (message.rtp ?? 0) >>> 0);
-        for (const seq of this.told.keys()) if (seq < message.seq - 32) this.told.delete(seq);
+        this.marks.tell(message.seq, message.rtp ?? 0);
         return;
       }
       if (message.type === "chunk") { // its frames are the track's: handed over as its header comes
@@ -81,21 +173,14 @@ export class WebRTCWorldClient extends WorldClient {
     super.receive(data);
   }
 
-  /** Each recent chunk's first frame on the track: its RTP timestamp, as the server told it (chunk.track). */
-  get marks(): ReadonlyMap<number, number> {
-    return this.told;
+  /** The chunk (seq) of a frame on the track, by its RTP timestamp (TrackMarks.chunkOf). */
+  chunkOf(rtpTimestamp: number): number | null {
+    return this.marks.chunkOf(rtpTimestamp);
   }
 
-  /** The chunk (seq) of a frame on the track, by its RTP timestamp: the latest chunk whose first frame is at or
-   * before it; null before any chunk.track. */
-  chunkOf(rtpTimestamp: number): number | null {
-    let found: number | null = null;
-    let behind = 0;
-    for (const [seq, first] of this.told) {
-      const since = ((rtpTimestamp >>> 0) - first + SAME_TICKS) >>> 0;
-      if (since < 2 ** 31 && (found === null || since < behind)) [found, behind] = [seq, since];
-    }
-    return found;
+  /** The peer connection's figures now (linkStats); null before it is up. */
+  async stats(): Promise<LinkStats | null> {
+    return this.pc ? linkStats(this.pc) : null;
   }
 
   /** Play the track in `video` and ack each chunk as its first frame is shown; `onFrame` hears every frame

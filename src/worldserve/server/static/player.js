@@ -7,9 +7,10 @@
 // start, having no decoder any more), and a new world at once after a server restart; fullscreen, keyboard help, and a
 // download of what you played. Frames arrive as H.264 (played through Media Source
 // Extensions, see "H.264 playback" below), or JPEG where the browser cannot;
-// ?media=raw|jpeg|h264 picks one. Plain JS, no build step. Protocol: docs/protocol.md;
-// media: docs/media.md.
-"use strict";
+// ?media=raw|jpeg|h264 picks one. Plain JS, no build step of its own: an ES module that imports
+// @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/).
+// Protocol: docs/protocol.md; media: docs/media.md.
+import { TrackMarks, codecOf, linkStats, signal, webrtcUrl } from "./client/index.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -440,7 +441,7 @@
       notice("The WebRTC connection ended (the world ended, or the network dropped it).");
     };
     try {
-      await rtcOffer(pc, `${BASE}v1/whep/${encodeURIComponent(join.session)}`, join.token);
+      rtc.resource = await signal(pc, `${BASE}v1/whep/${encodeURIComponent(join.session)}`, join.token);
     } catch (error) {
       whepLeave();
       setStatus("error", "cannot watch");
@@ -467,22 +468,7 @@
   async function whepStats() {
     const pc = rtc.pc;
     if (!pc) return;
-    const report = await pc.getStats();
-    const found = { transport: "webrtc", rttMs: null, packetsLost: 0, packetsReceived: 0, framesDecoded: 0, codec: null };
-    const codecs = {};
-    report.forEach((item) => { if (item.type === "codec") codecs[item.id] = item.mimeType; });
-    report.forEach((item) => {
-      if (item.type === "inbound-rtp" && item.kind === "video") {
-        found.packetsLost = item.packetsLost || 0;
-        found.packetsReceived = item.packetsReceived || 0;
-        found.framesDecoded = item.framesDecoded || 0;
-        found.codec = codecs[item.codecId] || null;
-      } else if (item.type === "candidate-pair" && item.nominated && item.currentRoundTripTime !== undefined) {
-        found.rttMs = Math.round(item.currentRoundTripTime * 1000);
-      }
-    });
-    const sent = found.packetsLost + found.packetsReceived;
-    found.lossPercent = sent ? Math.round((found.packetsLost / sent) * 1000) / 10 : 0;
+    const found = { transport: "webrtc", ...(await linkStats(pc)) };
     rtc.stats = found;
     $("stat-transport").textContent = `webrtc · rtt ${found.rttMs ?? "–"} ms · loss ${found.lossPercent} %`;
     $("stat-media").textContent = found.codec || "webrtc";
@@ -514,28 +500,6 @@
     video.play().catch(() => {});
   }
 
-  // Signalling as WHEP does it: the offer (not trickled: it waits for every candidate) POSTed with the bearer
-  // token, the answer back (201) and the peer's resource in Location (DELETE leaves).
-  async function rtcOffer(pc, url, token) {
-    await pc.setLocalDescription(await pc.createOffer());
-    await new Promise((done) => {
-      if (pc.iceGatheringState === "complete") done();
-      pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && done();
-      setTimeout(done, 3000);
-    });
-    const headers = { "Content-Type": "application/sdp" };
-    if (token) headers.Authorization = `Bearer ${token}`;
-    const reply = await fetch(url, { method: "POST", headers, body: pc.localDescription.sdp });
-    if (reply.status !== 201) {
-      let said = `HTTP ${reply.status}`;
-      try { said = (await reply.json()).error.message; } catch (error) { /* not JSON */ }
-      throw new Error(said);
-    }
-    const location = reply.headers.get("Location");
-    rtc.resource = location ? new URL(location, new URL(url, window.location.href)).href : null;
-    await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
-  }
-
   // -- a whole session over WebRTC (?transport=webrtc: POST /v1/webrtc) ---------------------------------------
   // The session's messages travel on a data channel, exactly as on the socket; its frames on a video track,
   // shown by a <video> over the canvas. A frame's chunk comes from its RTP timestamp: chunk.track {seq, frame,
@@ -549,7 +513,7 @@
     const channel = pc.createDataChannel("worldserve");
     pc.addTransceiver("video", { direction: "recvonly" });
     const video = rtcVideo();
-    Object.assign(rtc, { pc, video, session: true, marks: new Map(), chunks: new Map() });
+    Object.assign(rtc, { pc, video, session: true, marks: new TrackMarks(), chunks: new Map() });
     let opened = false;
     let ended = false;
     const sock = { // what the page reads and writes as its socket
@@ -593,7 +557,7 @@
     channel.onmessage = (event) => {
       if (state.ws !== sock) return;
       const message = JSON.parse(event.data);
-      if (message.type === "chunk.track") rtc.marks.set(message.seq, message.rtp >>> 0);
+      if (message.type === "chunk.track") rtc.marks.tell(message.seq, message.rtp);
       else if (message.type === "chunk") rtcChunk(message);
       else {
         onMessage(message);
@@ -604,9 +568,10 @@
       }
     };
     const there = movedWorldUrl(mode);
-    const url = there ? there.replace(/^ws/, "http").replace(/v1\/world$/, "v1/webrtc") : `${BASE}v1/webrtc`;
+    const url = there ? webrtcUrl(there) : `${BASE}v1/webrtc`;
     try {
-      await rtcOffer(pc, url, tokenValue());
+      const resource = await signal(pc, url, tokenValue());
+      if (state.ws === sock) rtc.resource = resource;
     } catch (error) {
       if (state.ws !== sock) return;
       log(`WebRTC: ${error.message}`, "error");
@@ -622,7 +587,6 @@
     state.lastChunkMs = header.timings.tick_ms;
     rtc.chunks.set(header.seq, { header, photon: inputsApplied(header), shown: false });
     for (const seq of rtc.chunks.keys()) { if (seq < header.seq - 16) rtc.chunks.delete(seq); }
-    for (const seq of rtc.marks.keys()) { if (seq < header.seq - 16) rtc.marks.delete(seq); }
     if (state.status === "resetting" && header.epoch >= state.epoch) setStatus("live", rtcLive()); // the new world
   }
 
@@ -634,6 +598,8 @@
     if (!video.requestVideoFrameCallback) return;
     const shown = (now, meta) => {
       if (rtc.video !== video) return;
+      ctx.drawImage(video, 0, 0, canvas.width, canvas.height); // the canvas keeps the view, for the recording
+      recordFrame();
       rtcShown(meta.rtpTimestamp, meta.presentationTime || now);
       video.requestVideoFrameCallback(shown);
     };
@@ -641,16 +607,11 @@
   }
 
   // A frame is on screen: its chunk is the one whose first frame's RTP timestamp is the latest at or before its
-  // own (a tick either way is the same frame). That chunk's first frame shown acks it and gives its figures.
+  // own (the package's TrackMarks). That chunk's first frame shown acks it and gives its figures.
   function rtcShown(rtp, at) {
     if (rtp === undefined) return;
     state.displayed += 1;
-    let seq = null;
-    let behind = null;
-    for (const [marked, first] of rtc.marks) {
-      const since = ((rtp >>> 0) - first + 90) >>> 0; // a mark at or before this frame: under 2^31
-      if (since < 2 ** 31 && (behind === null || since < behind)) [seq, behind] = [marked, since];
-    }
+    const seq = rtc.marks.chunkOf(rtp);
     const chunk = seq === null ? undefined : rtc.chunks.get(seq);
     if (!chunk) return;
     state.rtcShown.push({ rtp: rtp >>> 0, seq, chunk: chunk.header.chunk_index, epoch: chunk.header.epoch });
@@ -1264,8 +1225,13 @@
     $("stat-chunk-ms").textContent = figure(state.lastChunkMs, 1);
     $("stat-photon-ms").textContent = figure(state.photonMs, 0);
     $("stat-photon-parts").textContent = photonPartsText();
-    $("stat-jitter").textContent = String(jitter.target);
-    $("stat-underruns").textContent = String(jitter.underruns);
+    if (rtc.session && rtc.stats) { // Chromium's own WebRTC receiver: its jitter buffer's mean wait and its freezes
+      $("stat-jitter").textContent = rtc.stats.jitterBufferMs === null ? "–" : `${rtc.stats.jitterBufferMs} ms`;
+      $("stat-underruns").textContent = String(rtc.stats.freezes);
+    } else {
+      $("stat-jitter").textContent = String(jitter.target);
+      $("stat-underruns").textContent = String(jitter.underruns);
+    }
     $("stat-applied-ms").textContent = figure(state.serverAppliedMs, 0);
     $("stat-buffered").textContent = String(mse.video ? mseBuffered() : state.queue.length);
     $("stat-media").textContent = state.media || "–";
@@ -1316,17 +1282,6 @@
     if (h264Playable()) return "h264";
     log("this browser cannot play H.264 (Media Source Extensions); frames come as JPEG");
     return "jpeg";
-  }
-
-  function codecOf(init) {
-    // The avcC box: configurationVersion, then profile, compatibility and level bytes.
-    const hex = (byte) => byte.toString(16).padStart(2, "0");
-    for (let i = 4; i + 8 <= init.length; i++) {
-      if (init[i] === 0x61 && init[i + 1] === 0x76 && init[i + 2] === 0x63 && init[i + 3] === 0x43) {
-        return `avc1.${hex(init[i + 5])}${hex(init[i + 6])}${hex(init[i + 7])}`;
-      }
-    }
-    return "avc1.42E01E";
   }
 
   function mseClose() {

@@ -1,0 +1,402 @@
+// WorldClient: worldserve's session protocol (WS /v1/world, docs/protocol.md) for a web page or Node.
+//
+// Owns: the connection, requests and their replies (matched by `id`), the chunk stream (a `chunk`
+// header, then one binary message per frame, or one fMP4 fragment for H.264), acks, and the notices
+// a session hears (input.dropped, chunk.skipped, session.queued). Frames are handed over as the bytes
+// that came (raw RGB, JPEG, or an H.264 fragment); `decodeJpeg` turns a JPEG into an ImageBitmap where
+// the platform has one (a browser). Must not know: pages, canvases, players.
+/** The movement keys held now (held-key state: it lasts until the next keys event). */
+export function keys(...held) {
+    return { track: "keys", schema: "worldserve.keys.v1", data: { held } };
+}
+/** A camera pan velocity, px per frame (it lasts until the next camera event). */
+export function camera(dx, dy) {
+    return { track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } };
+}
+/** An `error` message from the server: `code` is stable (docs/protocol.md, "Errors"). */
+export class WorldError extends Error {
+    code;
+    eventId;
+    retryAfterMs;
+    constructor(code, message, eventId, retryAfterMs) {
+        super(`${code}: ${message}`);
+        this.code = code;
+        this.eventId = eventId;
+        this.retryAfterMs = retryAfterMs;
+        this.name = "WorldError";
+    }
+}
+/** The connection or the protocol broke (not a server-reported error). */
+export class WorldClientError extends Error {
+    constructor(message) {
+        super(message);
+        this.name = "WorldClientError";
+    }
+}
+const OPEN = 1;
+const MAX_MOVES = 3;
+/** The subprotocol the server answers with (a browser refuses a socket whose offered protocols get none back). */
+export const PROTOCOL = "worldserve.v1";
+export class WorldClient {
+    url;
+    options;
+    session = null;
+    /** The last chunk seq received (for resume). */
+    lastSeq = -1;
+    dropped = [];
+    skipped = [];
+    queued = [];
+    socket = null;
+    nextId = 1;
+    nextEventId = 1;
+    epoch = 0;
+    replies = new Map();
+    ready = [];
+    takers = [];
+    partial = null;
+    onQueued = null;
+    closed = null;
+    constructor(
+    /** Where the socket goes; a resume or join told `session.moved` goes on to the world's front-end and keeps its URL. */
+    url, options = {}) {
+        this.url = url;
+        this.options = options;
+    }
+    /** Open the socket, offering the `worldserve.v1` subprotocol (a token travels as `bearer.<token>` beside it). */
+    async connect() {
+        this.closed = null;
+        this.ready.length = 0;
+        const socket = await this.open();
+        socket.onmessage = (event) => this.receive(event.data);
+        socket.onclose = () => this.lost(new WorldClientError("connection closed."));
+        socket.onerror = () => this.lost(new WorldClientError("connection failed."));
+        this.socket = socket;
+    }
+    /** A new socket to the server, open (a WebRTC client opens a data channel instead). */
+    async open() {
+        const protocols = [PROTOCOL, ...(this.options.token ? [`bearer.${this.options.token}`] : [])];
+        const open = this.options.socket ?? ((url, p) => new WebSocket(url, p));
+        const socket = open(this.url, protocols);
+        socket.binaryType = "arraybuffer";
+        await new Promise((resolve, reject) => {
+            socket.onopen = () => resolve();
+            socket.onerror = () => reject(new WorldClientError(`could not connect to ${this.url}`));
+            socket.onclose = () => reject(new WorldClientError(`${this.url} closed before it opened`));
+        });
+        return socket;
+    }
+    /** Start this connection's session. */
+    async start(options = {}) {
+        const message = {
+            type: "session.start",
+            seed: options.seed ?? 0,
+            options: { media: options.media ?? "raw", ...(options.quality !== undefined ? { quality: options.quality } : {}) },
+        };
+        if (options.prompt !== undefined)
+            message.prompt = options.prompt;
+        if (options.image !== undefined)
+            message.image = options.image;
+        if (options.references !== undefined)
+            message.references = options.references;
+        if (options.shareViewers || options.shareControllers) {
+            message.share = { viewers: Boolean(options.shareViewers), controllers: Boolean(options.shareControllers) };
+        }
+        if (options.queue)
+            message.queue = true;
+        this.onQueued = options.onQueued ?? null;
+        try {
+            let answer = await this.request(message, !options.queue);
+            for (let moves = 0; answer.type === "session.moved"; moves += 1) {
+                // The service's line placed this start on another front-end: start there with the reservation.
+                if (moves === MAX_MOVES)
+                    throw new WorldClientError(`the start moved more than ${MAX_MOVES} times in a row.`);
+                this.drop();
+                this.url = answer.url;
+                await this.connect();
+                answer = await this.request({ ...message, reservation: answer.reservation }, !options.queue);
+            }
+            const reply = answer;
+            this.session = {
+                sessionId: reply.session_id,
+                role: "host",
+                media: reply.media,
+                model: reply.model,
+                resumeToken: reply.resume_token ?? null,
+                viewerToken: reply.share?.viewer ?? null,
+                controllerToken: reply.share?.controller ?? null,
+                leadChunks: reply.lead_chunks,
+            };
+            return this.session;
+        }
+        finally {
+            this.onQueued = null;
+        }
+    }
+    /** Open a shared world with a token from its host (`role`: viewer or controller). */
+    async join(sessionId, token, role = "viewer", media) {
+        const reply = (await this.follow({
+            type: "session.join",
+            session_id: sessionId,
+            token,
+            role,
+            ...(media ? { media } : {}),
+        }));
+        this.lastSeq = reply.seq;
+        this.session = {
+            sessionId: reply.session_id,
+            role: reply.role,
+            media: reply.media,
+            model: reply.model,
+            resumeToken: reply.resume_token ?? null,
+            viewerToken: null,
+            controllerToken: null,
+            leadChunks: reply.lead_chunks,
+        };
+        return this.session;
+    }
+    /** Reconnect and take the session back after a lost connection (or `drop()`): chunks after `lastSeq` follow. */
+    async resume(session = this.session, lastSeq = this.lastSeq) {
+        if (!session || !session.resumeToken)
+            throw new WorldClientError("no resumable session (start or join one first).");
+        this.drop();
+        await this.connect();
+        const reply = (await this.follow({
+            type: "session.resume",
+            session_id: session.sessionId,
+            token: session.resumeToken,
+            last_seq: lastSeq,
+        }));
+        this.session = { ...session, role: reply.role, media: reply.media };
+        this.lastSeq = lastSeq;
+        return reply;
+    }
+    /** Send one event; resolves once the server accepted it (it is applied at a later chunk boundary). */
+    async sendEvent(options) {
+        const eventId = options.eventId ?? this.nextEventId;
+        this.nextEventId = Math.max(this.nextEventId, eventId + 1);
+        const message = { type: "input.event", event_id: eventId, controls: options.controls ?? [] };
+        if (options.prompt !== undefined)
+            message.prompt = options.prompt;
+        return (await this.request(message));
+    }
+    /** Reset the world; resolves with the new epoch (chunks of the old one are passed over). */
+    async reset() {
+        const reply = (await this.request({ type: "session.reset" }));
+        this.epoch = reply.epoch;
+        return reply.epoch;
+    }
+    /** Cancel the chunk being made; resolves with its index (the next chunk sent has it). */
+    async cancelChunk() {
+        const reply = (await this.request({ type: "chunk.cancel" }));
+        return reply.chunk_index;
+    }
+    /** Tell the server chunk `seq` is playing (its first frame shown). */
+    ack(seq) {
+        if (this.socket && this.socket.readyState === OPEN)
+            this.socket.send(JSON.stringify({ type: "chunk.ack", seq }));
+    }
+    /** The next chunk of the current epoch (acked when `autoAck` is on, the default). */
+    async nextChunk(timeoutMs) {
+        for (;;) {
+            const chunk = await this.take(timeoutMs);
+            if (this.options.autoAck ?? true)
+                this.ack(chunk.seq);
+            if (chunk.epoch >= this.epoch)
+                return chunk;
+        }
+    }
+    /** Chunks as they come, until the connection closes. */
+    async *chunks() {
+        for (;;) {
+            try {
+                yield await this.nextChunk();
+            }
+            catch (error) {
+                if (error instanceof WorldClientError)
+                    return;
+                throw error;
+            }
+        }
+    }
+    /** Close the session (the world ends for everyone in it), then the socket. */
+    async close() {
+        if (this.socket && this.session) {
+            try {
+                await this.request({ type: "session.close" });
+            }
+            catch {
+                // already gone: nothing to close
+            }
+        }
+        this.session = null;
+        this.drop();
+    }
+    /** Lose the connection without closing the session: it waits out the server's resume grace. */
+    drop() {
+        const socket = this.socket;
+        this.socket = null;
+        if (socket) {
+            socket.onclose = socket.onerror = socket.onmessage = null;
+            socket.close();
+        }
+        this.lost(new WorldClientError("connection dropped."));
+    }
+    // -- the wire ---------------------------------------------------------------------------
+    /** A resume or join: where the world lives on another front-end of the service (`session.moved`), connect
+     * there and send it again (at most three moves in a row). */
+    async follow(message) {
+        let reply = await this.request(message);
+        for (let moves = 0; reply.type === "session.moved"; moves += 1) {
+            if (moves === MAX_MOVES)
+                throw new WorldClientError(`session ${String(message.session_id)} moved more than ${MAX_MOVES} times in a row.`);
+            this.drop();
+            this.url = reply.url;
+            await this.connect();
+            reply = await this.request(message);
+        }
+        return reply;
+    }
+    request(message, timed = true) {
+        const socket = this.socket;
+        if (!socket || socket.readyState !== OPEN)
+            return Promise.reject(new WorldClientError("not connected."));
+        const id = `t${this.nextId++}`;
+        return new Promise((resolve, reject) => {
+            const timeout = timed ? this.options.replyTimeoutMs ?? 30_000 : 0;
+            const timer = timeout ? setTimeout(() => {
+                this.replies.delete(id);
+                reject(new WorldClientError(`no reply to ${String(message.type)} in ${timeout} ms.`));
+            }, timeout) : null;
+            this.replies.set(id, {
+                resolve: (reply) => {
+                    if (timer)
+                        clearTimeout(timer);
+                    if (reply.type === "error") {
+                        reject(new WorldError(reply.code, reply.message, reply.event_id, reply.retry_after_ms));
+                    }
+                    else if (reply.type === "session.failed") {
+                        reject(new WorldError(reply.code, reply.message));
+                    }
+                    else {
+                        resolve(reply);
+                    }
+                },
+                reject: (error) => {
+                    if (timer)
+                        clearTimeout(timer);
+                    reject(error);
+                },
+            });
+            socket.send(JSON.stringify({ ...message, id }));
+        });
+    }
+    receive(data) {
+        if (typeof data !== "string") {
+            const partial = this.partial;
+            if (!partial)
+                return this.lost(new WorldClientError("binary message without a chunk header."));
+            partial.payloads.push(new Uint8Array(data));
+            if (partial.payloads.length === partial.header.frames.sizes.length) {
+                this.partial = null;
+                this.deliver(toChunk(partial.header, partial.payloads));
+            }
+            return;
+        }
+        const message = JSON.parse(data);
+        switch (message.type) {
+            case "chunk":
+                this.partial = { header: message, payloads: [] };
+                return;
+            case "chunk.skipped":
+                this.skipped.push(message);
+                this.lastSeq = Math.max(this.lastSeq, message.to_seq);
+                return;
+            case "input.dropped":
+                this.dropped.push(message);
+                return;
+            case "session.queued":
+                this.queued.push(message);
+                this.onQueued?.(message);
+                return;
+        }
+        const waiter = typeof message.id === "string" ? this.replies.get(message.id) : undefined;
+        if (waiter) {
+            this.replies.delete(message.id);
+            waiter.resolve(message);
+        }
+        else if (message.type === "session.closed") {
+            this.session = null;
+            this.deliver(new WorldClientError(`session closed (${message.reason}).`));
+        }
+        else if (message.type === "session.failed" || message.type === "error") {
+            this.deliver(new WorldError(message.code, message.message));
+        }
+    }
+    deliver(item) {
+        if (!(item instanceof Error))
+            this.lastSeq = Math.max(this.lastSeq, item.seq);
+        const taker = this.takers.shift();
+        if (!taker) {
+            this.ready.push(item);
+        }
+        else if (item instanceof Error) {
+            taker.reject(item);
+        }
+        else {
+            taker.resolve(item);
+        }
+    }
+    take(timeoutMs) {
+        const item = this.ready.shift();
+        if (item instanceof Error)
+            return Promise.reject(item);
+        if (item)
+            return Promise.resolve(item);
+        if (this.closed)
+            return Promise.reject(this.closed);
+        return new Promise((resolve, reject) => {
+            const timer = timeoutMs === undefined ? null : setTimeout(() => {
+                const index = this.takers.indexOf(waiter);
+                if (index >= 0)
+                    this.takers.splice(index, 1);
+                reject(new WorldClientError(`no chunk in ${timeoutMs} ms.`));
+            }, timeoutMs);
+            const waiter = {
+                resolve: (chunk) => { if (timer)
+                    clearTimeout(timer); resolve(chunk); },
+                reject: (error) => { if (timer)
+                    clearTimeout(timer); reject(error); },
+            };
+            this.takers.push(waiter);
+        });
+    }
+    lost(error) {
+        if (this.closed)
+            return;
+        this.closed = error;
+        this.partial = null;
+        for (const waiter of this.replies.values())
+            waiter.reject(new WorldClientError("connection closed before the reply."));
+        this.replies.clear();
+        for (const taker of this.takers.splice(0))
+            taker.reject(error);
+    }
+}
+export function toChunk(header, payloads) {
+    return {
+        seq: header.seq,
+        epoch: header.epoch,
+        chunkIndex: header.chunk_index,
+        appliedEventIds: header.applied_event_ids,
+        media: header.frames.media,
+        width: header.frames.width,
+        height: header.frames.height,
+        supersedes: header.supersedes ?? null,
+        payloads,
+        header,
+    };
+}
+/** A JPEG frame as an ImageBitmap, where the platform decodes images (a browser). */
+export async function decodeJpeg(payload) {
+    return createImageBitmap(new Blob([payload], { type: "image/jpeg" }));
+}

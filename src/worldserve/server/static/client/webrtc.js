@@ -1,0 +1,230 @@
+// WebRTCWorldClient: the same client over WebRTC (POST /v1/webrtc), in a browser. The session's messages travel
+// on a data channel, exactly as on the socket, so every verb of WorldClient works unchanged; the frames come on a
+// video track (`stream`, for a <video>), and `chunk.track {seq, frame, rtp}` names the RTP timestamp of each
+// chunk's first frame on it. A chunk is handed over (nextChunk) as its header comes, with no payloads: its frames
+// are the track's. `show(video)` plays the track and acks each chunk as its first frame is shown
+// (requestVideoFrameCallback's rtpTimestamp), as a player does; `chunkOf(rtp)` tells any shown frame's chunk.
+import { WorldClient, WorldClientError, toChunk } from "./client.js";
+/** The `/v1/webrtc` endpoint of the front-end whose `/v1/world` URL is `worldUrl`. */
+export function webrtcUrl(worldUrl) {
+    return worldUrl.replace(/^ws/, "http").replace(/\/v1\/world$/, "/v1/webrtc");
+}
+/** WHEP's signalling: the offer (not trickled: it waits for every candidate, 3 s at most) POSTed to `url` with
+ * the bearer token, and the answer set. Returns the peer's resource (Location: DELETE it to leave), or null. A
+ * refusal throws WorldClientError with its HTTP status and the server's message. */
+export async function signal(pc, url, token) {
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise((resolve) => {
+        if (pc.iceGatheringState === "complete")
+            resolve();
+        pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === "complete")
+            resolve(); };
+        setTimeout(resolve, 3000);
+    });
+    const headers = { "Content-Type": "application/sdp" };
+    if (token)
+        headers.Authorization = `Bearer ${token}`;
+    const reply = await fetch(url, { method: "POST", headers, body: pc.localDescription?.sdp ?? "" });
+    if (reply.status !== 201) {
+        const text = await reply.text();
+        let said = text;
+        try {
+            said = JSON.parse(text).error.message;
+        }
+        catch {
+            // not the server's JSON error: its text as it is
+        }
+        throw new WorldClientError(`HTTP ${reply.status}: ${said}`);
+    }
+    const location = reply.headers.get("Location");
+    const base = new URL(url, globalThis.location?.href);
+    await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
+    return location ? new URL(location, base).href : null;
+}
+/** RTP timestamps this close are one frame's (a decoder may give one back a tick off). */
+const SAME_TICKS = 90;
+/** Marks kept behind the newest: a frame shown this late has no chunk to ack any more. */
+const MARKS_KEPT = 32;
+/** Which chunk each frame on the track is: `chunk.track {seq, rtp}` names the RTP timestamp of a chunk's first
+ * frame, and every frame from there up to the next chunk's is that chunk's. */
+export class TrackMarks {
+    told = new Map(); // seq -> the RTP timestamp of its first frame
+    /** Chunk `seq`'s first frame on the track has this RTP timestamp. */
+    tell(seq, rtp) {
+        this.told.set(seq, rtp >>> 0);
+        for (const old of this.told.keys())
+            if (old < seq - MARKS_KEPT)
+                this.told.delete(old);
+    }
+    /** The chunk (seq) of the frame with this RTP timestamp: the latest chunk whose first frame is at or before it
+     * (wrapping at 2^32); null before any mark. */
+    chunkOf(rtpTimestamp) {
+        let found = null;
+        let behind = 0;
+        for (const [seq, first] of this.told) {
+            const since = ((rtpTimestamp >>> 0) - first + SAME_TICKS) >>> 0;
+            if (since < 2 ** 31 && (found === null || since < behind))
+                [found, behind] = [seq, since];
+        }
+        return found;
+    }
+    /** The RTP timestamp of chunk `seq`'s first frame, if told and still kept. */
+    get(seq) {
+        return this.told.get(seq);
+    }
+    clear() {
+        this.told.clear();
+    }
+}
+/** The figures a player shows of its WebRTC link: round trip, packets lost, frames decoded, codec, and its
+ * receiver's jitter buffer (the browser's own: a WebRTC player has no other). */
+export async function linkStats(pc) {
+    const report = await pc.getStats();
+    const found = {
+        rttMs: null, packetsLost: 0, packetsReceived: 0, lossPercent: 0, framesDecoded: 0, codec: null, jitterBufferMs: null, freezes: 0,
+    };
+    const codecs = new Map();
+    report.forEach((item) => {
+        if (item.type === "codec" && item.mimeType)
+            codecs.set(item.id, item.mimeType);
+    });
+    report.forEach((item) => {
+        if (item.type === "inbound-rtp" && item.kind === "video") {
+            found.packetsLost = Number(item.packetsLost ?? 0);
+            found.packetsReceived = Number(item.packetsReceived ?? 0);
+            found.framesDecoded = Number(item.framesDecoded ?? 0);
+            found.codec = codecs.get(String(item.codecId)) ?? null;
+            found.freezes = Number(item.freezeCount ?? 0);
+            const emitted = Number(item.jitterBufferEmittedCount ?? 0);
+            if (emitted > 0)
+                found.jitterBufferMs = Math.round((Number(item.jitterBufferDelay ?? 0) / emitted) * 1000);
+        }
+        else if (item.type === "candidate-pair" && item.nominated && item.currentRoundTripTime !== undefined) {
+            found.rttMs = Math.round(Number(item.currentRoundTripTime) * 1000);
+        }
+    });
+    const sent = found.packetsLost + found.packetsReceived;
+    found.lossPercent = sent ? Math.round((found.packetsLost / sent) * 1000) / 10 : 0;
+    return found;
+}
+const OPEN = 1;
+const CLOSED = 3;
+export class WebRTCWorldClient extends WorldClient {
+    /** The world's frames: the video track, once the peer connection is up. */
+    stream = null;
+    pc = null;
+    resource = null;
+    /** Each recent chunk's first frame on the track, as the server told it (chunk.track). */
+    marks = new TrackMarks();
+    shownSeqs = new Set();
+    constructor(url, options = {}) {
+        super(url, { autoAck: false, ...options });
+    }
+    async open() {
+        const pc = new RTCPeerConnection();
+        const channel = pc.createDataChannel("worldserve");
+        pc.addTransceiver("video", { direction: "recvonly" });
+        const track = new Promise((resolve) => {
+            pc.ontrack = (event) => resolve(event.streams[0] ?? new MediaStream([event.track]));
+        });
+        const opened = new Promise((resolve, reject) => {
+            channel.onopen = () => resolve();
+            channel.onerror = () => reject(new WorldClientError("the data channel failed before it opened."));
+        });
+        try {
+            this.resource = await signal(pc, webrtcUrl(this.url), this.options.token);
+            await opened;
+            this.stream = await track;
+        }
+        catch (error) {
+            pc.close();
+            throw error instanceof WorldClientError ? error : new WorldClientError(`cannot connect over WebRTC: ${String(error)}`);
+        }
+        this.pc = pc;
+        this.marks.clear();
+        return channelSocket(channel, pc, () => this.leave());
+    }
+    receive(data) {
+        if (typeof data === "string" && data.startsWith('{"type":"chunk')) {
+            const message = JSON.parse(data);
+            if (message.type === "chunk.track") {
+                this.marks.tell(message.seq, message.rtp ?? 0);
+                return;
+            }
+            if (message.type === "chunk") { // its frames are the track's: handed over as its header comes
+                this.deliver(toChunk(message, []));
+                return;
+            }
+        }
+        super.receive(data);
+    }
+    /** The chunk (seq) of a frame on the track, by its RTP timestamp (TrackMarks.chunkOf). */
+    chunkOf(rtpTimestamp) {
+        return this.marks.chunkOf(rtpTimestamp);
+    }
+    /** The peer connection's figures now (linkStats); null before it is up. */
+    async stats() {
+        return this.pc ? linkStats(this.pc) : null;
+    }
+    /** Play the track in `video` and ack each chunk as its first frame is shown; `onFrame` hears every frame
+     * shown with its chunk. */
+    show(video, onFrame) {
+        video.muted = true;
+        video.playsInline = true;
+        video.srcObject = this.stream;
+        void video.play().catch(() => undefined);
+        const shown = (_now, meta) => {
+            const rtp = meta.rtpTimestamp;
+            if (rtp !== undefined) {
+                const seq = this.chunkOf(rtp);
+                if (seq !== null && !this.shownSeqs.has(seq)) {
+                    this.shownSeqs.add(seq);
+                    for (const old of this.shownSeqs)
+                        if (old < seq - 32)
+                            this.shownSeqs.delete(old);
+                    this.ack(seq);
+                }
+                onFrame?.(seq, rtp);
+            }
+            if (this.pc)
+                video.requestVideoFrameCallback(shown);
+        };
+        video.requestVideoFrameCallback(shown);
+    }
+    /** Lose the peer connection as a network would (no DELETE): the server parks the session for `resume()`. */
+    drop() {
+        this.resource = null;
+        this.pc?.close();
+        this.pc = null;
+        super.drop();
+    }
+    /** Leave cleanly: DELETE the peer's resource (the server closes the session as on a socket's clean close). */
+    leave() {
+        const resource = this.resource;
+        this.resource = null;
+        if (resource)
+            void fetch(resource, { method: "DELETE", keepalive: true }).catch(() => undefined);
+        this.pc?.close();
+        this.pc = null;
+    }
+}
+/** The data channel as the client's socket. */
+function channelSocket(channel, pc, leave) {
+    const socket = {
+        binaryType: "arraybuffer",
+        get readyState() { return channel.readyState === "open" ? OPEN : CLOSED; },
+        send: (data) => channel.send(data),
+        close: () => leave(),
+        onopen: null,
+        onclose: null,
+        onerror: null,
+        onmessage: null,
+    };
+    channel.onmessage = (event) => socket.onmessage?.({ data: event.data });
+    channel.onclose = () => socket.onclose?.({});
+    pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed")
+            socket.onerror?.({});
+    };
+    return socket;
+}
