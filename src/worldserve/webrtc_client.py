@@ -176,10 +176,12 @@ class WebRTCWorldClient(WorldClient):
     async def connect(self) -> None:
         import aiortc  # the webrtc extra
 
+        from worldserve.webrtc_receiver import use_live_frames
+
         use_libwebrtc_timers()  # a lost packet holds the data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
         pc = aiortc.RTCPeerConnection()
         channel = pc.createDataChannel("worldserve")
-        pc.addTransceiver("video", direction="recvonly")
+        use_live_frames(pc.addTransceiver("video", direction="recvonly").receiver)  # no frame waits for the next
         opened = asyncio.Event()
         channel.on("open", opened.set)
         track: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
