@@ -389,6 +389,32 @@ async def test_an_input_before_the_lead_chunk_plays_has_it_made_again_and_member
         await host.shutdown("test over")
 
 
+async def test_a_chunk_whose_first_frame_went_out_on_a_video_track_is_never_made_again() -> None:
+    """A WebRTC track's frames cannot be called back (its receiver shows what it got): once the track sent the lead
+    chunk's first frame, an input waits for the next chunk, though the member's ack (as it is shown) is yet to come."""
+    backend = _Backend()
+    host, me, _, clock, metrics = _world(backend)
+    host.start()
+    try:
+        await _until(lambda: len(me.chunks()) == 2, "the lead chunk")
+        member = host.members[0]
+        host.started(member, me.chunks()[1].seq)  # what DataChannelSocket's track tells its connection
+        assert member.acked_seq < me.chunks()[1].seq  # not acked: only sent
+        await host.accept(member, SessionEvent(1, controls=(_keys("W"),)))
+        await asyncio.sleep(0.05)
+        assert backend.retracted == []
+        assert _count(metrics, "worldserve_preempted_chunks_total", how="undone") == 0
+        clock.now += PERIOD
+        await _until(lambda: len(me.chunks()) == 3, "chunk 2")
+        assert (me.chunks()[2].chunk_index, me.chunks()[2].applied_event_ids, me.chunks()[2].supersedes) == (
+            2,
+            [1],
+            None,
+        )
+    finally:
+        await host.shutdown("test over")
+
+
 async def test_no_preemption_when_too_late_without_headroom_or_switched_off() -> None:
     # Too late: the chunk made plays in 0.2 s; made again it would be ready in 0.1 s + a frame (0.25 s).
     backend = _Backend(cost=0.1)

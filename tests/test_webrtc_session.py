@@ -254,3 +254,43 @@ async def test_a_client_whose_track_stalls_nacks_again_and_asks_for_a_keyframe(s
     finally:
         transport._send_rtp = send
         await peer.pc.close()
+
+
+async def test_a_chunks_first_frame_sent_on_the_track_is_told_to_the_connection() -> None:
+    """In process: ``WebRTCSessions`` with a real aiortc peer. The connection writes a chunk to the data channel
+    socket as it would to a WebSocket; as the track sends the chunk's first frame, the socket tells the connection
+    (``on_started``: the world's preemption may not replace that chunk any more), once per chunk."""
+    from worldserve.server.webrtc_session import DataChannelSocket, WebRTCSessions
+
+    sockets: asyncio.Queue[DataChannelSocket] = asyncio.Queue()
+    started: list[int] = []
+
+    async def serve(socket: DataChannelSocket) -> None:
+        socket.on_started = started.append  # what the app sets: Connection.frames_started
+        sockets.put_nowait(socket)
+        while (await socket.receive())["type"] != "websocket.disconnect":
+            pass
+
+    sessions = WebRTCSessions(serve, lambda: 16.0, frames=lambda: 6)
+    peer = Peer()
+    try:
+        await peer.pc.setLocalDescription(await peer.pc.createOffer())
+        _, answer = await sessions.offer(peer.pc.localDescription.sdp)
+        await peer.pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=answer, type="answer"))
+        async with asyncio.timeout(20):
+            socket = await sockets.get()
+            for seq in (7, 8):
+                await socket.send_text(
+                    json.dumps(
+                        {"type": "chunk", "seq": seq, "frames": {"height": 32, "width": 32, "count": 2}},
+                        separators=(",", ":"),  # as the server writes it (wire_json)
+                    )
+                )
+                for _ in range(2):
+                    await socket.send_bytes(np.full((32, 32, 3), seq * 20, np.uint8).tobytes())
+            while len(started) < 2:  # noqa: ASYNC110 - the track's sender pulls its frames at 16 fps
+                await asyncio.sleep(0.01)
+        assert started == [7, 8]
+    finally:
+        await peer.pc.close()
+        await sessions.aclose()

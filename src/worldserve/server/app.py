@@ -44,7 +44,7 @@ from starlette.websockets import WebSocket
 
 from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
-from worldserve.server.connection import Connection, Socket
+from worldserve.server.connection import Connection
 from worldserve.server.directory import Directory
 from worldserve.server.drain import Drain
 from worldserve.server.host import WorldHosts
@@ -52,7 +52,7 @@ from worldserve.server.metrics import ServerMetrics
 from worldserve.server.realtime_video import RealtimeVideoConnection
 from worldserve.server.waiting import waiting_room
 from worldserve.server.webrtc import MAX_OFFER_BYTES, WhepError, WhepPeers, whep_url
-from worldserve.server.webrtc_session import WebRTCSessions
+from worldserve.server.webrtc_session import DataChannelSocket, WebRTCSessions
 
 __all__ = ["PROTOCOL_NAME", "create_app", "end_worlds"]
 
@@ -323,8 +323,10 @@ def create_app(
             state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
             state["whep"] = whep = WhepPeers(hosts, ice_servers=config.ice_servers)
 
-            async def serve_socket(socket: Socket) -> None:
-                await serve(Connection(socket, runtime, config, state["metrics"], hosts, room))
+            async def serve_socket(socket: DataChannelSocket) -> None:
+                connection = Connection(socket, runtime, config, state["metrics"], hosts, room)
+                socket.on_started = connection.frames_started  # frames on a track cannot be called back
+                await serve(connection)
 
             state["webrtc"] = webrtc = WebRTCSessions(
                 serve_socket,

@@ -703,6 +703,13 @@ class Connection:
         if member is not None:
             member.host.ack(member, message.seq)
 
+    def frames_started(self, seq: int) -> None:
+        """The socket's transport sent chunk ``seq``'s first frame where it cannot be called back (a WebRTC video
+        track, whose receiver shows what it got): the world preempts that chunk no more."""
+        member = self._current()
+        if member is not None:
+            member.host.started(member, seq)
+
 
 def _message_type(text: str) -> object:
     """The ``type`` of a JSON object message (None when it is not one): a large message's kind, before its

@@ -165,6 +165,9 @@ class Member:
     joined_seq: int = -1  # the world's last chunk when it joined: nothing before it is its own
     acked_seq: int = -1
     acked_at: float | None = None  # when its last new ack came (server clock): it showed that chunk's first frame
+    #: the last chunk whose first frame its transport sent where it cannot be called back (a WebRTC track): to
+    #: the world's preemption that chunk has begun to play, though its ack comes only as it is shown
+    started_seq: int = -1
     sent_seq: int = -1
     floor: int = -1  # highest of its wire ids applied or dropped
     sid_of: dict[int, int] = field(default_factory=dict)  # pending: wire id -> session id
@@ -618,6 +621,12 @@ class WorldHost:
                 self.pacing.played(member.acked_seq, member.acked_at)
                 self.pacing.wake()
 
+    def started(self, member: Member, wire_seq: int) -> None:
+        """The member's transport sent chunk ``wire_seq``'s first frame where it cannot be called back (a WebRTC
+        video track): no preemption may replace that chunk any more."""
+        seq = wire_seq - member.seq_base
+        member.started_seq = max(member.started_seq, min(seq, self._seq))
+
     # -- events ----------------------------------------------------------------------
 
     def _floor(self, member: Member) -> int:
@@ -674,8 +683,8 @@ class WorldHost:
         for member in self.members:
             if member.outlet is None or member.gone:
                 continue
-            if member.acked_seq >= seq:
-                return None  # on its screen already
+            if member.acked_seq >= seq or member.started_seq >= seq:
+                return None  # on its screen already, or on its way there for good
             if member.acked_at is not None:
                 due = min(due, member.acked_at + (seq - member.acked_seq) * period - catch_up)
         return due

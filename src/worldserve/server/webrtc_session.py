@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worldserve.server.connection import Socket
 from worldserve.server.messages import ChunkTrack, wire_json
 from worldserve.server.webrtc import (
     MAX_OFFER_BYTES,
@@ -58,6 +57,8 @@ class DataChannelSocket:
         self._channel: Any = None
         self._chunk: tuple[int, tuple[int, int, int], int, list[npt.NDArray[np.uint8]]] | None = None
         self.closed = False
+        #: Told each chunk's seq as its first frame goes out on the track (``Connection.frames_started``).
+        self.on_started: Callable[[int], None] = lambda seq: None
 
     @property
     def attached(self) -> bool:
@@ -152,7 +153,7 @@ class WebRTCSessions:
 
     def __init__(
         self,
-        serve: Callable[[Socket], Awaitable[None]],
+        serve: Callable[[DataChannelSocket], Awaitable[None]],
         fps: Callable[[], float],
         *,
         ice_servers: Sequence[str] = (),
@@ -173,11 +174,17 @@ class WebRTCSessions:
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=application" not in sdp or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must hold a data channel (m=application) and video (m=video).")
 
+        socket: DataChannelSocket
+
+        def started(seq: int) -> None:
+            socket.on_started(seq)
+
         def told(seq: int, frame: int, rtp: int) -> None:
             socket.track_told(seq, frame, rtp)
 
-        # The client acks on the channel as it shows a chunk; the track tells each chunk's first frame.
-        track = track_class()(self._fps(), self._frames(), lambda seq: None, told)
+        # The client acks on the channel as it shows a chunk; as each chunk's first frame goes out, the track tells
+        # the client its RTP timestamp and the connection that the chunk can no longer be replaced.
+        track = track_class()(self._fps(), self._frames(), started, told)
         socket = DataChannelSocket(track)
         pc = peer_connection(self._ice_servers)
         resource = secrets.token_urlsafe(16)
