@@ -14,8 +14,9 @@ docs/latency.md), the age of each chunk's first frame as it is shown (from when 
 jitter buffer's underruns, the frames shown per second, and the packets the link dropped. One clock: both
 namespaces read this machine's CLOCK_MONOTONIC. Needs root (``bench/link.py``).
 
-Usage: ``python bench/webrtc_latency.py [--model procedural] [--duration 20] [--delay-ms 20] [--loss 0.01]
-[--transports ws/jpeg ws/h264 webrtc] [--smoke]``.
+Usage: ``python bench/webrtc_latency.py [--model procedural] [--model-option frames_per_chunk=2] [--duration 20]
+[--delay-ms 20] [--loss 0.01] [--transports ws/jpeg ws/h264 webrtc] [--links clean lossy] [--page] [--parts]
+[--smoke]``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def row(name: str, transport: str, result: BenchResult, dropped: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="procedural")
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the server (e.g. frames_per_chunk=2: chunks half as long)",
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of steering per run")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="one way (20: a 40 ms round trip)")
     parser.add_argument("--loss", type=float, default=0.01, help="the lossy link's packet loss, each way")
@@ -115,7 +123,8 @@ def main() -> None:
     if (why := available()) is not None:
         raise SystemExit(f"bench/webrtc_latency.py: cannot make the link here: {why}")
     duration = 3.0 if args.smoke else args.duration
-    print(f"# {args.model}, {duration:g} s per run, {args.delay_ms:g} ms each way; cpu count {os.cpu_count()}")
+    options = "".join(f" {option}" for option in args.model_option)
+    print(f"# {args.model}{options}, {duration:g} s per run, {args.delay_ms:g} ms each way; cpu count {os.cpu_count()}")
     lines = [
         "| link | transport | key-to-photon p50 / p95 / p99 ms | chunk age shown p50 / p99 / max ms | underruns | "
         "frames/s shown | events | lost / twice | errors | packets dropped |",
@@ -134,7 +143,10 @@ def main() -> None:
             with log.open("wb") as out:
                 server = link.popen(
                     "server",
-                    [sys.executable, "-m", "worldserve", "serve", "--model", args.model, *_at(link)],
+                    [
+                        *(sys.executable, "-m", "worldserve", "serve", "--model", args.model, *_at(link)),
+                        *(arg for option in args.model_option for arg in ("--model-option", option)),
+                    ],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
