@@ -134,3 +134,41 @@ def test_the_frames_the_page_shows_over_webrtc_are_the_journals(tmp_path: Path) 
         gaps = np.abs(np.diff(replayed[frame["chunk"] * per_chunk : (frame["chunk"] + 1) * per_chunk], axis=0))
         moving += bool(gaps.reshape(per_chunk - 1, -1).mean(axis=1).min() > 6.0)
     assert moving >= 16, moving  # enough frames of moving chunks (adjacent frames ~9 apart, VP8 ~4 off its own)
+
+
+#: The page's canvas (each frame of the track is drawn there): the mean of its top and its bottom 64 rows.
+_TOP_AND_BOTTOM = """() => {
+  const canvas = document.getElementById('screen');
+  const g = canvas.getContext('2d');
+  const mean = (y) => {
+    const rgba = g.getImageData(0, y, canvas.width, 64).data;
+    let sum = 0;
+    for (let i = 0; i < rgba.length; i += 4) sum += rgba[i];
+    return sum / (rgba.length / 4);
+  };
+  return [mean(0), mean(canvas.height - 64)];
+}"""
+
+
+def test_a_start_image_larger_than_a_data_channel_message_starts_the_world_over_webrtc(tmp_path: Path) -> None:
+    """Chromium sends at most 256 KiB a data channel message; a 512x512 start image's PNG is more. The page sends
+    the start in pieces, the server joins them, and the world shown is the image (dark at the top, light below)."""
+    from PIL import Image
+
+    rows = np.linspace(0, 255, 512)[:, None, None]
+    grain = np.random.default_rng(5).integers(0, 24, (512, 512, 3))  # fine grain: a PNG too big to shrink
+    picture = tmp_path / "start.png"
+    Image.fromarray(np.clip(rows + grain, 0, 255).astype(np.uint8)).save(picture)
+    running = start_server("--model", "procedural", "--model-option", "height=512", "--model-option", "width=512")
+    try:
+        with open_page(running, query="?transport=webrtc") as page:
+            page.set_input_files("#start-image", str(picture))
+            wait_for(page, "document.getElementById('log').textContent.includes('fitted to 512')")
+            page.click("#start")
+            wait_for(page, "window.worldserve.status === 'live' && window.worldserve.displayed > 4")
+            top, bottom = page.evaluate(_TOP_AND_BOTTOM)
+            assert top < 60 < 200 < bottom, (top, bottom)
+            page.click("#close")
+            wait_for(page, "window.worldserve.status === 'idle'")
+    finally:
+        running.stop()

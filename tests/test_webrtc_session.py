@@ -271,7 +271,7 @@ async def test_a_chunks_first_frame_sent_on_the_track_is_told_to_the_connection(
         while (await socket.receive())["type"] != "websocket.disconnect":
             pass
 
-    sessions = WebRTCSessions(serve, lambda: 16.0, frames=lambda: 6)
+    sessions = WebRTCSessions(serve, lambda: 16.0, frames=lambda: 6, max_message_bytes=1 << 20)
     peer = Peer()
     try:
         await peer.pc.setLocalDescription(await peer.pc.createOffer())
@@ -294,3 +294,70 @@ async def test_a_chunks_first_frame_sent_on_the_track_is_told_to_the_connection(
     finally:
         await peer.pc.close()
         await sessions.aclose()
+
+
+class _Channel:
+    """Just what DataChannelSocket reads of a data channel: its handlers, and what it is sent."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+        self.sent: list[str] = []
+
+    def on(self, event: str, handler: Any) -> None:
+        self.handlers[event] = handler
+
+    def send(self, data: str) -> None:
+        self.sent.append(data)
+
+
+async def test_a_long_message_in_binary_pieces_ended_by_an_empty_text_is_read_as_one() -> None:
+    """Chromium sends at most 256 KiB a data channel message: a longer one (a start with its images) comes as its
+    UTF-8 bytes in binary pieces and an empty text. The socket joins them; over its limit it drops them as they
+    come and says so; pieces not ended by an empty text are binary, as the connection refuses it."""
+    from worldserve.server.webrtc import FrameTrack
+    from worldserve.server.webrtc_session import DataChannelSocket
+
+    socket = DataChannelSocket(FrameTrack(16.0, 6, lambda seq: None), max_message_bytes=1000)
+    channel = _Channel()
+    socket.attach(channel)
+    received = channel.handlers["message"]
+    text = json.dumps({"type": "ping", "id": "p1", "pad": "ä" * 300}, ensure_ascii=False)  # pieces split its "ä"s
+    data = text.encode()
+    for start in range(0, len(data), 101):
+        received(data[start : start + 101])
+    received("")
+    assert (await socket.receive()) == {"type": "websocket.receive", "text": text}
+    received('{"type":"ping","id":"p2"}')  # a short one as before
+    assert (await socket.receive())["text"] == '{"type":"ping","id":"p2"}'
+    for _ in range(11):
+        received(b"x" * 100)  # 1100 bytes: over the limit
+    received("")
+    assert (await socket.receive()) == {"type": "websocket.receive", "oversize": 1100}
+    received(b"abc")
+    received('{"type":"ping","id":"p3"}')  # pieces never ended
+    assert (await socket.receive()) == {"type": "websocket.receive", "bytes": b"abc"}
+    assert (await socket.receive())["text"] == '{"type":"ping","id":"p3"}'
+
+
+async def test_a_start_image_larger_than_a_data_channel_message_starts_the_world_over_webrtc() -> None:
+    """A 512x512 start image (its start message over 256 KiB, more than a data channel message may be) starts a
+    world over WebRTC: the Python client sends it in pieces, the server joins them, and the world's first frame
+    is the image (up to VP8's loss)."""
+    from worldserve.webrtc_client import WebRTCWorldClient
+
+    running = start_server(
+        "--model", "procedural", "--model-option", "height=512", "--model-option", "width=512", token=TOKEN
+    )
+    try:
+        rows = np.linspace(0, 255, 512, dtype=np.float64)[:, None, None]
+        grain = np.random.default_rng(3).integers(0, 24, (512, 512, 3))  # fine grain: a PNG too big to shrink
+        image = np.clip(rows + grain + np.array([0, 60, 120]), 0, 255).astype(np.uint8)
+        async with WebRTCWorldClient(running.ws, token=TOKEN) as client:
+            await client.start(seed=1, image=image)
+            chunk = await client.next_chunk(timeout=30)
+            assert chunk.frames.shape[1:] == (512, 512, 3)
+            difference = np.abs(chunk.frames[0].astype(np.int16) - image).mean()
+            assert difference < 20, difference
+            await client.close()
+    finally:
+        running.stop()

@@ -51,6 +51,8 @@ _HOLD_S = 0.25
 #: came behind it). Ask again for what is missing, and for a keyframe, as a browser's receiver does; again at
 #: most this often.
 _STALL_S = 0.25
+#: A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB).
+_PIECE_BYTES = 64 * 1024
 
 
 def webrtc_url(world_url: str) -> str:
@@ -108,7 +110,15 @@ class _ChannelLink:
     async def send(self, message: str) -> None:
         if self._closed or self._channel.readyState != "open":
             raise ConnectionError("the data channel is closed.")
-        self._channel.send(message)
+        data = message.encode()
+        if len(data) <= _PIECE_BYTES:
+            self._channel.send(message)
+            return
+        # Longer than a data channel message may be (a start with its images): its bytes in binary pieces, then
+        # an empty text that ends it (docs/protocol.md, "WebRTC").
+        for start in range(0, len(data), _PIECE_BYTES):
+            self._channel.send(data[start : start + _PIECE_BYTES])
+        self._channel.send("")
 
     async def recv(self) -> str | bytes:
         message = await self._inbox.get()

@@ -333,6 +333,7 @@ def create_app(
                 lambda: runtime.spec.fps,
                 ice_servers=config.ice_servers,
                 frames=lambda: runtime.spec.frames_per_chunk + 2,
+                max_message_bytes=config.max_start_bytes,
             )
             if directory is not None:
                 directory.start(hosts.session_ids)

@@ -96,7 +96,8 @@ _Item = tuple[tuple[BaseModel, ...], tuple[bytes, ...], "asyncio.Future[None] | 
 class Socket(Protocol):
     """What a connection reads and writes: Starlette's ``WebSocket``, or a WebRTC DataChannel and its video
     track (``webrtc_session.DataChannelSocket``). ``receive`` gives ASGI WebSocket events
-    (``websocket.receive`` with ``text``, ``websocket.disconnect`` with ``code``)."""
+    (``websocket.receive`` with ``text``, ``websocket.disconnect`` with ``code``); a transport that drops a message
+    over ``max_start_bytes`` before it is whole says ``websocket.receive`` with ``oversize`` (its bytes)."""
 
     async def receive(self) -> Mapping[str, Any]: ...
 
@@ -281,9 +282,16 @@ class Connection:
 
     async def _handle_frame(self, message: Mapping[str, Any]) -> None:
         text = message.get("text")
+        if "oversize" in message:  # a transport that dropped a message over every limit as it came (WebRTC's pieces)
+            limit = self._config.max_start_bytes
+            await self._error(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {limit} bytes.", message_id=None)
+            return
         if text is None:
             await self._error(
-                ErrorCode.INVALID_MESSAGE, "binary messages are not accepted; send JSON text.", message_id=None
+                ErrorCode.INVALID_MESSAGE,
+                "binary messages are not accepted; send JSON text (over WebRTC, a long message's binary pieces "
+                "end with an empty text message).",
+                message_id=None,
             )
             return
         # A session's start may carry images (up to max_start_bytes) while the connection has none;

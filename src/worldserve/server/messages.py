@@ -72,6 +72,8 @@ __all__ = [
 MAX_PROMPT_CHARS = 500
 MAX_CONTROLS = 16
 MAX_ID_CHARS = 64
+#: A start image's base64: room for a real model's frame as raw RGB (ABot-World's 704x1280: 3.6 MB of base64).
+MAX_IMAGE_CHARS = 4 * 1024 * 1024
 
 
 #: The retry hint an ``admission_refused`` error carries when the runtime gives none: room
@@ -154,8 +156,9 @@ class SessionStart(_ClientMessage):
     image: Annotated[
         str | None,
         Field(
-            max_length=200_000,
-            description="Start image, base64: PNG or JPEG, or raw RGB bytes, of the model's frame size.",
+            max_length=MAX_IMAGE_CHARS,
+            description="Start image, base64: PNG or JPEG, or raw RGB bytes, of the model's frame size (the "
+            "whole message is held to the server's --max-start-bytes).",
         ),
     ] = None
     references: Annotated[

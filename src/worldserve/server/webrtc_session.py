@@ -12,6 +12,12 @@ video track (aiortc encodes them: one encode per peer), so a session here is alw
 (``media`` in ``session.start``, ``join`` and ``resume`` is taken as ``raw``). A peer connection that
 fails parks its member as a dropped socket does: ``session.resume`` on a new peer takes the world back.
 
+A message larger than one data channel message may be (Chromium sends at most 256 KiB: a ``session.start``
+with its images may be larger) comes in pieces: its UTF-8 bytes as binary messages, in order, then an empty
+text message that ends it. The socket joins them into the one text message the connection reads, holding at
+most ``max_message_bytes`` (over that, the pieces are dropped as they come and the connection answers
+``message_too_large``).
+
 Owns: :class:`DataChannelSocket` and :class:`WebRTCSessions` (offers, answers, leaves).
 Must not know: what the messages mean (the connection's), how frames are made.
 """
@@ -51,8 +57,11 @@ CHANNEL_LABEL = "worldserve"
 class DataChannelSocket:
     """A connection's socket over a WebRTC data channel (its JSON messages) and a video track (its frames)."""
 
-    def __init__(self, track: FrameTrack) -> None:
+    def __init__(self, track: FrameTrack, max_message_bytes: int) -> None:
         self._track = track
+        self._max_message_bytes = max_message_bytes
+        self._pieces: list[bytes] = []  # a long message's binary pieces so far
+        self._pieces_bytes = 0
         self._incoming: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue()
         self._channel: Any = None
         self._chunk: tuple[int, tuple[int, int, int], int, list[npt.NDArray[np.uint8]]] | None = None
@@ -76,10 +85,29 @@ class DataChannelSocket:
             self._incoming.put_nowait({"type": "websocket.disconnect", "code": 1000 if clean else 1006})
 
     def _received(self, message: str | bytes) -> None:
-        if isinstance(message, bytes):
-            self._incoming.put_nowait({"type": "websocket.receive", "bytes": message})
-        else:
-            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(message)})
+        if isinstance(message, bytes):  # a piece of a long message (clients send no other binary)
+            self._pieces_bytes += len(message)
+            if self._pieces_bytes <= self._max_message_bytes:
+                self._pieces.append(message)
+            else:
+                self._pieces.clear()  # over the limit: dropped as it comes, told at its end
+            return
+        if self._pieces_bytes:
+            size, joined = self._pieces_bytes, b"".join(self._pieces)
+            self._pieces, self._pieces_bytes = [], 0
+            if size > self._max_message_bytes:
+                self._incoming.put_nowait({"type": "websocket.receive", "oversize": size})
+            elif message:  # pieces not ended by an empty text: binary, refused as binary is
+                self._incoming.put_nowait({"type": "websocket.receive", "bytes": joined})
+            else:  # the empty text that ends a long message
+                try:
+                    message = joined.decode()
+                except UnicodeDecodeError:
+                    self._incoming.put_nowait({"type": "websocket.receive", "bytes": joined})
+                    return
+            if not message:
+                return
+        self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(message)})
 
     async def receive(self) -> Mapping[str, Any]:
         return await self._incoming.get()
@@ -158,8 +186,10 @@ class WebRTCSessions:
         *,
         ice_servers: Sequence[str] = (),
         frames: Callable[[], int],
+        max_message_bytes: int,
     ) -> None:
         self._serve = serve
+        self._max_message_bytes = max_message_bytes
         self._fps = fps
         self._frames = frames
         self._ice_servers = tuple(ice_servers)
@@ -185,7 +215,7 @@ class WebRTCSessions:
         # The client acks on the channel as it shows a chunk; as each chunk's first frame goes out, the track tells
         # the client its RTP timestamp and the connection that the chunk can no longer be replaced.
         track = track_class()(self._fps(), self._frames(), started, told)
-        socket = DataChannelSocket(track)
+        socket = DataChannelSocket(track, self._max_message_bytes)
         pc = peer_connection(self._ice_servers)
         resource = secrets.token_urlsafe(16)
         peer = self._peers[resource] = _Peer(resource, pc, socket)

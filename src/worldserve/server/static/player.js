@@ -10,7 +10,7 @@
 // ?media=raw|jpeg|h264 picks one. Plain JS, no build step of its own: an ES module that imports
 // @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/).
 // Protocol: docs/protocol.md; media: docs/media.md.
-import { TrackMarks, codecOf, linkStats, signal, webrtcUrl } from "./client/index.js";
+import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from "./client/index.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -521,7 +521,7 @@ import { TrackMarks, codecOf, linkStats, signal, webrtcUrl } from "./client/inde
         const states = { connecting: WebSocket.CONNECTING, open: WebSocket.OPEN, closing: WebSocket.CLOSING };
         return ended ? WebSocket.CLOSED : states[channel.readyState] ?? WebSocket.CLOSED;
       },
-      send(text) { channel.send(text); },
+      send(text) { sendOnChannel(channel, text); }, // a start with its images may go in pieces
       close(code) { // a clean close leaves (DELETE: the server closes the session); any other parks it
         ended = true;
         if (code !== 1000 && code !== 1001) rtc.resource = null;

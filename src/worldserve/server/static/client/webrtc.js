@@ -208,12 +208,31 @@ export class WebRTCWorldClient extends WorldClient {
         this.pc = null;
     }
 }
+/** A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB). */
+export const PIECE_BYTES = 64 * 1024;
+/** Send one protocol message on a data channel: as one text message, or, longer than PIECE_BYTES (a start with
+ * its images), as its UTF-8 bytes in binary pieces and then an empty text message that ends it, which the server
+ * joins into the one message (docs/protocol.md, "WebRTC"). */
+export function sendOnChannel(channel, text) {
+    if (text.length * 3 <= PIECE_BYTES) {
+        channel.send(text); // short enough however it encodes
+        return;
+    }
+    const bytes = new TextEncoder().encode(text);
+    if (bytes.length <= PIECE_BYTES) {
+        channel.send(text);
+        return;
+    }
+    for (let start = 0; start < bytes.length; start += PIECE_BYTES)
+        channel.send(bytes.slice(start, start + PIECE_BYTES));
+    channel.send("");
+}
 /** The data channel as the client's socket. */
 function channelSocket(channel, pc, leave) {
     const socket = {
         binaryType: "arraybuffer",
         get readyState() { return channel.readyState === "open" ? OPEN : CLOSED; },
-        send: (data) => channel.send(data),
+        send: (data) => sendOnChannel(channel, data),
         close: () => leave(),
         onopen: null,
         onclose: null,
