@@ -5,7 +5,9 @@ imported as ES modules by a page (``make ts`` builds it; ``make test`` runs it f
   <video> (acking each chunk as its first frame shows), steers it until the chunk that applied the key is
   shown, loses its peer connection and resumes, and closes;
 - ``H264Player`` (clients/ts/src/h264.ts) plays an h264 session's chunks through Media Source Extensions,
-  acking each as its first frame shows."""
+  acking each as its first frame shows;
+- ``WorldClient`` runs the protocol doc's example exchange over the browser's own WebSocket, as the Node tests do
+  over ``ws``."""
 
 from __future__ import annotations
 
@@ -146,3 +148,48 @@ def test_the_packages_h264_player_plays_a_session_through_media_source_extension
     assert shown == sorted(shown)
     assert set(shown) <= set(result["seqs"])
     assert result["time"] > 0
+
+
+#: The protocol doc's example exchange, as client.test.ts runs it in Node, here in the browser with its own
+#: WebSocket: start, an event accepted then applied at a chunk boundary (its JPEG frames decoded), reset, close.
+_EXCHANGE = """async (url) => {
+  const { WorldClient, keys, decodeJpeg } = await import("http://package.test/index.js");
+  const world = new WorldClient(url);
+  await world.connect();
+  const info = await world.start({ prompt: "islands", seed: 3, media: "jpeg" });
+  const accepted = await world.sendEvent({ controls: [keys("W", "D")] });
+  const indices = [];
+  let applied = null;
+  for (let i = 0; i < 8 && applied === null; i++) {
+    const chunk = await world.nextChunk(30000);
+    indices.push(chunk.chunkIndex);
+    if (chunk.appliedEventIds.includes(accepted.event_id)) applied = chunk;
+  }
+  const frame = await decodeJpeg(applied.payloads[0]);
+  const epoch = await world.reset();
+  const fresh = await world.nextChunk(30000);
+  await world.close();
+  return {
+    role: info.role, media: info.media, model: info.model.name, accepted: accepted.status, indices,
+    frames: applied.payloads.length, count: applied.header.frames.count, size: [frame.width, frame.height],
+    epoch, fresh: [fresh.epoch, fresh.chunkIndex],
+  };
+}"""
+
+
+def test_the_packages_client_runs_the_protocol_docs_exchange_in_chromium(server: RunningServer) -> None:
+    with open_page(server, query="") as page:
+        page.route(PACKAGE + "**", _serve)
+        result = page.evaluate(_EXCHANGE, server.ws)
+    assert (result["role"], result["media"], result["model"], result["accepted"]) == (
+        "host",
+        "jpeg",
+        "procedural",
+        "accepted",
+    )
+    assert result["indices"] == list(range(len(result["indices"])))  # chunks in order, the event's among them
+    assert result["frames"] == result["count"] == 4
+    assert result["size"] == [48, 48]  # a JPEG frame, decoded by the browser
+    assert result["epoch"] == 1
+    assert result["fresh"] == [1, 0]
+    assert server.health()["sessions"] == 0
