@@ -185,6 +185,14 @@ def server() -> Iterator[RunningServer]:
     running.stop()
 
 
+#: Whether the page's canvas (what the download records) holds a frame: any pixel not black.
+CANVAS_DRAWN = """() => {
+  const canvas = document.getElementById('screen');
+  const rgba = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  return rgba.some((value, i) => i % 4 !== 3 && value > 16);
+}"""
+
+
 @contextlib.contextmanager
 def open_page(server: RunningServer, query: str = "?media=raw", recorder: str = RECORDER) -> Iterator[Page]:
     """The player page of ``server`` in Debian's headless Chromium, with ``recorder`` (:data:`RECORDER`) added.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from server_harness import RunningServer, start_server
-from test_browser import canvas, open_page, wait_for
+from test_browser import CANVAS_DRAWN, canvas, open_page, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,11 @@ def test_a_viewer_link_with_transport_webrtc_watches_over_webrtc(server: Running
         assert viewer.inner_text("#stat-transport").startswith("webrtc · rtt")
         assert viewer.evaluate("() => document.querySelector('video.rtc').videoWidth") == 48
         assert viewer.evaluate("() => window.worldserve.role") == "viewer"
+        # Chromium's receiver's figures in the overlay; the view drawn to the canvas and recorded for the download.
+        wait_for(viewer, "window.worldserve.webrtc.jitterBufferMs !== null")
+        assert viewer.inner_text("#stat-jitter").endswith(" ms")
+        wait_for(viewer, "window.worldserve.recordedBytes > 0")
+        assert viewer.evaluate(CANVAS_DRAWN), "the track's frames were not drawn for the recording"
         viewer.click("#leave-shared")
         wait_for(viewer, "window.worldserve.status === 'idle' && window.worldserve.transport === 'websocket'")
         shown = host.evaluate("() => window.worldserve.displayed")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from server_harness import RunningServer, start_server
-from test_browser import open_page, wait_for
+from test_browser import CANVAS_DRAWN, open_page, wait_for
 from worldserve.tools.replay import replay
 
 
@@ -53,7 +53,7 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         assert page.inner_text("#stat-jitter").endswith(" ms")
         assert page.inner_text("#stat-underruns") == str(page.evaluate("() => window.worldserve.webrtc.freezes"))
         wait_for(page, "window.worldserve.recordedBytes > 0")
-        assert page.evaluate(_DRAWN), "the track's frames were not drawn for the recording"
+        assert page.evaluate(CANVAS_DRAWN), "the track's frames were not drawn for the recording"
 
         # The peer connection is lost (no DELETE): the world is parked, and the page takes it back on a new one.
         session = page.evaluate("() => window.worldserve.sessionId")
@@ -67,14 +67,6 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         page.click("#close")
         wait_for(page, "window.worldserve.status === 'idle'")
     assert server.health()["sessions"] == 0
-
-
-#: Whether the page's canvas (what the download records) holds a frame: any pixel not black.
-_DRAWN = """() => {
-  const canvas = document.getElementById('screen');
-  const rgba = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-  return rgba.some((value, i) => i % 4 !== 3 && value > 16);
-}"""
 
 
 #: Installed on the page's <video>: every frame it shows, drawn to a canvas as it is shown, with its RTP timestamp.

@@ -432,7 +432,10 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
     pc.addTransceiver("video", { direction: "recvonly" });
     const video = rtcVideo();
     rtc.video = video;
-    pc.ontrack = (event) => rtcPlay(video, event);
+    pc.ontrack = (event) => {
+      rtcPlay(video, event);
+      rtcWatch(video, false);
+    };
     pc.onconnectionstatechange = () => {
       if (rtc.pc !== pc || !["failed", "closed"].includes(pc.connectionState)) return;
       whepLeave();
@@ -462,6 +465,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
     state.media = "webrtc";
     setStatus("live", "live (viewer, WebRTC)");
     log(`watching session ${join.session.slice(0, 8)}… over WebRTC`);
+    startRecording();
     rtc.timer = setInterval(whepStats, 1000);
   }
 
@@ -543,7 +547,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
     if (!state.reconnect) setStatus("connecting", "connecting (WebRTC)…");
     pc.ontrack = (event) => {
       rtcPlay(video, event);
-      rtcWatch(video);
+      rtcWatch(video, true);
     };
     pc.onconnectionstatechange = () => {
       if (["failed", "closed"].includes(pc.connectionState)) lost();
@@ -594,13 +598,15 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
     return state.role === "host" ? "live (WebRTC)" : `live (${state.role}, WebRTC)`;
   }
 
-  function rtcWatch(video) {
+  // Each frame the <video> shows is drawn to the canvas too (what the download records); a session's frames are
+  // also told their chunks (a WHEP viewer's are acked by the server as they go out).
+  function rtcWatch(video, session) {
     if (!video.requestVideoFrameCallback) return;
     const shown = (now, meta) => {
       if (rtc.video !== video) return;
-      ctx.drawImage(video, 0, 0, canvas.width, canvas.height); // the canvas keeps the view, for the recording
+      ctx.drawImage(video, 0, 0, canvas.width, canvas.height);
       recordFrame();
-      rtcShown(meta.rtpTimestamp, meta.presentationTime || now);
+      if (session) rtcShown(meta.rtpTimestamp, meta.presentationTime || now);
       video.requestVideoFrameCallback(shown);
     };
     video.requestVideoFrameCallback(shown);
@@ -1225,7 +1231,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
     $("stat-chunk-ms").textContent = figure(state.lastChunkMs, 1);
     $("stat-photon-ms").textContent = figure(state.photonMs, 0);
     $("stat-photon-parts").textContent = photonPartsText();
-    if (rtc.session && rtc.stats) { // Chromium's own WebRTC receiver: its jitter buffer's mean wait and its freezes
+    if (rtc.pc && rtc.stats) { // Chromium's own WebRTC receiver: its jitter buffer's mean wait and its freezes
       $("stat-jitter").textContent = rtc.stats.jitterBufferMs === null ? "–" : `${rtc.stats.jitterBufferMs} ms`;
       $("stat-underruns").textContent = String(rtc.stats.freezes);
     } else {
