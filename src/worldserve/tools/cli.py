@@ -252,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="a STUN or TURN server for WebRTC viewers (WHEP, POST /v1/whep/SESSION), e.g. stun:stun.example:3478; "
-        "repeat for more (none: host candidates only, for a LAN)",
+        help="a STUN server for the server's WebRTC peers (sessions, POST /v1/webrtc, and viewers, POST "
+        "/v1/whep/SESSION), e.g. stun:stun.example:3478; repeat for more (none: host candidates only, for a LAN)",
     )
     serve.add_argument(
         "--service",
