@@ -93,21 +93,22 @@ class DataChannelSocket:
                 self._pieces.clear()  # over the limit: dropped as it comes, told at its end
             return
         if self._pieces_bytes:
-            size, joined = self._pieces_bytes, b"".join(self._pieces)
-            self._pieces, self._pieces_bytes = [], 0
-            if size > self._max_message_bytes:
-                self._incoming.put_nowait({"type": "websocket.receive", "oversize": size})
-            elif message:  # pieces not ended by an empty text: binary, refused as binary is
-                self._incoming.put_nowait({"type": "websocket.receive", "bytes": joined})
-            else:  # the empty text that ends a long message
-                try:
-                    message = joined.decode()
-                except UnicodeDecodeError:
-                    self._incoming.put_nowait({"type": "websocket.receive", "bytes": joined})
-                    return
+            self._incoming.put_nowait(self._joined(ended=not message))
             if not message:
-                return
+                return  # it ended them
         self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(message)})
+
+    def _joined(self, *, ended: bool) -> Mapping[str, Any]:
+        """The pieces so far as the one message they make: its text when an empty text ended them; else binary,
+        refused as binary is; or only its size, over the limit."""
+        size, joined = self._pieces_bytes, b"".join(self._pieces)
+        self._pieces, self._pieces_bytes = [], 0
+        if size > self._max_message_bytes:
+            return {"type": "websocket.receive", "oversize": size}
+        if ended:
+            with contextlib.suppress(UnicodeDecodeError):
+                return {"type": "websocket.receive", "text": _raw_media(joined.decode())}
+        return {"type": "websocket.receive", "bytes": joined}
 
     async def receive(self) -> Mapping[str, Any]:
         return await self._incoming.get()
