@@ -79,6 +79,15 @@ def _serve(route: Any) -> None:
     )
 
 
+def _run(server: RunningServer, script: str) -> Any:
+    """``script`` run by a page of ``server``, importing the package's built modules; its result."""
+    if not (DIST / "index.js").exists():
+        pytest.fail(f"{DIST / 'index.js'} is missing: `make ts` builds the package.")
+    with open_page(server, query="") as page:
+        page.route(PACKAGE + "**", _serve)
+        return page.evaluate(script, server.ws)
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     running = start_server("--model", "procedural", "--resume-grace-s", "30")
@@ -87,11 +96,7 @@ def server() -> Iterator[RunningServer]:
 
 
 def test_the_packages_webrtc_client_plays_steers_resumes_and_closes_in_chromium(server: RunningServer) -> None:
-    if not (DIST / "webrtc.js").exists():
-        pytest.fail(f"{DIST / 'webrtc.js'} is missing: `make ts` builds the package.")
-    with open_page(server, query="") as page:
-        page.route(PACKAGE + "**", _serve)
-        result = page.evaluate(_SCRIPT, server.ws)
+    result = _run(server, _SCRIPT)
     assert result["media"] == "raw"  # frames on the track
     assert result["first"] == list(range(result["first"][0], result["first"][0] + 4))
     assert result["accepted"] == "accepted"
@@ -135,11 +140,7 @@ _H264 = """async (url) => {
 
 
 def test_the_packages_h264_player_plays_a_session_through_media_source_extensions(server: RunningServer) -> None:
-    if not (DIST / "h264.js").exists():
-        pytest.fail(f"{DIST / 'h264.js'} is missing: `make ts` builds the package.")
-    with open_page(server, query="") as page:
-        page.route(PACKAGE + "**", _serve)
-        result = page.evaluate(_H264, server.ws)
+    result = _run(server, _H264)
     assert result["media"] == "h264"
     assert result["failure"] is None
     assert result["width"] == 48
@@ -178,9 +179,7 @@ _EXCHANGE = """async (url) => {
 
 
 def test_the_packages_client_runs_the_protocol_docs_exchange_in_chromium(server: RunningServer) -> None:
-    with open_page(server, query="") as page:
-        page.route(PACKAGE + "**", _serve)
-        result = page.evaluate(_EXCHANGE, server.ws)
+    result = _run(server, _EXCHANGE)
     assert (result["role"], result["media"], result["model"], result["accepted"]) == (
         "host",
         "jpeg",
