@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -91,14 +92,31 @@ class RayDirectoryStore:
     address, waiting for news of it from a GCS that restarted without its subscription), so a
     front-end that finds its actor gone starts the next generation, killing the old one, and every
     front-end follows the newest generation at its next refresh: all of them on one actor again,
-    empty, refilled by their refreshes."""
+    empty, refilled by their refreshes.
 
-    def __init__(self, service: str, ttl_s: float, where: str) -> None:
+    A generation whose actor has never answered this front-end is not replaced until ``grace_s`` after
+    this front-end took it up: the actor may still be starting (a new worker process, slow on a busy
+    machine), and replacing it would kill the actor another front-end just made, which would then replace
+    this one's in turn, without end. One that has answered and stops is replaced at once."""
+
+    def __init__(
+        self,
+        service: str,
+        ttl_s: float,
+        where: str,
+        *,
+        grace_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._service = service
         self._ttl_s = ttl_s
         self._where = where
+        self._grace_s = grace_s
+        self._clock = clock
         self._handle: Any = None
         self.generation = -1
+        self._taken_up = -math.inf  # when this front-end took up ``generation``: never, yet
+        self._answered = -1  # the newest generation whose actor has answered this front-end
 
     @property
     def _key(self) -> bytes:
@@ -127,6 +145,9 @@ class RayDirectoryStore:
         value = internal_kv._internal_kv_get(self._key, namespace=NAMESPACE.encode())
         return int(value) if value else 0
 
+    def _kill(self, handle: Any) -> None:
+        _ray().kill(handle, no_restart=True)  # through the GCS, wherever the actor is
+
     def _write_generation(self, generation: int) -> None:
         from ray.experimental import internal_kv
 
@@ -139,11 +160,14 @@ class RayDirectoryStore:
         generation = await _off_loop(self._read_generation, timeout)
         if generation != self.generation or self._handle is None:
             self._handle = await _off_loop(lambda: self._actor(generation), timeout)
+            if generation != self.generation:
+                self._taken_up = self._clock()
             self.generation = generation
 
     async def reconnect(self, timeout: float) -> None:
         """The actor did not answer: follow the newest generation, and if its actor does not answer either
-        (this driver lost it with a head), start the next generation; raises while the cluster does not answer."""
+        (this driver lost it with a head), start the next generation; raises while the cluster does not answer,
+        and while a generation taken up less than ``grace_s`` ago does not answer yet."""
         from worldserve.runtime.executor.ray_actor import _off_loop
 
         await self.follow(timeout)
@@ -151,15 +175,15 @@ class RayDirectoryStore:
             async with asyncio.timeout(timeout):
                 await self.front_ends()
             return
-        except Exception:  # unreachable from here: a new generation
-            pass
-        ray = _ray()
+        except Exception as error:  # unreachable from here: a new generation, unless this one may be starting
+            if self._answered != self.generation and self._clock() - self._taken_up < self._grace_s:
+                raise TimeoutError(f"generation {self.generation} of the session directory is not up yet") from error
         old, generation = self._handle, self.generation + 1
         await _off_loop(lambda: self._write_generation(generation), timeout)
         with contextlib.suppress(Exception):
-            await _off_loop(lambda: ray.kill(old, no_restart=True), timeout)  # through the GCS, wherever it is
+            await _off_loop(lambda: self._kill(old), timeout)
         self._handle = await _off_loop(lambda: self._actor(generation), timeout)
-        self.generation = generation
+        self.generation, self._taken_up = generation, self._clock()
         _log.warning("the session directory starts again as generation %d (%s)", generation, self._where)
 
     @property
@@ -168,7 +192,15 @@ class RayDirectoryStore:
 
     def _call(self, method: str, *args: Any) -> Awaitable[Any]:
         ref = getattr(self._handle, method).remote(*args)  # submitted now: the actor runs them in this order
-        return asyncio.wrap_future(ref.future())
+        answer = asyncio.wrap_future(ref.future())
+        generation = self.generation
+
+        def answered(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self._answered = max(self._answered, generation)
+
+        answer.add_done_callback(answered)
+        return answer
 
     def publish(self, url: str, world: str) -> Awaitable[Any]:
         return self._call("publish", url, world)
