@@ -43,6 +43,37 @@ def slow_server() -> Iterator[RunningServer]:
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def steady_server() -> Iterator[RunningServer]:
+    """The procedural world without preemption: a chunk sent stays as it is."""
+    running = start_server("--model", "procedural", "--preempt", "off")
+    yield running
+    running.stop()
+
+
+async def test_a_key_tapped_between_two_chunks_moves_the_world_for_one_chunk(steady_server: RunningServer) -> None:
+    """A key pressed and released between two boundaries is held in the next chunk alone (the seed's snapshot,
+    the latest keys, would never show it), and the same holds when the release supersedes the press."""
+    for event_id, (tap, release) in enumerate([(keys("D"), keys()), (keys("W", "A"), keys("W"))], start=1):
+        async with WorldClient(steady_server.ws, auto_ack=False) as client:
+            info = await client.start(prompt="forest", seed=3)
+            # Acks withheld: after max_lag_chunks chunks the server makes none until one comes.
+            made = [await client.next_chunk(timeout=30) for _ in range(info.max_lag_chunks)]
+            await client.send_event(controls=[tap], event_id=2 * event_id)
+            await client.send_event(controls=[release], event_id=2 * event_id + 1)
+            for chunk in made:
+                await client.ack(chunk.seq)
+            tapped, after = await client.next_chunk(timeout=30), await client.next_chunk(timeout=30)
+        assert [notice.event_ids for notice in client.dropped] == [(2 * event_id,)]  # the release superseded it
+        assert tapped.applied_event_ids == (2 * event_id + 1,)
+        truth = Truth(3, "forest")
+        for chunk in made:
+            assert np.array_equal(chunk.frames, truth.next(None, []))
+        held = set(tap.data["held"])
+        assert np.array_equal(tapped.frames, truth.next(None, [keys(*sorted(held))])), "the tap is not shown"
+        assert np.array_equal(after.frames, truth.next(None, [release])), "the tapped key is still held"
+
+
 async def test_a_held_key_with_acks_paused_never_overflows_the_queue(server: RunningServer) -> None:
     async with WorldClient(server.ws) as client:
         info = await client.start(prompt="forest", seed=1)
@@ -118,12 +149,21 @@ async def test_cancel_mid_chunk_over_a_socket_keeps_the_world(slow_server: Runni
     applied = [event_id for chunk in chunks for event_id in chunk.applied_event_ids]
     assert sorted(applied + list(dropped())) == sorted(sent), "each event applied exactly once, or superseded"
     assert max(sent) in applied  # the newest is never superseded
+    # A chunk holds the keys held at its boundary and those pressed since the last one: a superseded
+    # event's press is carried by the event that superseded it.
+    carried: dict[int, list[int]] = {}
+    for notice in client.dropped:
+        carried.setdefault(int(notice.detail.removeprefix("superseded by event ")), []).extend(notice.event_ids)
     truth = Truth(4, "slow")
-    controls: dict[str, object] = {}
+    held: set[str] = set()
     for chunk in chunks:
+        pressed: set[str] = set()
         for event_id in chunk.applied_event_ids:
-            controls["keys"] = sent[event_id]
-        expected = truth.next(None, list(controls.values()))  # type: ignore[arg-type]
+            for step in [*sorted(carried.get(event_id, ())), event_id]:
+                now = set(sent[step].data["held"])
+                pressed |= now - held
+                held = now
+        expected = truth.next(None, [keys(*sorted(held), *sorted(pressed - held))])
         assert np.array_equal(chunk.frames, expected), f"chunk {chunk.chunk_index} is not the world"
 
 

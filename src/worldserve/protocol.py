@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 __all__ = [
     "CHUNK_METADATA_KEY",
+    "HELD_KEYS_SCHEMA_NAME",
     "PROMPT_TRANSITION_SCHEMA_NAME",
     "PROMPT_TRANSITION_TRACK",
     "TICK_EXTRA_ARGS_KEY",
@@ -27,6 +28,7 @@ __all__ = [
     "TickRequest",
     "build_chunk_envelope",
     "freeze_transport_value",
+    "held_keys",
     "parse_chunk_envelope",
     "prompt_transition_control",
     "transition_chunks_control",
@@ -41,6 +43,9 @@ CHUNK_METADATA_KEY = "ar_diffusion"
 #: ``transition_chunks``): data ``{"chunks": N}``, N >= 0. Models that blend prompts declare it.
 PROMPT_TRANSITION_TRACK = "prompt_transition"
 PROMPT_TRANSITION_SCHEMA_NAME = "worldserve.prompt_transition.v1"
+#: The schema of held-key state, on whatever track a model names: data ``{"held": [key, ...]}``, the keys
+#: held now. Every press and release in it reaches the model (a tick changes each key once at most).
+HELD_KEYS_SCHEMA_NAME = "worldserve.keys.v1"
 
 
 class FrozenMap(Mapping[str, Any]):
@@ -340,6 +345,17 @@ class ControlInput:
 
 
 _CONTROL_KEYS = frozenset({"track", "schema", "data"})
+
+
+def held_keys(control: ControlInput) -> frozenset[str] | None:
+    """The keys a held-keys control (:data:`HELD_KEYS_SCHEMA_NAME`) holds; None for any other control,
+    and for one whose data is not a list of key names (the model's validator refuses it)."""
+    if control.schema != HELD_KEYS_SCHEMA_NAME:
+        return None
+    held = control.data.get("held")
+    if not isinstance(held, tuple) or not all(isinstance(key, str) for key in held):
+        return None
+    return frozenset(held)
 
 
 def prompt_transition_control(chunks: int) -> ControlInput:

@@ -11,7 +11,10 @@ Any failure fails closed: the worker's state is released and only ``reset()`` or
 *supersedes* queued events on continuous tracks (``coalesce_tracks``), so held controls
 never fill the queue, and ``cancel_chunk()`` abandons the chunk in flight, leaving the
 session active at its last commit with the chunk's events still queued (it needs a tick
-consumer with ``cancel_tick``).
+consumer with ``cancel_tick``). And one that is always on: a key tapped between two boundaries
+reaches the model. On a held-keys control (:data:`~worldserve.protocol.HELD_KEYS_SCHEMA_NAME`) a
+tick holds the keys held at its boundary *and* those pressed since the last one (ABot-World's
+"activated" keys), and a superseding event carries the presses of those it superseded.
 
 All state changes happen in synchronous code between ``await`` points, so on one
 event loop they are atomic without a lock; the one lock serializes the operations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from worldserve.errors import (
     CancelUnsupportedError,
@@ -45,7 +48,7 @@ from worldserve.errors import (
     SessionStateError,
     StaleEventError,
 )
-from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest
+from worldserve.protocol import ChunkMetadata, ControlInput, TickRequest, held_keys, thaw_transport_value
 from worldserve.stats import SessionCounters, SessionStats
 
 __all__ = [
@@ -227,12 +230,22 @@ class TickRetracter(Protocol):
     async def retract_tick(self, tick: TickRequest) -> None: ...
 
 
+class _Queued(NamedTuple):
+    """An accepted event while it waits: when it was accepted, and per held-keys track the keys it pressed
+    (against the event before it when it came) and those the events it superseded pressed: all of them
+    show in the tick that applies it."""
+
+    event: SessionEvent
+    accepted_ns: int
+    presses: Mapping[str, frozenset[str]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class _Undo:
     """What the last commit changed, kept until the next tick starts (:meth:`Session.retract_chunk`)."""
 
     tick: TickRequest
-    events: tuple[tuple[int, tuple[SessionEvent, int]], ...]
+    events: tuple[tuple[int, _Queued], ...]
     prompt: str | None
     controls: dict[str, ControlInput]
     snapshot: tuple[ControlInput, ...]
@@ -353,8 +366,7 @@ class Session(Generic[TickOutputT]):
         self._coalesce_tracks = coalesce_tracks
 
         self._status = SessionStatus.ACTIVE
-        # event_id -> (event, monotonic ns at acceptance)
-        self._pending: dict[int, tuple[SessionEvent, int]] = {}
+        self._pending: dict[int, _Queued] = {}
         self._recent_event_ids: OrderedDict[int, None] = OrderedDict()
         self._event_floor = -1
         self._inflight_event_floor: int | None = None
@@ -401,7 +413,7 @@ class Session(Generic[TickOutputT]):
     def pending_reach(self, *, above: int = -1, through: int | None = None) -> EventReach:
         """What the pending events with ids above ``above`` and at most ``through`` (None: any) change."""
         events = [
-            event for event_id, (event, _) in self._pending.items()
+            queued.event for event_id, queued in self._pending.items()
             if event_id > above and (through is None or event_id <= through)
         ]  # fmt: skip
         return EventReach(
@@ -554,6 +566,7 @@ class Session(Generic[TickOutputT]):
             except ValueError as error:
                 counters.invalid += 1
                 raise InvalidEventError(f"event {event_id} refused: {error}") from error
+        presses = self._presses(event, superseded)
         if superseded:
             for old_id in superseded:
                 del self._pending[old_id]
@@ -564,7 +577,7 @@ class Session(Generic[TickOutputT]):
             )
             counters.dropped += len(superseded)
             counters.superseded += len(superseded)
-        self._pending[event_id] = (event, time.monotonic_ns())
+        self._pending[event_id] = _Queued(event, time.monotonic_ns(), presses)
         recent = self._recent_event_ids
         recent[event_id] = None
         if len(recent) > self._max_pending_events:
@@ -588,9 +601,64 @@ class Session(Generic[TickOutputT]):
             old_id
             for old_id in sorted(self._pending)
             if after < old_id < event.event_id
-            and (old := self._pending[old_id][0]).prompt is None
+            and (old := self._pending[old_id].event).prompt is None
             and all(control.track in tracks for control in old.controls)
         )
+
+    def _held_before(self, track: str) -> frozenset[str]:
+        """The keys the committed controls hold on ``track`` (none: no such control yet)."""
+        control = self._controls.get(track)
+        return (held_keys(control) if control is not None else None) or frozenset()
+
+    def _presses(self, event: SessionEvent, superseded: tuple[int, ...]) -> Mapping[str, frozenset[str]]:
+        """Per held-keys track of ``event``, the keys it presses (held by it, not by the event before it) and
+        those pressed by the ``superseded`` events, which it carries: a tap survives its release superseding it."""
+        tracks = {control.track: held for control in event.controls if (held := held_keys(control)) is not None}
+        if not tracks:
+            return MappingProxyType({})
+        state = {track: self._held_before(track) for track in tracks}
+        presses: dict[str, set[str]] = {track: set() for track in tracks}
+        for event_id in sorted(self._pending):  # the tick in flight's events first: they come before
+            if event_id >= event.event_id:
+                break
+            queued = self._pending[event_id]
+            for control in queued.event.controls:
+                held = held_keys(control) if control.track in state else None
+                if held is not None:
+                    state[control.track] = held
+            if event_id in superseded:
+                for track, keys in queued.presses.items():
+                    presses.setdefault(track, set()).update(keys)
+        for track, held in tracks.items():
+            presses[track] |= held - state[track]
+        return MappingProxyType({track: frozenset(keys) for track, keys in presses.items() if keys})
+
+    def _shown(self, events: Sequence[_Queued], controls: dict[str, ControlInput]) -> tuple[ControlInput, ...] | None:
+        """The tick's controls when a key was pressed and released since the last boundary: ``controls`` with
+        such keys added to their held-keys control (None: no such key, or the model refuses the keys together,
+        as a one-key model does: the state alone then)."""
+        pressed: dict[str, set[str]] = {}
+        for queued in events:
+            for track, keys in queued.presses.items():
+                pressed.setdefault(track, set()).update(keys)
+        tapped: dict[str, ControlInput] = {}
+        for track, keys_pressed in pressed.items():
+            final = controls[track]
+            held = held_keys(final)
+            extra = keys_pressed - held if held is not None else None
+            if extra:
+                data = thaw_transport_value(final.data)
+                data["held"] = [*data["held"], *sorted(extra)]
+                tapped[track] = ControlInput(track, final.schema, data)
+        if not tapped:
+            return None
+        if self._control_validator is not None:
+            try:
+                self._control_validator.validate_controls(tuple(tapped.values()))
+            except ValueError:
+                return None
+        shown = {**controls, **tapped}
+        return tuple(shown[track] for track in sorted(shown))
 
     # -- chunks ------------------------------------------------------------------------
 
@@ -598,7 +666,8 @@ class Session(Generic[TickOutputT]):
         self, through: int | None = None
     ) -> tuple[TickRequest, dict[str, ControlInput], PreparedControls | None]:
         event_ids = tuple(sorted(e for e in self._pending if through is None or e <= through))
-        events = [self._pending[event_id][0] for event_id in event_ids]
+        queued = [self._pending[event_id] for event_id in event_ids]
+        events = [entry.event for entry in queued]
         prompt = self._prompt
         for event in events:
             if event.prompt is not None:
@@ -610,7 +679,7 @@ class Session(Generic[TickOutputT]):
                 for event in events:
                     for control in event.controls:
                         controls[control.track] = control
-                snapshot = tuple(controls[track] for track in sorted(controls))
+                snapshot = self._shown(queued, controls) or tuple(controls[track] for track in sorted(controls))
             else:
                 controls, snapshot = self._controls, self._controls_snapshot
         else:
@@ -651,8 +720,8 @@ class Session(Generic[TickOutputT]):
         counters = self._counters
         now = time.monotonic_ns()
         popped = tuple((event_id, self._pending.pop(event_id)) for event_id in tick.applied_event_ids)
-        for _, (_, accepted_at) in popped:
-            counters.applied_latency.observe((now - accepted_at) / 1e9)
+        for _, queued in popped:
+            counters.applied_latency.observe((now - queued.accepted_ns) / 1e9)
         # A reducer's commit cannot be undone, so a session with one never retracts a chunk.
         self._undo = (
             None if prepared is not None else _Undo(tick, popped, self._prompt, self._controls, self._controls_snapshot)
@@ -662,8 +731,10 @@ class Session(Generic[TickOutputT]):
             self._event_floor = max(self._event_floor, tick.applied_event_ids[-1])
             counters.applied += len(tick.applied_event_ids)
         self._prompt = tick.prompt
-        self._controls = controls
-        self._controls_snapshot = tick.controls
+        if controls is not self._controls:
+            state = tuple(controls[track] for track in sorted(controls))
+            self._controls = controls  # the state: a key tapped shows in this tick alone
+            self._controls_snapshot = tick.controls if tick.controls == state else state
         self._chunk_index += 1
         self._inflight_event_floor = None
         counters.chunks += 1

@@ -21,9 +21,9 @@ What the reference does (``amap-cvlab/ABot-World``), and what this keeps of it:
   not held in the block before wins (it was pressed since); when both or neither were, the one the
   block before applied stays; pressed in the same tick from nothing, the first in ``KEY_ORDER``.
 - **Taps.** The reference's ``activated`` set also carries a key pressed and released between two
-  samples, so a tap shorter than a block still moves the world for one block. A ``keys`` event is
-  held-key state, and the control plane applies a tick's latest state: a key pressed and released
-  between two ticks is not seen (the session's ledger still records both events as applied).
+  samples, so a tap shorter than a block still moves the world for one block. The control plane does
+  the same for every held-keys track (``worldserve.session``): a tick's ``keys`` hold the keys held
+  at its boundary and those pressed since the last one, so a tap reaches :func:`block_keys` here.
 """
 
 from __future__ import annotations
