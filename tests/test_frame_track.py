@@ -1,11 +1,15 @@
 """The WebRTC video track's bookkeeping, without a peer: latency first (the oldest unsent frame goes), each
 chunk acked as its first frame goes out or is passed over, and each chunk's first frame on the track told with
-its index and RTP timestamp once the stream's random origin is known (``chunk.track``)."""
+its index and RTP timestamp once the stream's random origin is known (``chunk.track``); encoded frames (the
+world's H.264 stream) dropped only up to an IDR frame, or all of them and an IDR frame asked for."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
+from worldserve.h264 import AccessUnit
 from worldserve.server.webrtc import FrameTrack
 
 
@@ -43,3 +47,88 @@ async def test_each_chunks_first_frame_on_the_track_is_told_once_the_origin_is_k
     frame, pts = await track.next_frame()
     assert int(frame[0, 0, 0]) == 30
     assert told[2] == (3, 0, (origin + pts) % 2**32)
+
+
+def _units(count: int, chunk: int, idr: bool) -> list[AccessUnit]:
+    return [AccessUnit(bytes([chunk, index]), idr and index == 0) for index in range(count)]
+
+
+async def test_encoded_frames_are_dropped_up_to_the_newest_idr_frame_held() -> None:
+    """An encoded frame needs those before it: over the bound, the track goes on from the newest IDR frame it
+    holds (the frames before it passed over, their chunks acked), and asks for no keyframe."""
+    shown: list[int] = []
+    gaps: list[None] = []
+    track = FrameTrack(1000.0, 6, shown.append, on_gap=lambda: gaps.append(None))
+    track.push(0, _units(4, 0, idr=True))
+    track.push(1, _units(4, 1, idr=True))  # 8 frames for 6 places: chunk 0 goes whole, not its first two
+    assert (track.dropped, shown, gaps) == (4, [0], [])
+    frame, _ = await track.next_frame()
+    assert frame == AccessUnit(bytes([1, 0]), True)
+    assert shown == [0, 1]
+
+
+async def test_without_an_idr_frame_to_go_on_from_all_go_and_none_until_one_is_asked_for_and_comes() -> None:
+    shown: list[int] = []
+    gaps: list[None] = []
+    track = FrameTrack(1000.0, 6, shown.append, on_gap=lambda: gaps.append(None))
+    track.push(0, _units(4, 0, idr=True))
+    await track.next_frame()
+    track.push(1, _units(4, 1, idr=False))  # 7 held: chunk 0's IDR frame went already
+    assert (len(gaps), track.dropped, shown) == (1, 7, [0, 1])
+    track.push(2, _units(4, 2, idr=False))  # undecodable without the frames dropped: passed over too
+    assert (len(gaps), track.dropped, shown) == (1, 11, [0, 1, 2])
+    track.push(3, _units(4, 3, idr=True))  # the IDR frame asked for
+    frame, _ = await track.next_frame()
+    assert frame == AccessUnit(bytes([3, 0]), True)
+    assert shown == [0, 1, 2, 3]
+
+
+async def test_a_lost_picture_drops_what_is_held_and_waits_for_an_idr_frame() -> None:
+    shown: list[int] = []
+    gaps: list[None] = []
+    track = FrameTrack(1000.0, 8, shown.append, on_gap=lambda: gaps.append(None))
+    track.push(0, _units(4, 0, idr=True))
+    await track.next_frame()
+    track.push(1, _units(2, 1, idr=False))
+    track.lost_picture()  # the peer said so (RTCP PLI): what it would get next cannot be decoded
+    assert (len(gaps), track.dropped, shown) == (1, 5, [0, 1])
+    track.push(2, _units(4, 2, idr=True))
+    assert (await track.next_frame())[0] == AccessUnit(bytes([2, 0]), True)
+
+
+async def test_an_aiortc_track_sends_encoded_frames_as_packets_and_turns_a_pli_into_a_keyframe_request() -> None:
+    """aiortc's sender packetises an ``av.Packet`` as it is; a PLI or FIR only sets the flag its own encoder would
+    read (pinned aiortc's private name): the track reads it and asks the world for an IDR frame."""
+    import av
+
+    from worldserve.server.webrtc import track_class
+
+    gaps: list[None] = []
+    track = track_class()(1000.0, 8, lambda seq: None, on_gap=lambda: gaps.append(None))
+    track.sender = type("Sender", (), {"_RTCRtpSender__force_keyframe": False})()
+    track.push(0, _units(2, 0, idr=True))
+    packet = await track.recv()
+    assert isinstance(packet, av.Packet)
+    assert (bytes(packet), packet.time_base) == (bytes([0, 0]), Fraction(1, 90_000))
+    track.sender._RTCRtpSender__force_keyframe = True  # what aiortc does on an RTCP PLI
+    await track.recv()
+    assert (len(gaps), track.sender._RTCRtpSender__force_keyframe) == (1, False)
+
+
+async def test_frames_dropped_while_the_track_waits_for_their_time_are_not_sent() -> None:
+    """A frame waits for its time; a chunk superseded (or a picture lost) meanwhile takes it away: the track
+    waits for the next one instead of failing (aiortc's sender would stop the track)."""
+    import asyncio
+
+    track = FrameTrack(10.0, 8, lambda seq: None)
+    track.push(0, _frames(2, 0))
+    await track.next_frame()
+    await track.next_frame()  # the next frame is due a period (0.1 s) after this one
+    track.push(1, _frames(2, 10))
+    waiting = asyncio.create_task(track.next_frame())  # chunk 1's first frame is due in 0.1 s
+    await asyncio.sleep(0)
+    track.drop(1)
+    await asyncio.sleep(0.2)  # its time passes with nothing to send
+    track.push(2, _frames(1, 20))
+    frame, _ = await waiting
+    assert int(frame[0, 0, 0]) == 20

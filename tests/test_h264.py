@@ -28,6 +28,7 @@ from worldserve.h264 import (
     DEFAULT_H264_QUALITY,
     H264Decoder,
     H264Encoder,
+    access_units,
     crf_for_quality,
     default_bitrate_kbps,
     h264_settings,
@@ -88,6 +89,30 @@ def test_each_chunk_is_one_fragment_of_its_own_frames_and_keyframes_carry_the_in
     assert [len(d) for d in decoded] == [4, 4, 4, 4]
     assert psnr(np.concatenate(decoded), frames) >= H264_PSNR_DB
     assert psnr(np.concatenate(decoded), moving_world(4, 16)) <= UNRELATED_PSNR_DB
+    encoder.close()
+
+
+def test_access_units_are_each_frame_in_annex_b_and_decode_to_the_fragments_frames() -> None:
+    """What a WebRTC track sends of the world's stream: one Annex B access unit a frame, an IDR frame led by the
+    SPS and PPS, decoding (from the IDR frame, with no init segment) to exactly the frames the fMP4 decodes to."""
+    import av
+
+    frames = moving_world(5, 12)
+    encoder = H264Encoder(h264_settings(48, 48, 16.0, DEFAULT_H264_QUALITY, None))
+    made = [encoder.encode(frames[i : i + 4]) for i in range(0, 12, 4)]
+    init = made[0].init
+    units = [access_units(init, m.fragment) for m in made]
+    assert [[unit.idr for unit in chunk] for chunk in units] == [[True, False, False, False]] + [[False] * 4] * 2
+    for chunk in units:
+        for unit in chunk:
+            assert unit.data.startswith((b"\x00\x00\x00\x01", b"\x00\x00\x01"))
+    reference = H264Decoder()
+    want = np.concatenate([reference.decode(m.fragment, m.init) for m in made])
+    decoder = av.CodecContext.create("h264", "r")  # Annex B alone: the parameter sets come in the stream
+    packets = [av.Packet(unit.data) for chunk in units for unit in chunk]
+    got = [f.to_ndarray(format="rgb24") for packet in packets for f in decoder.decode(packet)]
+    got += [f.to_ndarray(format="rgb24") for f in decoder.decode(None)]
+    assert np.array_equal(np.stack(got), want)
     encoder.close()
 
 

@@ -77,6 +77,9 @@ async def test_a_whep_viewer_watches_a_shared_world_and_leaves(server: RunningSe
             status, headers, answer = await _post_offer(server, info.session_id, info.viewer_token, offer)
             assert status == 201, answer
             assert headers["Content-Type"].startswith("application/sdp")
+            # The offer takes H.264: the viewer is sent the world's own stream, only packetised for it.
+            assert "H264/90000" in answer
+            assert "VP8/90000" not in answer
             location = headers["Location"]
             assert location.startswith(f"/v1/whep/{info.session_id}/")
             await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=answer, type="answer"))

@@ -11,6 +11,9 @@ carries the stream's init segment (``ftyp`` + ``moov``) beside it, so whoever st
 ``uint8 [frames, height, width, 3]`` (the Python client, tests, benchmarks).
 :func:`h264_settings` -- the encoder settings a session's options and frame size imply
 (constant quality from ``quality``, capped at a per-resolution bitrate unless one is given).
+:func:`access_units` -- a fragment's frames as Annex B access units (start codes; an IDR frame led
+by the stream's SPS and PPS), what an RTP packetiser takes: a WebRTC track sends the stream
+encoded once per world without encoding it again.
 
 Why a short-lived muxer per chunk: libavformat's mp4 muxer writes a fragment only when the
 *next* packet arrives (``frag_every_frame``) or when told to flush (``av_write_frame(NULL)``,
@@ -42,10 +45,12 @@ import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_H264_QUALITY",
+    "AccessUnit",
     "H264Decoder",
     "H264Encoder",
     "H264Fragment",
     "H264Settings",
+    "access_units",
     "crf_for_quality",
     "default_bitrate_kbps",
     "h264_settings",
@@ -110,6 +115,48 @@ class H264Fragment:
     frames: int
     keyframe: bool
     init: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class AccessUnit:
+    """One frame of an H.264 stream in Annex B (NAL units after start codes); ``idr``: a decoder may start here
+    (it carries the SPS and PPS in front of its IDR slice)."""
+
+    data: bytes
+    idr: bool
+
+
+def access_units(init: bytes, fragment: bytes) -> list[AccessUnit]:
+    """The frames of ``fragment`` (``moof`` + ``mdat`` of the stream whose init segment is ``init``), in order, as
+    Annex B access units: the container's length-prefixed NAL units given start codes by FFmpeg's
+    ``h264_mp4toannexb``, which puts the init's SPS and PPS in front of each IDR frame."""
+    import av
+    from av.bitstream import BitStreamFilterContext
+
+    units: list[AccessUnit] = []
+    with av.open(io.BytesIO(init + fragment), mode="r", format="mp4") as container:
+        stream = container.streams.video[0]
+        annexb = BitStreamFilterContext("h264_mp4toannexb", in_stream=stream)
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue
+            for out in annexb.filter(packet):
+                data = bytes(out)
+                units.append(AccessUnit(data, _IDR in _nal_types(data)))
+    return units
+
+
+_IDR = 5
+
+
+def _nal_types(data: bytes) -> set[int]:
+    """The types of the NAL units in Annex B ``data``."""
+    types = set()
+    at = data.find(b"\x00\x00\x01")
+    while at >= 0 and at + 3 < len(data):
+        types.add(data[at + 3] & 0x1F)
+        at = data.find(b"\x00\x00\x01", at + 3)
+    return types
 
 
 def split_boxes(data: bytes) -> list[tuple[str, bytes]]:

@@ -321,7 +321,7 @@ def create_app(
             state["room"] = room = waiting_room(runtime, config, hosts, state["metrics"])
             state["connections"] = set()
             state["drain"] = Drain(config.drain_timeout_s, room, lambda: len(hosts))
-            state["whep"] = whep = WhepPeers(hosts, ice_servers=config.ice_servers)
+            state["whep"] = whep = WhepPeers(hosts, ice_servers=config.ice_servers, media=config.whep_media)
 
             async def serve_socket(socket: DataChannelSocket) -> None:
                 connection = Connection(socket, runtime, config, state["metrics"], hosts, room)

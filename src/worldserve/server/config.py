@@ -79,6 +79,10 @@ class ServerConfig:
     #: STUN/TURN servers for WebRTC viewers (WHEP), as RTCIceServer URLs (``stun:stun.example:3478``,
     #: ``turn:user:pass@turn.example``); none: host candidates only (a LAN, or tests on one machine).
     ice_servers: tuple[str, ...] = ()
+    #: What a WHEP viewer's track carries: ``auto``, the world's own H.264 stream (encoded once for every
+    #: H.264 member, only packetised per peer) when its offer takes H.264, else raw frames; ``raw``, raw frames
+    #: always, which aiortc encodes per peer (VP8 or H.264, as the offer prefers).
+    whep_media: Literal["auto", "raw"] = "auto"
 
     @property
     def world_url(self) -> str | None:

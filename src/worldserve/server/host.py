@@ -627,6 +627,13 @@ class WorldHost:
         seq = wire_seq - member.seq_base
         member.started_seq = max(member.started_seq, min(seq, self._seq))
 
+    def lost_picture(self, member: Member) -> None:
+        """``member``'s decoder cannot go on (its WebRTC peer lost a picture, or its track dropped encoded frames):
+        it is sent nothing until an IDR frame, which is asked for now (H.264; other media need none)."""
+        if member.media == "h264" and not member.gone:
+            member.needs_key = True
+            self._want_keyframe()
+
     # -- events ----------------------------------------------------------------------
 
     def _floor(self, member: Member) -> int:

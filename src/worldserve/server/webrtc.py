@@ -4,13 +4,17 @@
 (``application/sdp``) answers ``201 Created`` with the SDP answer and the viewer's resource in
 ``Location``; ``DELETE`` on that resource leaves. Signalling is not trickled: the answer carries every
 candidate (host candidates; STUN/TURN servers from ``--ice-server`` for real networks). Each peer
-connection is one *viewer* member of the world (:class:`~worldserve.server.host.WorldHost`), sent its
-chunks as raw frames, which aiortc encodes (VP8 or H.264, as the offer prefers: one encode per viewer).
+connection is one *viewer* member of the world (:class:`~worldserve.server.host.WorldHost`). When the
+offer takes H.264 (``--whep-media auto``, the default), the member is sent the world's own H.264 stream,
+encoded once for all its H.264 members (WebSocket and WebRTC alike), and aiortc only packetises it; else
+(or with ``raw``) it is sent raw frames, which aiortc encodes for this peer alone (VP8 or H.264).
 
 Latency first: the track holds at most ``max_frames`` frames not yet sent and drops the oldest when a
-newer one comes (a viewer behind never falls further behind); it plays them at the model's frame
-rate and acks each chunk as its first frame goes out, as a player acks what it shows, so the world's
-pacing and a lagging viewer's skipping work as for WebSocket viewers.
+newer one comes (a viewer behind never falls further behind); encoded frames depend on those before
+them, so there it drops up to the newest IDR frame it holds, or all of them, then waits for an IDR frame
+and asks the world for one (as it does when the peer reports a lost picture: RTCP PLI or FIR). It plays
+them at the model's frame rate and acks each chunk as its first frame goes out, as a player acks what it
+shows, so the world's pacing and a lagging viewer's skipping work as for WebSocket viewers.
 
 Owns: :class:`FrameTrack` (the video track), :class:`WhepViewer` (the member's outlet), :class:`WhepPeers`
 (the offers, answers and leaves of one server, and their errors).
@@ -22,18 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fractions
+import functools
 import logging
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
 
+from worldserve.h264 import AccessUnit, access_units
 from worldserve.sctp_timers import use_libwebrtc_timers
 from worldserve.server.host import Member, Role, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
@@ -46,6 +52,7 @@ __all__ = [
     "WhepViewer",
     "answer_offer",
     "load_aiortc",
+    "offers_h264",
     "peer_connection",
     "track_class",
     "whep_url",
@@ -89,10 +96,21 @@ def peer_connection(ice_servers: Sequence[str]) -> Any:
     return aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
 
 
-async def answer_offer(pc: Any, sdp: str, track: Any) -> str:
-    """Answer an SDP offer on ``pc``, sending ``track`` on the offer's video section; the answer's SDP (with every
-    candidate: not trickled). Raises what aiortc raises for a bad offer, ``ValueError`` for one without video."""
+def offers_h264(sdp: str) -> bool:
+    """Whether an SDP offer takes H.264 as aiortc sends it (packetization mode 1, in RTP's H264/90000)."""
+    upper = sdp.upper()
+    return "H264/90000" in upper and "PACKETIZATION-MODE=1" in upper
+
+
+async def answer_offer(pc: Any, sdp: str, track: Any, *, h264: bool = False) -> str:
+    """Answer an SDP offer on ``pc``, sending ``track`` on the offer's video section (in H.264 alone with
+    ``h264``); the answer's SDP (with every candidate: not trickled). Raises what aiortc raises for a bad offer,
+    ``ValueError`` for one without video (or, with ``h264``, without H.264)."""
     aiortc = load_aiortc()
+    if h264:  # the codecs are agreed as the offer is set: a transceiver made before it takes the offer's video
+        codecs = aiortc.RTCRtpSender.getCapabilities("video").codecs
+        preferred = pc.addTransceiver("video", direction="sendonly")
+        preferred.setCodecPreferences([c for c in codecs if c.mimeType.lower() in ("video/h264", "video/rtx")])
     await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=sdp, type="offer"))
     video = [transceiver for transceiver in pc.getTransceivers() if transceiver.kind == "video"]
     if not video:
@@ -100,7 +118,14 @@ async def answer_offer(pc: Any, sdp: str, track: Any) -> str:
     video[0].direction = "sendonly"
     track.sender = pc.addTrack(track)
     await pc.setLocalDescription(await pc.createAnswer())
-    return str(pc.localDescription.sdp)
+    answer = str(pc.localDescription.sdp)
+    if h264 and "H264/90000" not in answer.upper():
+        raise ValueError("no H.264 in common with the offer")
+    return answer
+
+
+#: A frame on a track: raw pixels (the peer's own encoder encodes them) or one already encoded.
+TrackFrame = npt.NDArray[np.uint8] | AccessUnit
 
 
 class FrameTrack:
@@ -117,46 +142,81 @@ class FrameTrack:
         max_frames: int,
         on_shown: Callable[[int], None],
         on_track: Callable[[int, int, int], None] | None = None,
+        on_gap: Callable[[], None] | None = None,
     ) -> None:
         self._fps = fps
         self._max = max_frames
         self._on_shown = on_shown  # a chunk's first frame went out (or was passed over): its seq
         self._on_track = on_track  # a chunk's first frame on the track went out: (seq, its index, RTP timestamp)
+        self._on_gap = on_gap  # encoded frames: the stream can go on only from an IDR frame, wanted now
+        self._wait_key = False  # encoded frames were dropped: none goes until an IDR frame
         self._untold: list[tuple[int, int, int]] = []  # (seq, index, pts) of those sent before the origin was known
         self._last_seq: int | None = None  # the chunk of the last frame sent
         self._last_pts: int | None = None
         #: The RTP timestamp the stream's pts 0 goes out with (aiortc draws it at random): known once a frame went.
         self.rtp_origin: int | None = None
-        self._frames: deque[tuple[int, int, npt.NDArray[np.uint8]]] = deque()  # (seq, index in its chunk, frame)
+        self._frames: deque[tuple[int, int, TrackFrame]] = deque()  # (seq, index in its chunk, frame)
         self._arrived = asyncio.Event()
         self._next = 0.0  # when the next frame is due (monotonic)
         self._t0: float | None = None
         self.sent = 0
         self.dropped = 0
 
-    def push(self, seq: int, frames: Sequence[npt.NDArray[np.uint8]]) -> None:
+    def push(self, seq: int, frames: Sequence[TrackFrame]) -> None:
         for index, frame in enumerate(frames):
+            if self._wait_key and isinstance(frame, AccessUnit):
+                if not frame.idr:
+                    self._pass_over(seq, index)
+                    continue
+                self._wait_key = False
             self._frames.append((seq, index, frame))
-        while len(self._frames) > self._max:  # latency first: the oldest unsent frame goes
-            seq_dropped, index, _ = self._frames.popleft()
-            self.dropped += 1
-            if index == 0:
-                self._on_shown(seq_dropped)  # passed over, as a lagging player would: not held against pacing
+        while len(self._frames) > self._max:  # latency first: the oldest unsent frames go
+            if not isinstance(self._frames[0][2], AccessUnit):
+                self._pass_over(*self._frames.popleft()[:2])
+                continue
+            # A decoder cannot skip an encoded frame: go on from the newest IDR frame held, else from the next.
+            keys = [at for at, (_, _, frame) in enumerate(self._frames) if isinstance(frame, AccessUnit) and frame.idr]
+            for _ in range(keys[-1] if keys and keys[-1] > 0 else len(self._frames)):
+                self._pass_over(*self._frames.popleft()[:2])
+            if not self._frames:
+                self.lost_picture()
         self._arrived.set()
+
+    def lost_picture(self) -> None:
+        """Encoded frames: the peer cannot decode what comes next (frames were dropped, or it said so: RTCP PLI or
+        FIR): nothing goes until an IDR frame, which is asked for."""
+        self._wait_key = True
+        kept: deque[tuple[int, int, TrackFrame]] = deque()
+        for seq, index, frame in self._frames:
+            if isinstance(frame, AccessUnit):
+                self._pass_over(seq, index)
+            else:
+                kept.append((seq, index, frame))
+        self._frames = kept
+        if self._on_gap is not None:
+            self._on_gap()
+
+    def _pass_over(self, seq: int, index: int) -> None:
+        self.dropped += 1
+        if index == 0:
+            self._on_shown(seq)  # passed over, as a lagging player would: not held against pacing
 
     def drop(self, seq: int) -> None:
         """A chunk was superseded (a preemption): its frames not yet sent go."""
         self._frames = deque(item for item in self._frames if item[0] != seq)
 
-    async def next_frame(self) -> tuple[npt.NDArray[np.uint8], int]:
+    async def next_frame(self) -> tuple[TrackFrame, int]:
         """The next frame to send and its timestamp (90 kHz), at the model's frame rate."""
-        while not self._frames:
-            self._arrived.clear()
-            await self._arrived.wait()
-            self._next = max(self._next, time.monotonic())  # a stall: go on from now, not in a burst
-        wait = self._next - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        while True:
+            while not self._frames:
+                self._arrived.clear()
+                await self._arrived.wait()
+                self._next = max(self._next, time.monotonic())  # a stall: go on from now, not in a burst
+            wait = self._next - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._frames:  # none dropped meanwhile (a superseded chunk, a lost picture)
+                break
         now = time.monotonic()
         if self._t0 is None:
             self._t0 = now
@@ -204,9 +264,20 @@ def track_class() -> type:
         async def recv(self) -> Any:
             # aiortc's sender asks for a frame only once the last one's packets went out, stamped with a random
             # origin it keeps to itself (pinned aiortc: the test of chunk.track fails if that changes).
-            if self.rtp_origin is None and self.sender is not None:
-                self.sent_rtp(int(getattr(self.sender, "_RTCRtpSender__rtp_timestamp", 0)))
+            sender = self.sender
+            if self.rtp_origin is None and sender is not None:
+                self.sent_rtp(int(getattr(sender, "_RTCRtpSender__rtp_timestamp", 0)))
             frame, pts = await self.next_frame()
+            if isinstance(frame, AccessUnit):
+                # The sender packetises a packet as it is; a PLI or FIR from the peer only sets the flag its own
+                # encoder would read (pinned aiortc): the world's encoder is asked for an IDR frame instead.
+                if sender is not None and getattr(sender, "_RTCRtpSender__force_keyframe", False):
+                    sender._RTCRtpSender__force_keyframe = False
+                    self.lost_picture()
+                packet = av.Packet(frame.data)
+                packet.pts = pts
+                packet.time_base = fractions.Fraction(1, _CLOCK_RATE)
+                return packet
             video = av.VideoFrame.from_ndarray(frame, format="rgb24")
             video.pts = pts
             video.time_base = fractions.Fraction(1, _CLOCK_RATE)
@@ -216,11 +287,13 @@ def track_class() -> type:
 
 
 class WhepViewer:
-    """A viewer member's outlet: its chunks' raw frames into its track; the world's end closes its peer."""
+    """A viewer member's outlet: its chunks' frames (raw, or the world's H.264 as access units) into its track;
+    the world's end closes its peer."""
 
     def __init__(self, track: FrameTrack, on_end: Callable[[str], None]) -> None:
         self._track = track
         self._on_end = on_end
+        self._init = b""  # H.264: the init segment of the stream this member is sent
 
     def post(self, messages: tuple[BaseModel, ...], binary: tuple[bytes, ...] = ()) -> None:
         for message in messages:
@@ -231,6 +304,13 @@ class WhepViewer:
                 if info.media == "raw" and binary:
                     shape = (info.height, info.width, 3)
                     self._track.push(message.seq, [np.frombuffer(blob, np.uint8).reshape(shape) for blob in binary])
+                elif info.media == "h264" and binary:
+                    start = info.init_bytes or 0
+                    if start:
+                        self._init = binary[0][:start]
+                    fragment = binary[0][start:] if start else binary[0]  # the same bytes as other members'
+                    if self._init:
+                        self._track.push(message.seq, _access_units(self._init, fragment))
             elif isinstance(message, SessionClosed):
                 self._on_end(f"the world ended ({message.reason})")
             elif isinstance(message, SessionFailed):
@@ -247,6 +327,12 @@ class WhepViewer:
         return []
 
 
+@functools.lru_cache(maxsize=16)
+def _access_units(init: bytes, fragment: bytes) -> list[AccessUnit]:
+    """A chunk's access units, made once for all the world's H.264 peers (they are sent the same fragment)."""
+    return access_units(init, fragment)
+
+
 @dataclass
 class _Peer:
     resource: str
@@ -260,10 +346,18 @@ class _Peer:
 class WhepPeers:
     """The WHEP viewers of one server: offers answered, resources left, all closed at the server's stop."""
 
-    def __init__(self, hosts: WorldHosts, *, ice_servers: Sequence[str] = (), max_frames: int | None = None) -> None:
+    def __init__(
+        self,
+        hosts: WorldHosts,
+        *,
+        ice_servers: Sequence[str] = (),
+        max_frames: int | None = None,
+        media: Literal["auto", "raw"] = "auto",
+    ) -> None:
         self._hosts = hosts
         self._ice_servers = tuple(ice_servers)
         self._max_frames = max_frames
+        self._media = media
         self._peers: dict[str, _Peer] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -289,9 +383,14 @@ class WhepPeers:
             if member_box and not member_box[0].gone:
                 host.ack(member_box[0], seq)
 
-        track = track_class()(spec.fps, frames, shown)
+        def lost_picture() -> None:
+            if member_box and not member_box[0].gone:
+                host.lost_picture(member_box[0])
+
+        h264 = self._media == "auto" and offers_h264(sdp)
+        track = track_class()(spec.fps, frames, shown, on_gap=lost_picture)
         outlet = WhepViewer(track, lambda why: self._end(resource, why))
-        member = host.join(token, Role.VIEWER, outlet, media="raw")
+        member = host.join(token, Role.VIEWER, outlet, media="h264" if h264 else "raw")
         if member is None:
             raise WhepError(403, "join_refused", "this token does not let you watch this world.")
         member_box.append(member)
@@ -304,7 +403,7 @@ class WhepPeers:
                 self._end(resource, f"the peer connection {pc.connectionState}")
 
         try:
-            answer = await answer_offer(pc, sdp, track)
+            answer = await answer_offer(pc, sdp, track, h264=h264)
         except Exception as error:
             await self._close(peer, "a bad offer")
             raise WhepError(400, "bad_offer", f"the offer could not be answered: {error}") from error
@@ -323,9 +422,9 @@ class WhepPeers:
             with contextlib.suppress(BaseException):
                 await task
 
-    def stats(self, resource: str) -> dict[str, int]:
-        track = self._peers[resource].track
-        return {"sent": track.sent, "dropped": track.dropped}
+    def stats(self, resource: str) -> dict[str, int | str]:
+        peer = self._peers[resource]
+        return {"sent": peer.track.sent, "dropped": peer.track.dropped, "media": peer.member.media}
 
     def _end(self, resource: str, why: str) -> None:
         peer = self._peers.get(resource)

@@ -256,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
         "/v1/whep/SESSION), e.g. stun:stun.example:3478; repeat for more (none: host candidates only, for a LAN)",
     )
     serve.add_argument(
+        "--whep-media",
+        choices=("auto", "raw"),
+        default="auto",
+        help="what a WHEP viewer is sent: auto, the world's H.264 stream, encoded once for all its H.264 viewers "
+        "and only packetised per peer, when the viewer's offer takes H.264 (else raw frames); raw, raw frames "
+        "that each peer encodes for itself (default: auto)",
+    )
+    serve.add_argument(
         "--service",
         default="default",
         metavar="NAME",
@@ -456,6 +464,7 @@ def _serve(args: argparse.Namespace) -> int:
             public_url=args.public_url,
             drain_timeout_s=args.drain_timeout_s,
             ice_servers=tuple(args.ice_server),
+            whep_media=args.whep_media,
         )
         if args.directory != "off" and args.public_url is None:
             raise ValueError("--directory ray needs --public-url: the URL the other front-ends send clients to")
