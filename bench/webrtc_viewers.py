@@ -1,9 +1,11 @@
-"""What a viewer costs the front-end: WebRTC (WHEP, aiortc encodes per viewer) beside WebSocket (one encode per
-chunk and media, shared by every viewer).
+"""What a viewer costs the front-end: WebRTC (WHEP) beside WebSocket (one encode per chunk and media, shared by
+every viewer). A WHEP viewer that offers H.264 is sent the world's H.264 stream, encoded once for all of them
+and only packetised per peer; one that offers VP8 alone gets raw frames that aiortc encodes for it.
 
 One command (``python bench/webrtc_viewers.py``): a real server (the procedural model at
 ``--size``), one host playing a world, then for each transport N viewers of that world for
-``--duration`` seconds. The server process's CPU time (user + system, from /proc) over the window,
+``--duration`` seconds: WebSocket viewers, WHEP viewers offering VP8 alone (one encode each), WHEP
+viewers offering H.264 (the shared stream). The server process's CPU time (user + system, from /proc) over the window,
 less the window with no viewer, divided by N, is one viewer's cost; frames each viewer received
 per second say they were served. The viewers run in this process (WebRTC: aiortc peers decoding;
 WebSocket: ``WorldClient`` in the world's media), so on a small machine they compete with the
@@ -41,11 +43,15 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def _whep_viewer(http: str, session_id: str, token: str, counts: list[int], stop: asyncio.Event) -> None:
+async def _whep_viewer(
+    http: str, session_id: str, token: str, counts: list[int], stop: asyncio.Event, codec: str
+) -> None:
     import aiortc
 
     pc = aiortc.RTCPeerConnection()
-    pc.addTransceiver("video", direction="recvonly")
+    transceiver = pc.addTransceiver("video", direction="recvonly")
+    codecs = aiortc.RTCRtpReceiver.getCapabilities("video").codecs
+    transceiver.setCodecPreferences([c for c in codecs if c.mimeType.lower() in (f"video/{codec}", "video/rtx")])
     got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     pc.on("track", lambda track: got.done() or got.set_result(track))
     await pc.setLocalDescription(await pc.createOffer())
@@ -122,15 +128,17 @@ async def _run(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)
             idle = await _window(server.pid, args.duration)
             rows = [("none", 0, idle, float("nan"), float("nan"))]
-            for transport in ("websocket", "webrtc"):
+            for transport in ("websocket", "webrtc vp8 (per peer)", "webrtc h264 (shared)"):
                 stop = asyncio.Event()
                 counts: list[int] = []
-                make = _ws_viewer if transport == "websocket" else _whep_viewer
-                target = ws if transport == "websocket" else http
-                viewers = [asyncio.create_task(make(target, info.session_id, info.viewer_token, counts, stop))]
-                viewers += [
-                    asyncio.create_task(make(target, info.session_id, info.viewer_token, counts, stop))
-                    for _ in range(args.viewers - 1)
+                token = info.viewer_token
+                viewers = [
+                    asyncio.create_task(
+                        _ws_viewer(ws, info.session_id, token, counts, stop)
+                        if transport == "websocket"
+                        else _whep_viewer(http, info.session_id, token, counts, stop, transport.split()[1])
+                    )
+                    for _ in range(args.viewers)
                 ]
                 while len(counts) < args.viewers:  # noqa: ASYNC110 -- all of them receiving
                     await asyncio.sleep(0.05)
