@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.client import ClientChunk, WorldClient, WorldClientError
+from worldserve.ice import parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
 
 __all__ = ["WebRTCWorldClient", "webrtc_url"]
@@ -160,12 +161,21 @@ class WebRTCWorldClient(WorldClient):
     """:class:`~worldserve.client.WorldClient` over WebRTC: the protocol on a data channel, frames on a video track.
 
     ``ack_on_show``: ack each chunk as its first frame is decoded, as a WebRTC player acks what it shows (off:
-    leave it to :meth:`ack`, or to ``auto_ack`` as :meth:`next_chunk` hands it over).
+    leave it to :meth:`ack`, or to ``auto_ack`` as :meth:`next_chunk` hands it over). ``ice_servers``: STUN and
+    TURN servers for this peer (:func:`~worldserve.ice.parse_ice_server`'s URLs; none: host candidates only).
     """
 
-    def __init__(self, url: str = "ws://127.0.0.1:8000/v1/world", *, ack_on_show: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000/v1/world",
+        *,
+        ack_on_show: bool = False,
+        ice_servers: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(url, **kwargs)
         self.ack_on_show = ack_on_show
+        self.ice_servers = tuple(parse_ice_server(server) for server in ice_servers)
         self._link: _ChannelLink | None = None
         self._frames_task: asyncio.Task[None] | None = None
         self._headers: dict[int, tuple[dict[str, Any], float]] = {}  # seq -> (header, when it came): not handed over
@@ -189,7 +199,8 @@ class WebRTCWorldClient(WorldClient):
         from worldserve.webrtc_receiver import use_live_frames
 
         use_libwebrtc_timers()  # a lost packet holds the data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
-        pc = aiortc.RTCPeerConnection()
+        servers = [aiortc.RTCIceServer(s.url, s.username, s.credential) for s in self.ice_servers]
+        pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=servers))
         channel = pc.createDataChannel("worldserve")
         use_live_frames(pc.addTransceiver("video", direction="recvonly").receiver)  # no frame waits for the next
         opened = asyncio.Event()

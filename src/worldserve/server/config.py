@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from worldserve.ice import parse_ice_server
 from worldserve.server.directory import world_url
 from worldserve.server.pacing import Lead, Preempt
 
@@ -76,8 +77,9 @@ class ServerConfig:
     #: A drain (SIGTERM, ``POST /admin/drain``) admits no more starts and lets the worlds here run this
     #: long at most before the server stops (seconds; 0: a SIGTERM stops at once, ending every world).
     drain_timeout_s: float = 0.0
-    #: STUN/TURN servers for WebRTC viewers (WHEP), as RTCIceServer URLs (``stun:stun.example:3478``,
-    #: ``turn:user:pass@turn.example``); none: host candidates only (a LAN, or tests on one machine).
+    #: STUN/TURN servers for the server's WebRTC peers (``stun:stun.example:3478``,
+    #: ``turn:USER:CREDENTIAL@turn.example:3478``: :func:`worldserve.ice.parse_ice_server`); none: host
+    #: candidates only (a LAN, or tests on one machine).
     ice_servers: tuple[str, ...] = ()
     #: What a WHEP viewer's track carries: ``auto``, the world's own H.264 stream (encoded once for every
     #: H.264 member, only packetised per peer) when its offer takes H.264, else raw frames; ``raw``, raw frames
@@ -108,6 +110,10 @@ class ServerConfig:
             raise ValueError("max_lag_chunks must be at least 1 and lead_chunks non-negative.")
         if self.lead_margin_s is not None and not self.lead_margin_s >= 0:
             raise ValueError("lead_margin_s must be non-negative.")
+        for server in self.ice_servers:
+            parse_ice_server(server)  # a bad URL stops the server at start, not its first peer
+        if self.whep_media not in ("auto", "raw"):
+            raise ValueError(f"whep_media must be 'auto' or 'raw'; got {self.whep_media!r}.")
         if self.preempt not in ("auto", "off"):
             raise ValueError(f"preempt must be 'auto' or 'off'; got {self.preempt!r}.")
         if not self.evict_idle_s > 0:

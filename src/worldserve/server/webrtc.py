@@ -40,6 +40,7 @@ import numpy.typing as npt
 from pydantic import BaseModel
 
 from worldserve.h264 import AccessUnit, access_units
+from worldserve.ice import parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
 from worldserve.server.host import Member, Role, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
@@ -90,9 +91,11 @@ def load_aiortc() -> Any:
 
 
 def peer_connection(ice_servers: Sequence[str]) -> Any:
-    """A new aiortc peer connection with these STUN/TURN servers (none: host candidates only)."""
+    """A new aiortc peer connection with these STUN/TURN servers (:func:`~worldserve.ice.parse_ice_server`'s URLs;
+    none: host candidates only)."""
     aiortc = load_aiortc()
-    servers = [aiortc.RTCIceServer(urls=url) for url in ice_servers]
+    parsed = [parse_ice_server(url) for url in ice_servers]
+    servers = [aiortc.RTCIceServer(urls=s.url, username=s.username, credential=s.credential) for s in parsed]
     return aiortc.RTCPeerConnection(configuration=aiortc.RTCConfiguration(iceServers=servers))
 
 

@@ -252,8 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="a STUN server for the server's WebRTC peers (sessions, POST /v1/webrtc, and viewers, POST "
-        "/v1/whep/SESSION), e.g. stun:stun.example:3478; repeat for more (none: host candidates only, for a LAN)",
+        help="a STUN or TURN server for the server's WebRTC peers (sessions, POST /v1/webrtc, and viewers, POST "
+        "/v1/whep/SESSION): stun:HOST[:PORT], or turn:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp] (turns: for "
+        "TLS; percent-encode a : or @ in USER or CREDENTIAL); repeat for more (none: host candidates only, for a LAN)",
     )
     serve.add_argument(
         "--whep-media",

@@ -1,0 +1,55 @@
+"""ICE servers named by one URL each: STUN, and TURN with its username and credential.
+
+Owns: :class:`IceServer` (what an ``RTCIceServer`` holds) and :func:`parse_ice_server`, the one form
+both the server (``--ice-server``) and the Python WebRTC client take: ``stun:HOST[:PORT]``, and
+``turn:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp]`` (or ``turns:``), the user and credential
+percent-encoded where they hold ``:`` or ``@``. RFC 7064/7065's URIs carry no credentials, so the
+part before ``@`` is this project's, taken off before the URL reaches the ICE agent.
+Must not know: aiortc, sockets. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+__all__ = ["IceServer", "parse_ice_server"]
+
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?(\?transport=(udp|tcp))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class IceServer:
+    """One STUN or TURN server: its URL as the ICE agent takes it, and a TURN server's credentials."""
+
+    url: str
+    username: str | None = None
+    credential: str | None = None
+
+    def __repr__(self) -> str:  # never the credential in a log line
+        secret = "" if self.credential is None else ", credential=***"
+        user = "" if self.username is None else f", username={self.username!r}"
+        return f"IceServer({self.url!r}{user}{secret})"
+
+
+def parse_ice_server(text: str) -> IceServer:
+    """``stun:HOST[:PORT]`` or ``turn[s]:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp]``; ``ValueError``
+    naming the form for anything else (a TURN server without credentials included: it needs them)."""
+    scheme, colon, rest = text.partition(":")
+    scheme = scheme.lower()
+    if not colon or scheme not in ("stun", "stuns", "turn", "turns"):
+        raise ValueError(f"an ICE server is stun:HOST[:PORT] or turn:USER:CREDENTIAL@HOST[:PORT]; got {text!r}.")
+    userinfo, at, where = rest.rpartition("@")
+    if not at:
+        userinfo, where = "", rest
+    if not _HOST.match(where) or (scheme.startswith("stun") and "?" in where):
+        raise ValueError(f"the ICE server {text!r} names no HOST[:PORT] after its scheme (and, for TURN, its user).")
+    if scheme.startswith("stun"):
+        if at:
+            raise ValueError(f"a STUN server takes no username or credential; got {text!r}.")
+        return IceServer(f"{scheme}:{where}")
+    user, colon, credential = userinfo.partition(":")
+    if not at or not colon or not user or not credential:
+        raise ValueError(f"a TURN server needs its username and credential: {scheme}:USER:CREDENTIAL@{where}.")
+    return IceServer(f"{scheme}:{where}", unquote(user), unquote(credential))
