@@ -20,8 +20,9 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from worldserve import ChunkMetadata, ControlInput, TickRequest, build_chunk_env
 from worldserve.models.base import ModelSpec
 from worldserve.models.procedural import ProceduralModel, ProceduralState
 from worldserve.models.world import Motion, World, style_for_prompt, velocity
+from worldserve.protocol import held_keys
 
 KEYS = "worldserve.keys.v1"
 CAMERA = "worldserve.camera.v1"
@@ -134,6 +136,53 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0)
                 await asyncio.sleep(0.002)
     except TimeoutError:
         raise AssertionError(f"waited {timeout} s for: {what}") from None
+
+
+def chunk_controls(
+    state: dict[str, ControlInput],
+    applied: Sequence[int],
+    events: Mapping[int, Sequence[ControlInput]],
+    carried: Mapping[int, Sequence[int]] = MappingProxyType({}),
+) -> list[ControlInput]:
+    """The controls a chunk's tick holds, by the session's rules; ``state`` (the controls after the chunk before)
+    becomes the controls after this one. Its ``applied`` events' controls replace their tracks' (the last wins),
+    and on a held-keys control the tick also holds every key pressed since the chunk before: by its events and
+    by those they superseded (``carried``: a superseding event's id -> the ids it superseded, as ``input.dropped``
+    told them), each press counted against the keys before it, in id order."""
+    steps: set[int] = set()
+    todo = list(applied)
+    while todo:  # a superseded event may have superseded others before it
+        event_id = todo.pop()
+        if event_id not in steps:
+            steps.add(event_id)
+            todo.extend(carried.get(event_id, ()))
+    before = {track: keys for track, control in state.items() if (keys := held_keys(control)) is not None}
+    pressed: dict[str, set[str]] = {}
+    for event_id in sorted(steps):
+        for control in events[event_id]:
+            now = held_keys(control)
+            if now is not None:
+                pressed.setdefault(control.track, set()).update(now - before.get(control.track, frozenset()))
+                before[control.track] = now
+    for event_id in applied:
+        state.update({control.track: control for control in events[event_id]})
+    shown = dict(state)
+    for track, keys in pressed.items():
+        final = state[track]
+        extra = keys - (held_keys(final) or frozenset())
+        if extra:
+            data = {**final.data, "held": [*final.data["held"], *sorted(extra)]}
+            shown[track] = ControlInput(track, final.schema, data)
+    return [shown[track] for track in sorted(shown)]
+
+
+def carried_by(dropped: Iterable[tuple[Sequence[int], str]]) -> dict[int, list[int]]:
+    """``chunk_controls``' ``carried`` from ``input.dropped`` notices (event ids, detail), superseded ones only."""
+    carried: dict[int, list[int]] = {}
+    for event_ids, detail in dropped:
+        if detail.startswith("superseded by event "):
+            carried.setdefault(int(detail.removeprefix("superseded by event ")), []).extend(event_ids)
+    return carried
 
 
 class Truth:

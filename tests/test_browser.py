@@ -30,6 +30,7 @@ import numpy.typing as npt
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from runtime_models import carried_by, chunk_controls
 from server_harness import RunningServer, start_server
 from worldserve.models.world import Motion, World, style_for_prompt, velocity
 from worldserve.protocol import ControlInput
@@ -48,7 +49,7 @@ FRAMES_PER_CHUNK = 4  # procedural's and tinyworld's
 RECORDER = """
 (() => {
   const LIMIT = 4000;
-  const log = { drawn: [], chunks: [], sent: [], keys: [], last: { epoch: -1, chunk: -1 } };
+  const log = { drawn: [], chunks: [], sent: [], dropped: [], keys: [], last: { epoch: -1, chunk: -1 } };
   window.__worldserveTest = log;
   const keep = (list, item) => { list.push(item); if (list.length > LIMIT) list.shift(); };
   const record = (context) => {
@@ -94,6 +95,7 @@ RECORDER = """
           keep(log.chunks, { seq: message.seq, epoch: message.epoch, chunk: message.chunk_index,
                              applied: message.applied_event_ids, supersedes: message.supersedes ?? null });
         }
+        if (message.type === "input.dropped") keep(log.dropped, [message.event_ids, message.detail || ""]);
       });
     }
     send(data) {
@@ -261,16 +263,26 @@ def assert_in_chunk_order(drawn: list[Drawn], *, whole_chunks: bool = True) -> N
         assert runs[-1] <= FRAMES_PER_CHUNK, chunks
 
 
+def page_controls(sent: list[dict[str, Any]]) -> dict[int, list[ControlInput]]:
+    """The controls of each input event a page sent, by its event id."""
+    return {
+        event["event_id"]: [ControlInput(c["track"], c["schema"], c["data"]) for c in event.get("controls", ())]
+        for event in sent
+    }
+
+
 def replay(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[tuple[int, int, str]]:
     """Where each drawn frame must show the world, and in which style, by the events applied.
 
     The procedural world's rules replayed on the page's records: each chunk applies its
     ``applied_event_ids`` in order (a prompt replaces the prompt, a control replaces its
-    track's), then the view moves by :func:`velocity` each frame; a reset starts over from
-    the start view, the start prompt and no controls.
+    track's; a key tapped since the chunk before is held in it: ``chunk_controls``), then the
+    view moves by :func:`velocity` each frame; a reset starts over from the start view, the
+    start prompt and no controls.
     """
     sent = recording.page.evaluate("() => window.__worldserveTest.sent")
     chunks = recording.page.evaluate("() => window.__worldserveTest.chunks")
+    carried = carried_by(recording.page.evaluate("() => window.__worldserveTest.dropped"))
     events = {event["event_id"]: event for event in sent}
     applied = {(c["epoch"], c["chunk"]): c["applied"] for c in chunks}
     expected: list[tuple[int, int, str]] = []
@@ -279,11 +291,9 @@ def replay(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[
         shown = [d for d in drawn if d.epoch == epoch]
         for chunk in range(shown[-1].chunk + 1):
             for event_id in applied[(epoch, chunk)]:
-                event = events[event_id]
-                prompt = event.get("prompt", prompt)
-                for control in event.get("controls", ()):
-                    controls[control["track"]] = ControlInput(control["track"], control["schema"], control["data"])
-            positions = motion.advance(*velocity(list(controls.values())), FRAMES_PER_CHUNK)
+                prompt = events[event_id].get("prompt", prompt)
+            held = chunk_controls(controls, applied[(epoch, chunk)], page_controls(sent), carried)
+            positions = motion.advance(*velocity(held), FRAMES_PER_CHUNK)
             count = sum(1 for d in shown if d.chunk == chunk)
             expected += [(x, y, style_for_prompt(prompt)) for x, y in positions[:count]]
     return expected

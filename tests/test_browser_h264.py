@@ -20,8 +20,9 @@ import numpy.typing as npt
 import pytest
 from playwright.sync_api import Page
 
+from runtime_models import carried_by, chunk_controls
 from server_harness import RunningServer, start_server
-from test_browser import SEED, SIZE, TIMEOUT_MS, open_page, wait_for
+from test_browser import SEED, SIZE, TIMEOUT_MS, open_page, page_controls, wait_for
 from test_h264 import H264_PSNR_DB, UNRELATED_PSNR_DB, psnr
 from worldserve.models.world import Motion, World, style_for_prompt, velocity
 from worldserve.protocol import ControlInput
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.timeout(600)
 #: player's epoch, chunk and frame of that chunk, and each chunk header and input event.
 RECORDER = """
 (() => {
-  const log = { drawn: [], chunks: [], sent: [] };
+  const log = { drawn: [], chunks: [], sent: [], dropped: [] };
   window.__h264Test = log;
   const original = CanvasRenderingContext2D.prototype.drawImage;
   CanvasRenderingContext2D.prototype.drawImage = function (...args) {
@@ -60,6 +61,7 @@ RECORDER = """
         const message = JSON.parse(event.data);
         if (message.type === "chunk") log.chunks.push({ epoch: message.epoch, chunk: message.chunk_index,
                                                         applied: message.applied_event_ids, frames: message.frames });
+        if (message.type === "input.dropped") log.dropped.push([message.event_ids, message.detail || ""]);
       });
     }
     send(data) {
@@ -93,7 +95,9 @@ def drawn(page: Page) -> list[Frame]:
 
 def expected_views(page: Page, start_prompt: str) -> dict[tuple[int, int], list[tuple[int, int, str]]]:
     """(epoch 0) chunk -> where each of its frames shows the world, by the events the chunks applied."""
-    sent = {event["event_id"]: event for event in page.evaluate("() => window.__h264Test.sent")}
+    log = page.evaluate("() => window.__h264Test.sent")
+    sent = {event["event_id"]: event for event in log}
+    carried = carried_by(page.evaluate("() => window.__h264Test.dropped"))
     chunks = [c for c in page.evaluate("() => window.__h264Test.chunks") if c["epoch"] == 0]
     # A chunk made again (a preemption: the same chunk index, sent later) replaces the one before it.
     latest = {c["chunk"]: c for c in chunks}
@@ -101,11 +105,9 @@ def expected_views(page: Page, start_prompt: str) -> dict[tuple[int, int], list[
     views = {}
     for c in (latest[index] for index in sorted(latest)):
         for event_id in c["applied"]:
-            event = sent[event_id]
-            prompt = event.get("prompt", prompt)
-            for control in event.get("controls", ()):
-                controls[control["track"]] = ControlInput(control["track"], control["schema"], control["data"])
-        positions = motion.advance(*velocity(list(controls.values())), c["frames"]["count"])
+            prompt = sent[event_id].get("prompt", prompt)
+        held = chunk_controls(controls, c["applied"], page_controls(log), carried)  # a key tapped: held in it
+        positions = motion.advance(*velocity(held), c["frames"]["count"])
         views[(0, c["chunk"])] = [(x, y, style_for_prompt(prompt)) for x, y in positions]
     return views
 

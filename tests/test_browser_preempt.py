@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page
 
+from runtime_models import carried_by, chunk_controls
 from server_harness import RunningServer, start_server
-from test_browser import FRAMES_PER_CHUNK, SEED, SIZE, Drawn, Recording, open_page, wait_for
+from test_browser import FRAMES_PER_CHUNK, SEED, SIZE, Drawn, Recording, open_page, page_controls, wait_for
 from test_browser_h264 import RECORDER as H264_RECORDER
 from test_browser_h264 import drawn as h264_drawn
 from test_browser_h264 import expected_views
@@ -65,7 +66,9 @@ def _assert_versions_replayed(recording: Recording, drawn: list[Drawn], start_pr
     drawn frames were of a chunk superseded later (a replacement that came after it began to play)."""
     page = recording.page
     chunks = [c for c in page.evaluate("() => window.__worldserveTest.chunks") if c["epoch"] == 0]
-    events = {event["event_id"]: event for event in page.evaluate("() => window.__worldserveTest.sent")}
+    sent = page.evaluate("() => window.__worldserveTest.sent")
+    events = {event["event_id"]: event for event in sent}
+    carried = carried_by(page.evaluate("() => window.__worldserveTest.dropped"))
     versions: dict[int, list[dict[str, Any]]] = {}
     for c in chunks:
         versions.setdefault(c["chunk"], []).append(c)
@@ -77,11 +80,9 @@ def _assert_versions_replayed(recording: Recording, drawn: list[Drawn], start_pr
         for version in versions[index]:  # the replaced one first, its replacement last
             v_motion, v_prompt, v_controls = Motion(motion.x, motion.y), prompt, dict(controls)
             for event_id in version["applied"]:
-                event = events[event_id]
-                v_prompt = event.get("prompt", v_prompt)
-                for control in event.get("controls", ()):
-                    v_controls[control["track"]] = ControlInput(control["track"], control["schema"], control["data"])
-            positions = v_motion.advance(*velocity(list(v_controls.values())), FRAMES_PER_CHUNK)
+                v_prompt = events[event_id].get("prompt", v_prompt)
+            held = chunk_controls(v_controls, version["applied"], page_controls(sent), carried)  # taps held in it
+            positions = v_motion.advance(*velocity(held), FRAMES_PER_CHUNK)
             where[version["seq"]] = [(x, y, style_for_prompt(v_prompt)) for x, y in positions]
             ends = (v_motion, v_prompt, v_controls)
         assert ends is not None

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime_models import CAMERA, Gate, Truth, keys, until
+from runtime_models import CAMERA, Gate, Truth, carried_by, chunk_controls, keys, until
 from worldserve import ControlInput, Session, SessionEvent, SessionStatus
 from worldserve.runtime import (
     AdmissionRefusedError,
@@ -63,6 +63,7 @@ async def drive(
     truth = Truth(seed, start_prompt)
     prompt: str | None = None
     controls: dict[str, ControlInput] = {}
+    carried: dict[int, list[int]] = {}  # a superseding event -> those it superseded (their presses show with it)
     applied = 0
     for index in range(chunks):
         chunk = await session.next_chunk()
@@ -71,9 +72,12 @@ async def drive(
         for event_id in chunk.metadata.applied_event_ids:
             event = events[event_id]
             prompt = event.prompt if event.prompt is not None else prompt
-            controls.update({control.track: control for control in event.controls})
         applied += len(chunk.metadata.applied_event_ids)
-        expected = truth.next(prompt, [controls[track] for track in sorted(controls)])
+        for superseder, superseded in carried_by((d.event_ids, d.detail) for d in session.take_dropped()).items():
+            carried.setdefault(superseder, []).extend(superseded)
+        controls_by_id = {event_id: event.controls for event_id, event in events.items()}
+        shown = chunk_controls(controls, chunk.metadata.applied_event_ids, controls_by_id, carried)
+        expected = truth.next(prompt, shown)
         assert np.array_equal(chunk.frames, expected), f"chunk {index} of {session.session_id}"
         await asyncio.sleep(rng.uniform(0, 0.003))
     done.set()
