@@ -132,3 +132,36 @@ async def test_frames_dropped_while_the_track_waits_for_their_time_are_not_sent(
     track.push(2, _frames(1, 20))
     frame, _ = await waiting
     assert int(frame[0, 0, 0]) == 20
+
+
+async def test_a_chunk_held_while_it_is_undone_waits_and_then_goes_or_is_dropped() -> None:
+    """A preemption awaiting its worker holds the chunk it undoes: none of its frames goes out, the frames before
+    it do. Released (the undo failed) they go; dropped (its replacement came), or passed by a later chunk (a reset
+    since), they never do. A chunk begun already is not held."""
+    import asyncio
+
+    track = FrameTrack(1000.0, 16, lambda seq: None)
+    track.push(0, _frames(1, 0))
+    track.push(1, _frames(2, 10))
+    track.hold(1)
+    assert int((await track.next_frame())[0][0, 0, 0]) == 0
+    waiting = asyncio.create_task(track.next_frame())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # held: its first frame is not sent
+    track.release(1)
+    assert int((await waiting)[0][0, 0, 0]) == 10
+    track.hold(1)  # begun: too late to hold
+    assert int((await track.next_frame())[0][0, 0, 0]) == 11
+
+    track.push(2, _frames(2, 20))
+    track.hold(2)
+    waiting = asyncio.create_task(track.next_frame())
+    await asyncio.sleep(0.05)
+    track.drop(2)  # its replacement's header came
+    track.push(3, _frames(1, 30))
+    assert int((await waiting)[0][0, 0, 0]) == 30
+
+    track.push(4, _frames(1, 40))
+    track.hold(4)
+    track.push(5, _frames(1, 50))  # undone, then a reset: the next chunk drops it
+    assert int((await track.next_frame())[0][0, 0, 0]) == 50

@@ -76,6 +76,8 @@ class _World:
         self.failures = 0
         self.hold = False
         self.replace_ok = True
+        self.held: list[int] = []  # chunks held from playing while an undo awaits
+        self.released: list[int] = []
 
     def held_back(self) -> bool:
         return self.hold
@@ -96,6 +98,12 @@ class _World:
 
     def undo(self, seq: int) -> None:
         self.undone.append(seq)
+
+    def hold_chunk(self, seq: int) -> None:
+        self.held.append(seq)
+
+    def release_chunk(self, seq: int) -> None:
+        self.released.append(seq)
 
 
 class _Clock:
@@ -176,6 +184,40 @@ async def test_an_input_has_the_chunk_sent_without_it_undone_and_made_again_once
         await asyncio.sleep(0.02)
         assert len(world.sent) == 3
         assert world.undone == [1]
+    finally:
+        await loop.stop(grace=0)
+
+
+class _FailingRetract(_Backend):
+    async def retract_tick(self, tick: TickRequest) -> None:
+        self.retracting.set()
+        if self.retract_gate is not None:
+            await self.retract_gate.wait()
+        raise RuntimeError("the worker lost the state")
+
+
+@pytest.mark.parametrize("retract", ["ok", "fail"])
+async def test_the_chunk_being_undone_is_held_from_playing_until_replaced_or_released(retract: str) -> None:
+    """While the retract awaits the worker, a track could begin the chunk (its first frame due): the world holds
+    it first. Undone, it stays held (its replacement drops it); an undo that fails lets it go."""
+    backend = _Backend() if retract == "ok" else _FailingRetract()
+    world, clock = _World(), _Clock()
+    backend.retract_gate = gate = asyncio.Event()
+    loop = _loop(backend, world, clock)
+    loop.start()
+    try:
+        await _until(lambda: len(world.sent) == 2)
+        await loop.session.accept_event(SessionEvent(1, controls=(_keys("W"),)))
+        await loop.consider_preempt()
+        await backend.retracting.wait()
+        assert (world.held, world.released, world.undone) == ([1], [], [])  # held before the worker answers
+        gate.set()
+        if retract == "ok":
+            await _until(lambda: len(world.sent) == 3)
+            assert (world.held, world.released, world.undone) == ([1], [], [1])
+        else:
+            await _until(lambda: world.failures == 1)
+            assert (world.held, world.released, world.undone) == ([1], [1], [])
     finally:
         await loop.stop(grace=0)
 

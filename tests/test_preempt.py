@@ -391,6 +391,39 @@ async def test_an_input_before_the_lead_chunk_plays_has_it_made_again_and_member
         await host.shutdown("test over")
 
 
+async def test_members_that_send_frames_themselves_hold_the_chunk_being_undone() -> None:
+    """While the undo awaits the worker, a WebRTC track could begin the chunk: the world has each member whose
+    outlet sends frames on its own time hold it (by the member's wire seq), and does not release it once undone
+    (the replacement's header drops it there)."""
+
+    class TrackOutlet(_Outlet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held: list[int] = []
+            self.released: list[int] = []
+
+        def hold_chunk(self, seq: int) -> None:
+            self.held.append(seq)
+
+        def release_chunk(self, seq: int) -> None:
+            self.released.append(seq)
+
+    backend = _Backend()
+    host, me, _, _, _ = _world(backend)
+    watcher = TrackOutlet()
+    host.join(host.viewer_token or "", Role.VIEWER, watcher, seq_base=100)
+    host.start()
+    try:
+        await _until(lambda: len(me.chunks()) == 2 and len(watcher.chunks()) == 2, "the lead chunk")
+        lead = me.chunks()[1]
+        await host.accept(host.members[0], SessionEvent(1, controls=(_keys("W"),)))
+        await _until(lambda: len(watcher.chunks()) == 3, "the replacement")
+        assert (watcher.held, watcher.released) == ([lead.seq + 100], [])
+        assert watcher.chunks()[2].supersedes == lead.seq + 100
+    finally:
+        await host.shutdown("test over")
+
+
 async def test_a_chunk_whose_first_frame_went_out_on_a_video_track_is_never_made_again() -> None:
     """A WebRTC track's frames cannot be called back (its receiver shows what it got): once the track sent the lead
     chunk's first frame, an input waits for the next chunk, though the member's ack (as it is shown) is yet to come."""

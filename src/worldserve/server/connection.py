@@ -711,6 +711,18 @@ class Connection:
         if member is not None:
             member.host.ack(member, message.seq)
 
+    def hold_chunk(self, seq: int) -> None:
+        """Chunk ``seq`` is being undone (a preemption): a socket whose transport sends frames on its own time
+        (a WebRTC track) holds them until :meth:`release_chunk`, or until its replacement drops them."""
+        hold = getattr(self._ws, "hold_chunk", None)
+        if hold is not None:
+            hold(seq)
+
+    def release_chunk(self, seq: int) -> None:
+        release = getattr(self._ws, "release_chunk", None)
+        if release is not None:
+            release(seq)
+
     def frames_started(self, seq: int) -> None:
         """The socket's transport sent chunk ``seq``'s first frame where it cannot be called back (a WebRTC video
         track, whose receiver shows what it got): the world preempts that chunk no more."""

@@ -627,6 +627,21 @@ class WorldHost:
         seq = wire_seq - member.seq_base
         member.started_seq = max(member.started_seq, min(seq, self._seq))
 
+    def hold_chunk(self, seq: int) -> None:
+        """Chunk ``seq`` is being undone (a preemption, awaiting its worker): members whose transport sends frames
+        on its own time (a WebRTC track) hold that chunk's, so none begins to play meanwhile; its replacement
+        drops them, :meth:`release_chunk` lets them go (the undo did not happen)."""
+        self._tell_outlets("hold_chunk", seq)
+
+    def release_chunk(self, seq: int) -> None:
+        self._tell_outlets("release_chunk", seq)
+
+    def _tell_outlets(self, method: str, seq: int) -> None:
+        for member in self.members:
+            call = getattr(member.outlet, method, None)  # outlets that send frames themselves have it
+            if call is not None and not member.gone:
+                call(seq + member.seq_base)
+
     def lost_picture(self, member: Member) -> None:
         """``member``'s decoder cannot go on (its WebRTC peer lost a picture, or its track dropped encoded frames):
         it is sent nothing until an IDR frame, which is asked for now (H.264; other media need none)."""

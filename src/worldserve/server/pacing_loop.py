@@ -94,6 +94,14 @@ class World(Protocol):
         nothing of it stays buffered or encoded."""
         ...
 
+    def hold_chunk(self, seq: int) -> None:
+        """Chunk ``seq`` is being undone: no member may begin to play it until it is replaced or released."""
+        ...
+
+    def release_chunk(self, seq: int) -> None:
+        """The undo of chunk ``seq`` did not happen: it may play."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
@@ -327,13 +335,19 @@ class PacingLoop:
             return  # another chunk since, or too late by now (the loop was busy)
         pending = self.session.pending_event_ids
         through = pending[-1] if pending else None  # the events this decision saw (the retract awaits)
+        self._world.hold_chunk(last.seq)  # no track starts it while the retract awaits the worker
         try:
             await self.session.retract_chunk()
         except (NothingToCancelError, CancelUnsupportedError, SessionStateError):
+            self._world.release_chunk(last.seq)
             return
         except Exception:
+            self._world.release_chunk(last.seq)
             self._world.report_failure()
             return
+        except BaseException:  # cancelled (the world stops): nothing is undone for it
+            self._world.release_chunk(last.seq)
+            raise
         self._last = None
         self._preempted = (last.epoch, last.chunk_index)
         self.pacer.unmade()

@@ -153,6 +153,7 @@ class FrameTrack:
         self._on_track = on_track  # a chunk's first frame on the track went out: (seq, its index, RTP timestamp)
         self._on_gap = on_gap  # encoded frames: the stream can go on only from an IDR frame, wanted now
         self._wait_key = False  # encoded frames were dropped: none goes until an IDR frame
+        self._held: int | None = None  # a chunk being undone (a preemption): none of its frames goes yet
         self._untold: list[tuple[int, int, int]] = []  # (seq, index, pts) of those sent before the origin was known
         self._last_seq: int | None = None  # the chunk of the last frame sent
         self._last_pts: int | None = None
@@ -166,6 +167,8 @@ class FrameTrack:
         self.dropped = 0
 
     def push(self, seq: int, frames: Sequence[TrackFrame]) -> None:
+        if self._held is not None and seq > self._held:
+            self.drop(self._held)  # undone, and another chunk came (a reset since): it never goes
         for index, frame in enumerate(frames):
             if self._wait_key and isinstance(frame, AccessUnit):
                 if not frame.idr:
@@ -207,18 +210,36 @@ class FrameTrack:
     def drop(self, seq: int) -> None:
         """A chunk was superseded (a preemption): its frames not yet sent go."""
         self._frames = deque(item for item in self._frames if item[0] != seq)
+        if self._held == seq:
+            self._held = None
+            self._arrived.set()
+
+    def hold(self, seq: int) -> None:
+        """Chunk ``seq`` is being undone (a preemption): none of its frames goes out until :meth:`release` (the
+        undo failed: they go) or :meth:`drop` (its replacement came: they never go), so none can begin to play
+        while the undo awaits its worker. A chunk begun already is not held: too late (the caller checks)."""
+        if seq != self._last_seq:
+            self._held = seq
+
+    def release(self, seq: int) -> None:
+        if self._held == seq:
+            self._held = None
+            self._arrived.set()
+
+    def _sendable(self) -> bool:
+        return bool(self._frames) and (self._held is None or self._frames[0][0] != self._held)
 
     async def next_frame(self) -> tuple[TrackFrame, int]:
         """The next frame to send and its timestamp (90 kHz), at the model's frame rate."""
         while True:
-            while not self._frames:
+            while not self._sendable():
                 self._arrived.clear()
                 await self._arrived.wait()
                 self._next = max(self._next, time.monotonic())  # a stall: go on from now, not in a burst
             wait = self._next - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if self._frames:  # none dropped meanwhile (a superseded chunk, a lost picture)
+            if self._sendable():  # none dropped or held meanwhile (a superseded chunk, a lost picture, an undo)
                 break
         now = time.monotonic()
         if self._t0 is None:
@@ -321,6 +342,12 @@ class WhepViewer:
 
     def detach(self) -> None:
         self._on_end("taken over")
+
+    def hold_chunk(self, seq: int) -> None:
+        self._track.hold(seq)
+
+    def release_chunk(self, seq: int) -> None:
+        self._track.release(seq)
 
     @property
     def backlog(self) -> int:

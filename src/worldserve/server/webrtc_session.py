@@ -125,6 +125,13 @@ class DataChannelSocket:
                 self._track.drop(header["supersedes"])
         self._channel.send(data)
 
+    def hold_chunk(self, seq: int) -> None:
+        """Chunk ``seq`` is being undone: its frames wait on the track (``FrameTrack.hold``)."""
+        self._track.hold(seq)
+
+    def release_chunk(self, seq: int) -> None:
+        self._track.release(seq)
+
     def track_told(self, seq: int, frame: int, rtp: int) -> None:
         """Chunk ``seq``'s first frame on the track (``frame``: its index in the chunk) went out with RTP timestamp
         ``rtp``: tell the client, so it can tell each frame's chunk (key-to-photon over WebRTC is measured as on
