@@ -284,6 +284,7 @@ def replay(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[
     chunks = recording.page.evaluate("() => window.__worldserveTest.chunks")
     carried = carried_by(recording.page.evaluate("() => window.__worldserveTest.dropped"))
     events = {event["event_id"]: event for event in sent}
+    controls_of = page_controls(sent)
     applied = {(c["epoch"], c["chunk"]): c["applied"] for c in chunks}
     expected: list[tuple[int, int, str]] = []
     for epoch in sorted({d.epoch for d in drawn}):
@@ -292,7 +293,7 @@ def replay(recording: Recording, drawn: list[Drawn], start_prompt: str) -> list[
         for chunk in range(shown[-1].chunk + 1):
             for event_id in applied[(epoch, chunk)]:
                 prompt = events[event_id].get("prompt", prompt)
-            held = chunk_controls(controls, applied[(epoch, chunk)], page_controls(sent), carried)
+            held = chunk_controls(controls, applied[(epoch, chunk)], controls_of, carried)
             positions = motion.advance(*velocity(held), FRAMES_PER_CHUNK)
             count = sum(1 for d in shown if d.chunk == chunk)
             expected += [(x, y, style_for_prompt(prompt)) for x, y in positions[:count]]

@@ -97,6 +97,7 @@ def expected_views(page: Page, start_prompt: str) -> dict[tuple[int, int], list[
     """(epoch 0) chunk -> where each of its frames shows the world, by the events the chunks applied."""
     log = page.evaluate("() => window.__h264Test.sent")
     sent = {event["event_id"]: event for event in log}
+    controls_of = page_controls(log)
     carried = carried_by(page.evaluate("() => window.__h264Test.dropped"))
     chunks = [c for c in page.evaluate("() => window.__h264Test.chunks") if c["epoch"] == 0]
     # A chunk made again (a preemption: the same chunk index, sent later) replaces the one before it.
@@ -106,7 +107,7 @@ def expected_views(page: Page, start_prompt: str) -> dict[tuple[int, int], list[
     for c in (latest[index] for index in sorted(latest)):
         for event_id in c["applied"]:
             prompt = sent[event_id].get("prompt", prompt)
-        held = chunk_controls(controls, c["applied"], page_controls(log), carried)  # a key tapped: held in it
+        held = chunk_controls(controls, c["applied"], controls_of, carried)  # a key tapped: held in it
         positions = motion.advance(*velocity(held), c["frames"]["count"])
         views[(0, c["chunk"])] = [(x, y, style_for_prompt(prompt)) for x, y in positions]
     return views

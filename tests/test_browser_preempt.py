@@ -68,6 +68,7 @@ def _assert_versions_replayed(recording: Recording, drawn: list[Drawn], start_pr
     chunks = [c for c in page.evaluate("() => window.__worldserveTest.chunks") if c["epoch"] == 0]
     sent = page.evaluate("() => window.__worldserveTest.sent")
     events = {event["event_id"]: event for event in sent}
+    controls_of = page_controls(sent)
     carried = carried_by(page.evaluate("() => window.__worldserveTest.dropped"))
     versions: dict[int, list[dict[str, Any]]] = {}
     for c in chunks:
@@ -81,7 +82,7 @@ def _assert_versions_replayed(recording: Recording, drawn: list[Drawn], start_pr
             v_motion, v_prompt, v_controls = Motion(motion.x, motion.y), prompt, dict(controls)
             for event_id in version["applied"]:
                 v_prompt = events[event_id].get("prompt", v_prompt)
-            held = chunk_controls(v_controls, version["applied"], page_controls(sent), carried)  # taps held in it
+            held = chunk_controls(v_controls, version["applied"], controls_of, carried)  # taps held in it
             positions = v_motion.advance(*velocity(held), FRAMES_PER_CHUNK)
             where[version["seq"]] = [(x, y, style_for_prompt(v_prompt)) for x, y in positions]
             ends = (v_motion, v_prompt, v_controls)

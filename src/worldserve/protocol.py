@@ -44,7 +44,7 @@ CHUNK_METADATA_KEY = "ar_diffusion"
 PROMPT_TRANSITION_TRACK = "prompt_transition"
 PROMPT_TRANSITION_SCHEMA_NAME = "worldserve.prompt_transition.v1"
 #: The schema of held-key state, on whatever track a model names: data ``{"held": [key, ...]}``, the keys
-#: held now. Every press and release in it reaches the model (a tick changes each key once at most).
+#: held now. A tick also holds the keys pressed since the last one, so a tap between two reaches the model.
 HELD_KEYS_SCHEMA_NAME = "worldserve.keys.v1"
 
 

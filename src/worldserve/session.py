@@ -664,7 +664,9 @@ class Session(Generic[TickOutputT]):
 
     def _build_tick(
         self, through: int | None = None
-    ) -> tuple[TickRequest, dict[str, ControlInput], PreparedControls | None]:
+    ) -> tuple[TickRequest, dict[str, ControlInput], tuple[ControlInput, ...], PreparedControls | None]:
+        """The next tick, the controls after it and their snapshot (the tick's own may add a tapped key), and
+        the reducer's prepared controls."""
         event_ids = tuple(sorted(e for e in self._pending if through is None or e <= through))
         queued = [self._pending[event_id] for event_id in event_ids]
         events = [entry.event for entry in queued]
@@ -679,9 +681,11 @@ class Session(Generic[TickOutputT]):
                 for event in events:
                     for control in event.controls:
                         controls[control.track] = control
-                snapshot = self._shown(queued, controls) or tuple(controls[track] for track in sorted(controls))
+                state = tuple(controls[track] for track in sorted(controls))
+                snapshot = self._shown(queued, controls) or state
             else:
-                controls, snapshot = self._controls, self._controls_snapshot
+                controls, state = self._controls, self._controls_snapshot
+                snapshot = state
         else:
             prepared = self._control_reducer.prepare(
                 current_controls=MappingProxyType(self._controls),
@@ -697,7 +701,7 @@ class Session(Generic[TickOutputT]):
                 if control.track in controls:
                     raise ValueError("prepared controls must contain at most one value per track.")
                 controls[control.track] = control
-            snapshot = tuple(controls[track] for track in sorted(controls))
+            snapshot = state = tuple(controls[track] for track in sorted(controls))
         tick = TickRequest(
             session_id=self.session_id,
             request_id=self._request_id_factory(self.session_id, self._chunk_index),
@@ -707,10 +711,14 @@ class Session(Generic[TickOutputT]):
             controls=snapshot,
         )
         self._inflight_event_floor = event_ids[-1] if event_ids else None
-        return tick, controls, prepared
+        return tick, controls, state, prepared
 
     def _commit_tick(
-        self, tick: TickRequest, controls: dict[str, ControlInput], prepared: PreparedControls | None
+        self,
+        tick: TickRequest,
+        controls: dict[str, ControlInput],
+        state: tuple[ControlInput, ...],
+        prepared: PreparedControls | None,
     ) -> None:
         # Synchronous: no cancellation can land between the first and last line.
         # The reducer's commit is the only fallible step, so it runs first.
@@ -731,10 +739,8 @@ class Session(Generic[TickOutputT]):
             self._event_floor = max(self._event_floor, tick.applied_event_ids[-1])
             counters.applied += len(tick.applied_event_ids)
         self._prompt = tick.prompt
-        if controls is not self._controls:
-            state = tuple(controls[track] for track in sorted(controls))
-            self._controls = controls  # the state: a key tapped shows in this tick alone
-            self._controls_snapshot = tick.controls if tick.controls == state else state
+        self._controls = controls  # the state: a key tapped shows in this tick alone
+        self._controls_snapshot = state
         self._chunk_index += 1
         self._inflight_event_floor = None
         counters.chunks += 1
@@ -780,7 +786,7 @@ class Session(Generic[TickOutputT]):
         async with self._tick_lock:
             self._require(SessionStatus.ACTIVE)
             self._undo = None  # the backend's undo record is about to be replaced by this step's
-            tick, controls, prepared = self._build_tick(through)
+            tick, controls, state, prepared = self._build_tick(through)
             self._inflight_tick = tick
             try:
                 output = await self._tick_consumer.execute_tick(tick)
@@ -790,7 +796,7 @@ class Session(Generic[TickOutputT]):
                         f"Tick consumer metadata does not match the submitted tick: expected "
                         f"{ChunkMetadata.from_tick(tick)!r}, got {metadata!r}."
                     )
-                self._commit_tick(tick, controls, prepared)
+                self._commit_tick(tick, controls, state, prepared)
             except ChunkCancelledError:
                 self._inflight_tick = None
                 if self._cancelled_request != tick.request_id:

@@ -107,8 +107,8 @@ def offers_h264(sdp: str) -> bool:
 
 async def answer_offer(pc: Any, sdp: str, track: Any, *, h264: bool = False) -> str:
     """Answer an SDP offer on ``pc``, sending ``track`` on the offer's video section (in H.264 alone with
-    ``h264``); the answer's SDP (with every candidate: not trickled). Raises what aiortc raises for a bad offer,
-    ``ValueError`` for one without video (or, with ``h264``, without H.264)."""
+    ``h264``); the answer's SDP (with every candidate: not trickled). Raises what aiortc raises for a bad offer
+    (with ``h264``, one without an H.264 it can send), ``ValueError`` for one without video."""
     aiortc = load_aiortc()
     if h264:  # the codecs are agreed as the offer is set: a transceiver made before it takes the offer's video
         codecs = aiortc.RTCRtpSender.getCapabilities("video").codecs
@@ -121,10 +121,7 @@ async def answer_offer(pc: Any, sdp: str, track: Any, *, h264: bool = False) -> 
     video[0].direction = "sendonly"
     track.sender = pc.addTrack(track)
     await pc.setLocalDescription(await pc.createAnswer())
-    answer = str(pc.localDescription.sdp)
-    if h264 and "H264/90000" not in answer.upper():
-        raise ValueError("no H.264 in common with the offer")
-    return answer
+    return str(pc.localDescription.sdp)
 
 
 #: A frame on a track: raw pixels (the peer's own encoder encodes them) or one already encoded.
@@ -210,9 +207,7 @@ class FrameTrack:
     def drop(self, seq: int) -> None:
         """A chunk was superseded (a preemption): its frames not yet sent go."""
         self._frames = deque(item for item in self._frames if item[0] != seq)
-        if self._held == seq:
-            self._held = None
-            self._arrived.set()
+        self.release(seq)  # held while it was undone: gone now
 
     def hold(self, seq: int) -> None:
         """Chunk ``seq`` is being undone (a preemption): none of its frames goes out until :meth:`release` (the
@@ -222,6 +217,7 @@ class FrameTrack:
             self._held = seq
 
     def release(self, seq: int) -> None:
+        """Chunk ``seq`` is held no more (see :meth:`hold`)."""
         if self._held == seq:
             self._held = None
             self._arrived.set()
