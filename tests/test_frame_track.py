@@ -1,7 +1,8 @@
 """The WebRTC video track's bookkeeping, without a peer: latency first (the oldest unsent frame goes), each
 chunk acked as its first frame goes out or is passed over, and each chunk's first frame on the track told with
 its index and RTP timestamp once the stream's random origin is known (``chunk.track``); encoded frames (the
-world's H.264 stream) dropped only up to an IDR frame, or all of them and an IDR frame asked for."""
+world's H.264 stream) dropped only up to an IDR frame (one asked for when none is held), or all of them past
+twice the bound and an IDR frame awaited."""
 
 from __future__ import annotations
 
@@ -67,20 +68,32 @@ async def test_encoded_frames_are_dropped_up_to_the_newest_idr_frame_held() -> N
     assert shown == [0, 1]
 
 
-async def test_without_an_idr_frame_to_go_on_from_all_go_and_none_until_one_is_asked_for_and_comes() -> None:
+async def test_without_an_idr_frame_to_go_on_from_one_is_asked_for_and_past_twice_the_bound_all_go() -> None:
+    """Over the bound with no IDR frame past the first, the frames wait (two chunks that came together are no
+    reason to lose the picture) and an IDR frame to skip ahead to is asked for, once; it comes, and the track
+    goes on from it. Past twice the bound, all go and nothing does until an IDR frame."""
     shown: list[int] = []
     gaps: list[None] = []
-    track = FrameTrack(1000.0, 6, shown.append, on_gap=lambda: gaps.append(None))
+    behind: list[None] = []
+    track = FrameTrack(1000.0, 6, shown.append, on_gap=lambda: gaps.append(None), on_behind=lambda: behind.append(None))
     track.push(0, _units(4, 0, idr=True))
     await track.next_frame()
     track.push(1, _units(4, 1, idr=False))  # 7 held: chunk 0's IDR frame went already
-    assert (len(gaps), track.dropped, shown) == (1, 7, [0, 1])
-    track.push(2, _units(4, 2, idr=False))  # undecodable without the frames dropped: passed over too
-    assert (len(gaps), track.dropped, shown) == (1, 11, [0, 1, 2])
-    track.push(3, _units(4, 3, idr=True))  # the IDR frame asked for
-    frame, _ = await track.next_frame()
-    assert frame == AccessUnit(bytes([3, 0]), True)
-    assert shown == [0, 1, 2, 3]
+    assert (len(gaps), len(behind), track.dropped, shown) == (0, 1, 0, [0])
+    track.push(2, _units(2, 2, idr=False))  # 9: still asked once
+    assert (len(gaps), len(behind), track.dropped) == (0, 1, 0)
+    track.push(3, _units(4, 3, idr=True))  # the IDR frame asked for: the track skips ahead to it
+    assert (len(gaps), track.dropped, shown) == (0, 9, [0, 1, 2])
+    assert (await track.next_frame())[0] == AccessUnit(bytes([3, 0]), True)
+    track.push(4, _units(4, 4, idr=False))
+    track.push(5, _units(4, 5, idr=False))  # 11 held, none to skip to: asked again (the last one came)
+    assert (len(gaps), len(behind)) == (0, 2)
+    track.push(6, _units(2, 6, idr=False))  # 13, past twice the bound: all go, and the stream waits
+    assert (len(gaps), track.dropped, shown) == (1, 22, [0, 1, 2, 3, 4, 5, 6])
+    track.push(7, _units(4, 7, idr=False))  # undecodable without the frames dropped: passed over too
+    assert (len(gaps), track.dropped, shown) == (1, 26, [0, 1, 2, 3, 4, 5, 6, 7])
+    track.push(8, _units(4, 8, idr=True))
+    assert (await track.next_frame())[0] == AccessUnit(bytes([8, 0]), True)
 
 
 async def test_a_lost_picture_drops_what_is_held_and_waits_for_an_idr_frame() -> None:
@@ -113,6 +126,12 @@ async def test_an_aiortc_track_sends_encoded_frames_as_packets_and_turns_a_pli_i
     track.sender._RTCRtpSender__force_keyframe = True  # what aiortc does on an RTCP PLI
     await track.recv()
     assert (len(gaps), track.sender._RTCRtpSender__force_keyframe) == (1, False)
+    # A PLI read as the IDR frame goes (sent while the track waited for one): that frame answers it.
+    track.sender._RTCRtpSender__force_keyframe = True
+    track.push(1, _units(2, 1, idr=True))
+    assert bytes(await track.recv()) == bytes([1, 0])
+    assert (len(gaps), track.sender._RTCRtpSender__force_keyframe) == (1, False)
+    assert bytes(await track.recv()) == bytes([1, 1])  # and the frames after it go
 
 
 async def test_frames_dropped_while_the_track_waits_for_their_time_are_not_sent() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,81 @@ async def test_members_that_cannot_follow_the_stream_wait_for_an_idr_frame_with_
     for header, (binary,) in zip(a.of(ChunkMessage), a.binary, strict=True):
         init = binary[: header.frames.init_bytes or 0]
         assert len(decoder.decode(binary[len(init) :], init)) == 2
+    await host.shutdown("test")
+
+
+class _RawWorkerBackend(_H264Backend):
+    """A worker that encodes raw frames, and H.264 too as an extra encoding from the second chunk after the world
+    asks for it (until then, the world encodes H.264 itself from the raw frames)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw = FrameEncoder(FrameEncoding.for_media("raw"), 16, 16, 1000.0)
+        self.extra: FrameEncoder | None = None
+        self.asked_extra_at: int | None = None
+
+    async def execute_tick(self, tick: TickRequest) -> Chunk:
+        await asyncio.sleep(0.001)
+        frames = np.full((2, 16, 16, 3), (len(self.made) * 37) % 256, np.uint8)
+        encoded = self.raw.encode(frames)
+        if self.asked_extra_at is not None and len(self.made) >= self.asked_extra_at + 2:
+            if self.extra is None:
+                self.extra = FrameEncoder(H264, 16, 16, 1000.0)  # its stream starts with an IDR frame
+            encoded = replace(encoded, alternates=(self.extra.encode(frames),))
+        self.made.append(encoded)
+        return Chunk(encoded, ChunkMetadata.from_tick(tick), 0, 1, 0.0, 0.0, 0.0)
+
+    def set_extra_encodings(self, session_id: str, encodings: tuple[FrameEncoding, ...]) -> bool:
+        assert [encoding.media for encoding in encodings] == ["h264"]
+        self.asked_extra_at = len(self.made)
+        return True
+
+    def request_keyframe(self, session_id: str) -> bool:
+        self.asked += 1
+        if self.extra is None:
+            return False  # not made here yet
+        self.extra.keyframe()
+        return True
+
+
+async def test_a_lost_picture_asks_the_worker_once_it_makes_the_stream_the_world_began() -> None:
+    """A raw world's H.264 viewer: the world encodes its first H.264 chunks itself until the worker makes them
+    (an extra encoding). A picture the viewer loses after that is asked of the worker's encoder: the next IDR
+    frame comes within two chunks, not at the next periodic keyframe (the world's own encoder, no longer used,
+    was asked until stop 41: a WHEP viewer then waited ~10 s)."""
+    backend = _RawWorkerBackend()
+    session: Session[Chunk] = Session("s1", tick_consumer=backend, lifecycle=backend, max_pending_events=8)
+    metrics = ServerMetrics(SessionManager(tick_consumer=backend, lifecycle=backend, max_pending_events=8))
+    host = WorldHost(
+        session, backend=backend, config=ServerConfig(), metrics=metrics, registry=WorldHosts(),
+        media="raw", share_viewers=True,
+    )  # fmt: skip
+    a, v = _Recorder(), _Recorder()
+    me = host.attach_host(a)
+    host.start()
+
+    async def until(count: int) -> list[ChunkMessage]:
+        async with asyncio.timeout(10):
+            while len(v.of(ChunkMessage)) < count:
+                host.ack(me, host.seq)
+                if viewer.acked_seq < host.seq:
+                    host.ack(viewer, host.seq)
+                await asyncio.sleep(0.001)
+        return v.of(ChunkMessage)
+
+    await asyncio.sleep(0.01)
+    viewer = host.join(host.viewer_token or "", Role.VIEWER, v, media="h264")
+    assert viewer is not None
+    got = await until(6)
+    assert backend.extra is not None  # the worker makes the H.264 stream now
+    assert got[0].frames.keyframe  # the world's own first chunk
+    assert len([m for m in got if m.frames.keyframe]) == 2  # and the worker's first
+    host.lost_picture(viewer)
+    asked, sent = backend.asked, len(got)
+    assert asked >= 1
+    got = await until(sent + 1)
+    assert got[sent].frames.keyframe
+    assert got[sent].seq <= got[sent - 1].seq + 2
     await host.shutdown("test")
 
 

@@ -649,6 +649,11 @@ class WorldHost:
             member.needs_key = True
             self._want_keyframe()
 
+    def want_keyframe(self) -> None:
+        """H.264: a member would skip ahead to an IDR frame (its track fell behind): one is asked for, while the
+        member is sent the stream as before."""
+        self._want_keyframe()
+
     # -- events ----------------------------------------------------------------------
 
     def _floor(self, member: Member) -> int:
@@ -979,6 +984,9 @@ class WorldHost:
             ready = made.get(media)
             if ready is not None and ready.encoding.same_bytes(wanted):
                 encoded[media] = ready
+                # The worker makes this media now: an encoder of this world's that made it until the worker
+                # began is not its stream any more (a keyframe asked of it would never come).
+                self._encoders.pop(media, None)
                 continue
             began = time.perf_counter()
             if arrays is None:

@@ -143,12 +143,15 @@ class FrameTrack:
         on_shown: Callable[[int], None],
         on_track: Callable[[int, int, int], None] | None = None,
         on_gap: Callable[[], None] | None = None,
+        on_behind: Callable[[], None] | None = None,
     ) -> None:
         self._fps = fps
         self._max = max_frames
         self._on_shown = on_shown  # a chunk's first frame went out (or was passed over): its seq
         self._on_track = on_track  # a chunk's first frame on the track went out: (seq, its index, RTP timestamp)
         self._on_gap = on_gap  # encoded frames: the stream can go on only from an IDR frame, wanted now
+        self._on_behind = on_behind  # encoded frames over the bound: an IDR frame to skip ahead to, wanted now
+        self._behind = False  # asked for one (on_behind), not yet come
         self._wait_key = False  # encoded frames were dropped: none goes until an IDR frame
         self._held: int | None = None  # a chunk being undone (a preemption): none of its frames goes yet
         self._untold: list[tuple[int, int, int]] = []  # (seq, index, pts) of those sent before the origin was known
@@ -167,21 +170,29 @@ class FrameTrack:
         if self._held is not None and seq > self._held:
             self.drop(self._held)  # undone, and another chunk came (a reset since): it never goes
         for index, frame in enumerate(frames):
-            if self._wait_key and isinstance(frame, AccessUnit):
-                if not frame.idr:
-                    self._pass_over(seq, index)
-                    continue
-                self._wait_key = False
+            if isinstance(frame, AccessUnit) and frame.idr:
+                self._wait_key = self._behind = False
+            elif self._wait_key and isinstance(frame, AccessUnit):
+                self._pass_over(seq, index)
+                continue
             self._frames.append((seq, index, frame))
         while len(self._frames) > self._max:  # latency first: the oldest unsent frames go
             if not isinstance(self._frames[0][2], AccessUnit):
                 self._pass_over(*self._frames.popleft()[:2])
                 continue
-            # A decoder cannot skip an encoded frame: go on from the newest IDR frame held, else from the next.
+            # A decoder cannot skip an encoded frame: go on from the newest IDR frame held. With none past the
+            # first, the frames wait (two chunks that came together, a busy box) while an IDR frame to skip
+            # ahead to is asked for; only past twice the bound do they all go, and the stream waits for one.
             keys = [at for at, (_, _, frame) in enumerate(self._frames) if isinstance(frame, AccessUnit) and frame.idr]
-            for _ in range(keys[-1] if keys and keys[-1] > 0 else len(self._frames)):
-                self._pass_over(*self._frames.popleft()[:2])
-            if not self._frames:
+            if keys and keys[-1] > 0:
+                for _ in range(keys[-1]):
+                    self._pass_over(*self._frames.popleft()[:2])
+            elif len(self._frames) <= 2 * self._max:
+                if not self._behind and self._on_behind is not None:
+                    self._behind = True
+                    self._on_behind()
+                break
+            else:
                 self.lost_picture()
         self._arrived.set()
 
@@ -293,7 +304,8 @@ def track_class() -> type:
                 # encoder would read (pinned aiortc): the world's encoder is asked for an IDR frame instead.
                 if sender is not None and getattr(sender, "_RTCRtpSender__force_keyframe", False):
                     sender._RTCRtpSender__force_keyframe = False
-                    self.lost_picture()
+                    if not frame.idr:  # an IDR frame answers it (the flag may be older than the wait for one)
+                        self.lost_picture()
                 packet = av.Packet(frame.data)
                 packet.pts = pts
                 packet.time_base = fractions.Fraction(1, _CLOCK_RATE)
@@ -414,7 +426,7 @@ class WhepPeers:
                 host.lost_picture(member_box[0])
 
         h264 = self._media == "auto" and offers_h264(sdp)
-        track = track_class()(spec.fps, frames, shown, on_gap=lost_picture)
+        track = track_class()(spec.fps, frames, shown, on_gap=lost_picture, on_behind=host.want_keyframe)
         outlet = WhepViewer(track, lambda why: self._end(resource, why))
         member = host.join(token, Role.VIEWER, outlet, media="h264" if h264 else "raw")
         if member is None:
