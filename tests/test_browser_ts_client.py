@@ -124,7 +124,11 @@ _H264 = """async (url) => {
   const info = await client.start({ seed: 6, media: "h264" });
   const video = document.createElement("video");
   document.body.append(video);
-  const player = new H264Player(video, info.model.fps, client);
+  const begun = [];
+  const frames = []; // [seq, index] of each frame presented
+  const player = new H264Player(video, info.model.fps, client, {
+    onChunkShown: (seq) => begun.push(seq), onFrame: (seq, index) => frames.push([seq, index]),
+  });
   const seqs = [];
   for (let i = 0; i < 16; i++) {
     const chunk = await client.nextChunk(20000);
@@ -136,7 +140,7 @@ _H264 = """async (url) => {
   }
   const result = {
     media: info.media, seqs, shown: player.shown.slice(), failure: player.failure,
-    width: video.videoWidth, time: video.currentTime,
+    width: video.videoWidth, time: video.currentTime, begun, frames, bufferedMs: player.bufferedMs(),
   };
   await client.close();
   return result;
@@ -153,6 +157,14 @@ def test_the_packages_h264_player_plays_a_session_through_media_source_extension
     assert shown == sorted(shown)
     assert set(shown) <= set(result["seqs"])
     assert result["time"] > 0
+    assert result["begun"] == shown  # the page's hook hears each chunk begun, as the client's ack
+    frames = [tuple(f) for f in result["frames"]]
+    assert len(frames) >= 12
+    assert frames == sorted(frames)  # each frame heard once, in the stream's order, with its chunk and index
+    assert len(set(frames)) == len(frames)
+    assert {seq for seq, _ in frames} <= set(result["seqs"])
+    assert all(0 <= index < 4 for _, index in frames)
+    assert result["bufferedMs"] >= 0
 
 
 #: The protocol doc's example exchange, as client.test.ts runs it in Node, here in the browser with its own

@@ -2,6 +2,10 @@
 // request led by its init segment) played in a <video> through Media Source Extensions, in a browser. Each chunk
 // is acked as its first frame is shown (requestVideoFrameCallback's mediaTime), as a player does, so the server
 // paces to what is on screen; played frames are trimmed from the buffer at keyframes.
+//
+// The bundled player plays its h264 sessions with it: it hears each frame shown (`onFrame`, to draw it and to
+// measure key-to-photon), each chunk begun (`onChunkShown`, to ack it), a failure (`onFailure`, to start again in
+// JPEG), and keeps the video near the live edge (`jumpToLiveEdge`) under its own jitter buffer's rule.
 import type { Chunk, WorldClient } from "./client.js";
 
 /** The avc1 codec string an init segment declares (its avcC box's profile, compatibility and level). */
@@ -15,6 +19,23 @@ export function codecOf(init: Uint8Array): string {
   return "avc1.42E01E"; // constrained baseline, level 3.0: what worldserve's encoder makes by default
 }
 
+/** What an h264 chunk needs to be played: the package's `Chunk`, or a header and its one payload as they came. */
+export type H264Chunk = Pick<Chunk, "seq" | "media" | "payloads"> & {
+  header: { frames: { count: number; keyframe?: boolean | null; init_bytes?: number | null } };
+};
+
+export interface H264PlayerOptions {
+  /** Start playing as soon as the first fragment is in (default); false: the caller plays and pauses the video
+   * itself (the bundled player does, under its jitter buffer). */
+  autoplay?: boolean;
+  /** A chunk's first frame was shown, or passed over (the video jumped): it plays no more. Chunks in order. */
+  onChunkShown?: (seq: number) => void;
+  /** A frame the video presents: its chunk and its index in it (each frame once, as the video shows it). */
+  onFrame?: (seq: number, index: number) => void;
+  /** Playback stopped for good (see `failure`). */
+  onFailure?: (reason: string) => void;
+}
+
 interface Placed {
   seq: number;
   start: number; // its first frame's number in the stream
@@ -25,79 +46,144 @@ interface Placed {
 export class H264Player {
   private source: MediaSource | null = null;
   private buffer: SourceBuffer | null = null;
+  private url: string | null = null;
   private readonly appends: Uint8Array[] = [];
   private readonly placed: Placed[] = [];
   private readonly keys: number[] = []; // frame numbers of the keyframes appended
   private frames = 0;
+  private lastFrame = -1;
+  private closed = false;
+  private readonly watched: boolean; // the video tells each frame it presents (requestVideoFrameCallback)
   /** Chunks whose first frame was shown, in order. */
   readonly shown: number[] = [];
   /** Why playback stopped for good (an unsupported codec, a rejected fragment), or null. */
   failure: string | null = null;
+  /** Times the video was moved to the live edge (`jumpToLiveEdge`). */
+  jumps = 0;
 
   constructor(
     readonly video: HTMLVideoElement,
     private readonly fps: number,
     /** Acks each chunk as its first frame is shown (a client made with `autoAck: false`). */
     private readonly client?: WorldClient,
+    private readonly options: H264PlayerOptions = {},
   ) {
     video.muted = true;
     video.playsInline = true;
-    const watch = (_now: number, meta: VideoFrameCallbackMetadata) => {
-      this.showing(Math.round(meta.mediaTime * this.fps));
+    this.watched = typeof (video as { requestVideoFrameCallback?: unknown }).requestVideoFrameCallback === "function";
+    if (this.watched) {
+      const watch = (_now: number, meta: VideoFrameCallbackMetadata) => {
+        if (this.closed) return;
+        this.showing(Math.round(meta.mediaTime * this.fps));
+        video.requestVideoFrameCallback(watch);
+      };
       video.requestVideoFrameCallback(watch);
-    };
-    video.requestVideoFrameCallback(watch);
+    }
+  }
+
+  /** Whether this browser can play worldserve's H.264 here (Media Source Extensions and the baseline profile). */
+  static playable(): boolean {
+    return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported('video/mp4; codecs="avc1.42E01E"');
   }
 
   /** Play a chunk of an h264 session (chunks in the order they came). */
-  push(chunk: Chunk): void {
-    if (chunk.media !== "h264" || this.failure) return;
+  push(chunk: H264Chunk): void {
+    if (chunk.media !== "h264" || this.failure || this.closed) return;
     const bytes = chunk.payloads[0] ?? new Uint8Array();
-    const initBytes = chunk.header.frames.init_bytes ?? 0;
+    const frames = chunk.header.frames;
+    const initBytes = frames.init_bytes ?? 0;
     if (!this.source) {
-      if (!initBytes) return this.client?.ack(chunk.seq); // nothing to start from yet: the init comes first
+      if (!initBytes) { // nothing to start from yet: the init comes first
+        this.options.onChunkShown?.(chunk.seq);
+        return this.client?.ack(chunk.seq);
+      }
       const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
       if (typeof MediaSource === "undefined" || !MediaSource.isTypeSupported(type)) {
-        this.failure = `${type} cannot be played here`;
-        return;
+        return this.fail(`${type} cannot be played here`);
       }
       this.open(type);
     }
-    if (chunk.header.frames.keyframe) this.keys.push(this.frames);
-    this.placed.push({ seq: chunk.seq, start: this.frames, count: chunk.header.frames.count, shown: false });
-    this.frames += chunk.header.frames.count;
+    if (frames.keyframe) this.keys.push(this.frames);
+    this.placed.push({ seq: chunk.seq, start: this.frames, count: frames.count, shown: false });
+    this.frames += frames.count;
     this.appends.push(bytes);
     this.feed();
+  }
+
+  /** How far the video has buffered ahead of what it shows, in milliseconds. */
+  bufferedMs(): number {
+    const { buffered, currentTime } = this.video;
+    if (!buffered.length) return 0;
+    return Math.max(0, (buffered.end(buffered.length - 1) - currentTime) * 1000);
+  }
+
+  /** Over `overS` seconds buffered ahead, move the video to `keepS` seconds before the newest frame (a player
+   * that fell behind skips what it would show late); whether it moved. */
+  jumpToLiveEdge(overS: number, keepS: number): boolean {
+    const { buffered } = this.video;
+    if (!buffered.length) return false;
+    const end = buffered.end(buffered.length - 1);
+    if (end - this.video.currentTime <= overS) return false;
+    this.video.currentTime = Math.max(0, end - keepS);
+    this.jumps += 1;
+    return true;
+  }
+
+  /** Where requestVideoFrameCallback is missing: take the frame at the video's current time as shown (call it
+   * from the page's animation frame). */
+  poll(): void {
+    if (!this.watched) this.showing(Math.round(this.video.currentTime * this.fps));
+  }
+
+  /** Stop: the video is paused and let go of its source (the caller removes the element). */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.video.pause();
+    if (this.url) URL.revokeObjectURL(this.url);
+  }
+
+  private fail(reason: string): void {
+    if (this.failure) return;
+    this.failure = reason;
+    this.options.onFailure?.(reason);
   }
 
   private open(type: string): void {
     const source = new MediaSource();
     this.source = source;
-    this.video.src = URL.createObjectURL(source);
+    this.url = URL.createObjectURL(source);
+    this.video.src = this.url;
     source.addEventListener("sourceopen", () => {
-      const buffer = source.addSourceBuffer(type);
-      buffer.mode = "sequence"; // fragments one after another, whatever their own timestamps
-      buffer.addEventListener("updateend", () => this.feed());
-      this.buffer = buffer;
-      this.feed();
-      void this.video.play().catch(() => undefined);
+      try {
+        const buffer = source.addSourceBuffer(type);
+        buffer.mode = "sequence"; // fragments one after another, whatever their own timestamps
+        buffer.timestampOffset = 0; // the first fragment plays at 0, whatever its decode time
+        buffer.addEventListener("updateend", () => this.feed());
+        buffer.addEventListener("error", () => this.fail("the SourceBuffer refused a fragment"));
+        this.buffer = buffer;
+        this.feed();
+        if (this.options.autoplay ?? true) void this.video.play().catch(() => undefined);
+      } catch (error) {
+        this.fail(String(error));
+      }
     }, { once: true });
   }
 
   private feed(): void {
     const buffer = this.buffer;
-    if (!buffer || buffer.updating) return;
+    if (!buffer || buffer.updating || this.closed) return;
     const next = this.appends.shift();
     if (next) {
       try {
         buffer.appendBuffer(next as BufferSource);
       } catch (error) {
-        this.failure = `a fragment was refused: ${String(error)}`;
+        this.fail(`a fragment was refused: ${String(error)}`);
       }
       return;
     }
     // Trim what was played, up to the last keyframe over a second old (a cut inside a group of pictures would
-    // drop the frames that depend on it).
+    // drop the frames that depend on it): the buffer holds at most the current group.
     const cut = this.keys.filter((frame) => frame / this.fps <= this.video.currentTime - 1).pop();
     if (cut !== undefined && buffer.buffered.length && cut / this.fps > buffer.buffered.start(0) + 0.5 / this.fps) {
       this.keys.splice(0, this.keys.indexOf(cut));
@@ -106,13 +192,19 @@ export class H264Player {
   }
 
   private showing(frame: number): void {
+    if (frame === this.lastFrame) return;
+    this.lastFrame = frame;
+    let at: Placed | undefined;
     for (const placed of this.placed) {
+      if (placed.start <= frame && frame < placed.start + placed.count) at = placed;
       if (!placed.shown && placed.start <= frame) {
         placed.shown = true; // shown, or passed over (the video jumped): either way it is playing no more
         this.shown.push(placed.seq);
+        this.options.onChunkShown?.(placed.seq);
         this.client?.ack(placed.seq);
       }
     }
     while (this.placed.length > 64 && this.placed[0].shown) this.placed.shift();
+    if (at) this.options.onFrame?.(at.seq, frame - at.start);
   }
 }

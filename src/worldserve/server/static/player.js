@@ -10,7 +10,7 @@
 // ?media=raw|jpeg|h264 picks one. Plain JS, no build step of its own: an ES module that imports
 // @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/).
 // Protocol: docs/protocol.md; media: docs/media.md.
-import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from "./client/index.js";
+import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } from "./client/index.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -389,7 +389,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
       send(resume);
     } else if (mode === "join") {
       const join = { type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role };
-      if (!h264Playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
+      if (!H264Player.playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
       send(join);
     } else {
       send(startMessage());
@@ -1222,7 +1222,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
   function play(now) {
     const period = framePeriodMs();
     pollGamepad(now);
-    if (mse.video) mseTick(now);
+    if (mse.player) mseTick(now);
     else playQueued(now, period);
     while (state.fpsTimes.length && state.fpsTimes[0] < now - 1000) state.fpsTimes.shift();
     const figure = (value, digits) => (value === null ? "–" : value.toFixed(digits));
@@ -1239,7 +1239,7 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
       $("stat-underruns").textContent = String(jitter.underruns);
     }
     $("stat-applied-ms").textContent = figure(state.serverAppliedMs, 0);
-    $("stat-buffered").textContent = String(mse.video ? mseBuffered() : state.queue.length);
+    $("stat-buffered").textContent = String(mse.player ? mseBuffered() : state.queue.length);
     $("stat-media").textContent = state.media || "–";
     $("stat-kbps").textContent = meterUpdate(now);
     requestAnimationFrame(play);
@@ -1258,82 +1258,55 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
   }
 
   // ---- H.264 playback through Media Source Extensions ---------------------------------
-  // Kept apart from the rest of the player on purpose: the session gets one fMP4 fragment
-  // per chunk (docs/media.md), the init segment in front where this connection's stream
-  // starts. They are appended in order to one SourceBuffer in "sequence" mode (so a stream
-  // that starts again after a gap continues the timeline) of a muted <video> under the
-  // canvas; each frame the video presents is drawn onto the canvas, so input, overlay and
-  // scaling work as for the other media. The buffer stays short: generation is paced by
-  // our acks (sent when a chunk's first frame is shown), what has been played is trimmed,
-  // and a player that falls behind jumps to the live edge.
-  const PROBE_TYPE = 'video/mp4; codecs="avc1.42E01E"';
+  // The session gets one fMP4 fragment per chunk (docs/media.md), the init segment in front
+  // where this connection's stream starts. The package's H264Player (clients/ts/src/h264.ts)
+  // appends them in order to one SourceBuffer of a muted <video> under the canvas and trims
+  // what was played; each frame the video presents is drawn onto the canvas here, so input,
+  // overlay and scaling work as for the other media. The buffer stays short: generation is
+  // paced by our acks (sent when a chunk's first frame is shown), and a player that falls
+  // behind jumps to the live edge (mseTick).
   const mse = {
-    video: null, source: null, buffer: null, url: null,
-    appends: [], // binaries waiting for the SourceBuffer
-    chunks: [], // {start, count, seq, epoch, chunk, acked, photon?}: where each chunk lies, in frames
-    frames: 0, // frames appended so far (the timeline, in frames)
-    keys: [], // where chunks that start with an IDR frame begin (frames): the buffer is cut only there
-    shown: -1, // the last frame drawn
-    jumps: 0, // jumps to the live edge (mseTick)
+    player: null, video: null,
+    chunks: new Map(), // seq -> {epoch, chunk, photon?}: what the page knows of each chunk pushed
     fastUntil: 0, // a shrink plays at 1.5x until then (performance.now())
   };
-
-  function h264Playable() {
-    return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported(PROBE_TYPE);
-  }
 
   function chooseMedia() {
     const asked = state.forceMedia || new URLSearchParams(location.search).get("media");
     if (asked === "raw" || asked === "jpeg") return asked;
-    if (h264Playable()) return "h264";
+    if (H264Player.playable()) return "h264";
     log("this browser cannot play H.264 (Media Source Extensions); frames come as JPEG");
     return "jpeg";
   }
 
   function mseClose() {
-    if (!mse.video) return;
-    mse.video.pause();
+    if (!mse.player) return;
+    mse.player.close();
     mse.video.remove();
-    URL.revokeObjectURL(mse.url);
-    Object.assign(mse, {
-      video: null, source: null, buffer: null, url: null, appends: [], chunks: [], frames: 0, keys: [], shown: -1,
-      fastUntil: 0,
-    });
+    Object.assign(mse, { player: null, video: null, chunks: new Map(), fastUntil: 0 });
   }
 
-  function mseOpen(type) {
+  function mseOpen() {
     mseClose();
     const video = document.createElement("video");
     video.className = "mse";
-    video.muted = true;
-    video.playsInline = true;
-    const source = new MediaSource();
-    mse.url = URL.createObjectURL(source);
-    video.src = mse.url;
     video.addEventListener("waiting", mseWaiting);
     canvas.parentElement.prepend(video);
-    Object.assign(mse, { video, source });
-    source.addEventListener("sourceopen", () => {
-      try {
-        const buffer = source.addSourceBuffer(type);
-        buffer.mode = "sequence";
-        buffer.timestampOffset = 0; // the first fragment plays at 0, whatever its decode time
-        buffer.addEventListener("updateend", mseFeed);
-        buffer.addEventListener("error", () => mseFail("the SourceBuffer refused a fragment"));
-        mse.buffer = buffer;
-        mseFeed();
-      } catch (error) {
-        mseFail(error.message);
-      }
-    }, { once: true });
-    if ("requestVideoFrameCallback" in video) {
-      const onFrame = (_, meta) => {
-        if (mse.video !== video) return;
-        mseShow(meta.mediaTime);
-        video.requestVideoFrameCallback(onFrame);
-      };
-      video.requestVideoFrameCallback(onFrame);
-    }
+    const player = new H264Player(video, state.spec.fps, undefined, {
+      autoplay: false, // the jitter buffer plays and pauses it (mseTick)
+      onChunkShown(seq) { // a chunk is played once its first frame is shown (or passed)
+        ack(seq);
+        const known = mse.chunks.get(seq);
+        if (known && known.photon) photonShown(known.photon, performance.now());
+      },
+      onFrame(seq, index) {
+        if (mse.player === player) mseShow(seq, index);
+      },
+      onFailure(reason) {
+        if (mse.player === player) mseFail(reason);
+      },
+    });
+    Object.assign(mse, { player, video });
   }
 
   function mseFail(reason) {
@@ -1348,97 +1321,46 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
 
   // photon: our earliest input this chunk applied (inputsApplied; null: none of ours).
   function mseChunk(header, buffer, photon) {
-    const bytes = new Uint8Array(buffer);
-    const initBytes = header.frames.init_bytes || 0;
-    if (!mse.video) {
-      if (!initBytes) return ack(header.seq); // nothing to start from (the server sends the init first)
-      const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
-      if (typeof MediaSource === "undefined" || !MediaSource.isTypeSupported(type)) return mseFail(`${type} unsupported`);
-      mseOpen(type);
+    if (!mse.player) {
+      if (!header.frames.init_bytes) return ack(header.seq); // nothing to start from (the server sends the init first)
+      mseOpen();
     }
     const count = header.frames.count;
-    const back = count ? jitterLevel(mseBufferedMs()) : 0; // played at 1.5x for twice as long takes it back
+    const back = count ? jitterLevel(mse.player.bufferedMs()) : 0; // played at 1.5x for twice as long takes it back
     if (back > 0) mse.fastUntil = performance.now() + 2 * back;
-    if (header.frames.keyframe) mse.keys.push(mse.frames);
-    const chunk = { start: mse.frames, count, seq: header.seq, epoch: header.epoch, chunk: header.chunk_index, acked: false };
-    if (photon) chunk.photon = photon;
-    mse.chunks.push(chunk);
-    mse.frames += count;
-    mse.appends.push(bytes);
-    mseFeed();
+    const known = { epoch: header.epoch, chunk: header.chunk_index };
+    if (photon) known.photon = photon;
+    mse.chunks.set(header.seq, known);
+    for (const seq of mse.chunks.keys()) { // what is kept: the last few seconds' chunks
+      if (seq < header.seq - 64) mse.chunks.delete(seq);
+    }
+    mse.player.push({ seq: header.seq, media: "h264", header, payloads: [new Uint8Array(buffer)] });
     jitterArrived(performance.now());
   }
 
-  function mseFeed() {
-    const buffer = mse.buffer;
-    if (!buffer || buffer.updating) return;
-    if (mse.appends.length) {
-      try {
-        buffer.appendBuffer(mse.appends.shift());
-      } catch (error) {
-        mseFail(error.message);
-      }
-      return;
-    }
-    // Trim what has been played: everything before the last IDR frame that is over a second
-    // old (cutting inside a group of pictures would drop the frames that depend on it), so the
-    // buffer holds at most the current group (IDR frames come at least every 10 s).
-    const video = mse.video;
-    const fps = state.spec.fps;
-    const cut = mse.keys.filter((frame) => frame / fps <= video.currentTime - 1).pop();
-    if (cut !== undefined && buffer.buffered.length && cut / fps > buffer.buffered.start(0) + 0.5 / fps) {
-      mse.keys = mse.keys.filter((frame) => frame >= cut);
-      buffer.remove(0, cut / fps);
-    }
-  }
-
-  function mseBufferedMs() {
-    const video = mse.video;
-    if (!video || !video.buffered.length) return 0;
-    return Math.max(0, (video.buffered.end(video.buffered.length - 1) - video.currentTime) * 1000);
-  }
-
   function mseBuffered() { // in frames
-    return Math.round((mseBufferedMs() * state.spec.fps) / 1000);
+    return Math.round((mse.player.bufferedMs() * state.spec.fps) / 1000);
   }
 
-  function mseShow(mediaTime) {
-    const fps = state.spec.fps;
-    const frame = Math.round(mediaTime * fps);
-    if (frame === mse.shown) return;
-    mse.shown = frame;
-    const item = mse.chunks.find((c) => c.start <= frame && frame < c.start + c.count);
-    for (const c of mse.chunks) { // a chunk is played once its first frame is shown (or passed)
-      if (!c.acked && c.start <= frame) {
-        c.acked = true;
-        ack(c.seq);
-        if (c.photon) photonShown(c.photon, performance.now());
-      }
-    }
-    while (mse.chunks.length > 1 && mse.chunks[0].start + mse.chunks[0].count < frame - 4 * fps) mse.chunks.shift();
-    if (!item || item.epoch < state.epoch) return; // made before a reset: not shown
+  // A frame the video presents: drawn, unless its chunk was made before a reset.
+  function mseShow(seq, index) {
+    const known = mse.chunks.get(seq);
+    if (!known || known.epoch < state.epoch) return;
     ctx.drawImage(mse.video, 0, 0, canvas.width, canvas.height);
-    state.shownSeq = item.seq;
-    shown(item.chunk, frame - item.start, item.epoch);
+    state.shownSeq = seq;
+    shown(known.chunk, index, known.epoch);
   }
 
   // The <video> under the jitter buffer's rule (see "the jitter buffer"): it starts (and, after an
   // underrun, starts again) once the chunk that found it stopped has waited the target; a shrink plays
   // two frames' time at 1.5x (a frame taken back, none dropped); and it stays near the live edge: when
   // more is buffered ahead than the target and four chunks (a lead chunk, chunks in flight and a busy
-  // machine's bunching are normal), it jumps to the newest chunk plus the target. Played frames are
-  // trimmed in mseFeed.
+  // machine's bunching are normal), it jumps to the newest chunk plus the target.
   function mseTick(now) {
     const video = mse.video;
     const fps = state.spec.fps;
     const chunk = state.spec.frames_per_chunk / fps; // seconds
-    if (video.buffered.length) {
-      const end = video.buffered.end(video.buffered.length - 1);
-      if (end - video.currentTime > chunk * 4 + jitter.target / fps) {
-        video.currentTime = Math.max(0, end - chunk - jitter.target / fps);
-        mse.jumps += 1;
-      }
-    }
+    mse.player.jumpToLiveEdge(chunk * 4 + jitter.target / fps, chunk + jitter.target / fps);
     if (!jitter.playing) {
       if (!video.paused) video.pause();
       if (video.readyState >= 2 && jitterStarts(now)) video.play().catch(() => {});
@@ -1449,17 +1371,15 @@ import { TrackMarks, codecOf, linkStats, sendOnChannel, signal, webrtcUrl } from
       const rate = now < mse.fastUntil ? 1.5 : 1;
       if (video.playbackRate !== rate) video.playbackRate = rate;
     }
-    if (!("requestVideoFrameCallback" in video)) mseShow(video.currentTime);
+    mse.player.poll();
   }
 
   // The <video> ran out of frames while playing: the jitter buffer's underrun (when the stream is live).
   function mseWaiting() {
     if (!jitter.playing || !mse.video) return;
-    const video = mse.video;
-    const end = video.buffered.length ? video.buffered.end(video.buffered.length - 1) : 0;
-    if (end - video.currentTime > 1 / state.spec.fps) return; // a seek or a hiccup with frames to play
+    if (mse.player.bufferedMs() > 1000 / state.spec.fps) return; // a seek or a hiccup with frames to play
     jitterDry(performance.now());
-    video.pause();
+    mse.video.pause();
   }
 
   // The bitrate overlay: bytes of frames received over the last two seconds.

@@ -12,69 +12,138 @@ export class H264Player {
     video;
     fps;
     client;
+    options;
     source = null;
     buffer = null;
+    url = null;
     appends = [];
     placed = [];
     keys = []; // frame numbers of the keyframes appended
     frames = 0;
+    lastFrame = -1;
+    closed = false;
+    watched; // the video tells each frame it presents (requestVideoFrameCallback)
     /** Chunks whose first frame was shown, in order. */
     shown = [];
     /** Why playback stopped for good (an unsupported codec, a rejected fragment), or null. */
     failure = null;
+    /** Times the video was moved to the live edge (`jumpToLiveEdge`). */
+    jumps = 0;
     constructor(video, fps, 
     /** Acks each chunk as its first frame is shown (a client made with `autoAck: false`). */
-    client) {
+    client, options = {}) {
         this.video = video;
         this.fps = fps;
         this.client = client;
+        this.options = options;
         video.muted = true;
         video.playsInline = true;
-        const watch = (_now, meta) => {
-            this.showing(Math.round(meta.mediaTime * this.fps));
+        this.watched = typeof video.requestVideoFrameCallback === "function";
+        if (this.watched) {
+            const watch = (_now, meta) => {
+                if (this.closed)
+                    return;
+                this.showing(Math.round(meta.mediaTime * this.fps));
+                video.requestVideoFrameCallback(watch);
+            };
             video.requestVideoFrameCallback(watch);
-        };
-        video.requestVideoFrameCallback(watch);
+        }
+    }
+    /** Whether this browser can play worldserve's H.264 here (Media Source Extensions and the baseline profile). */
+    static playable() {
+        return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported('video/mp4; codecs="avc1.42E01E"');
     }
     /** Play a chunk of an h264 session (chunks in the order they came). */
     push(chunk) {
-        if (chunk.media !== "h264" || this.failure)
+        if (chunk.media !== "h264" || this.failure || this.closed)
             return;
         const bytes = chunk.payloads[0] ?? new Uint8Array();
-        const initBytes = chunk.header.frames.init_bytes ?? 0;
+        const frames = chunk.header.frames;
+        const initBytes = frames.init_bytes ?? 0;
         if (!this.source) {
-            if (!initBytes)
-                return this.client?.ack(chunk.seq); // nothing to start from yet: the init comes first
+            if (!initBytes) { // nothing to start from yet: the init comes first
+                this.options.onChunkShown?.(chunk.seq);
+                return this.client?.ack(chunk.seq);
+            }
             const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
             if (typeof MediaSource === "undefined" || !MediaSource.isTypeSupported(type)) {
-                this.failure = `${type} cannot be played here`;
-                return;
+                return this.fail(`${type} cannot be played here`);
             }
             this.open(type);
         }
-        if (chunk.header.frames.keyframe)
+        if (frames.keyframe)
             this.keys.push(this.frames);
-        this.placed.push({ seq: chunk.seq, start: this.frames, count: chunk.header.frames.count, shown: false });
-        this.frames += chunk.header.frames.count;
+        this.placed.push({ seq: chunk.seq, start: this.frames, count: frames.count, shown: false });
+        this.frames += frames.count;
         this.appends.push(bytes);
         this.feed();
+    }
+    /** How far the video has buffered ahead of what it shows, in milliseconds. */
+    bufferedMs() {
+        const { buffered, currentTime } = this.video;
+        if (!buffered.length)
+            return 0;
+        return Math.max(0, (buffered.end(buffered.length - 1) - currentTime) * 1000);
+    }
+    /** Over `overS` seconds buffered ahead, move the video to `keepS` seconds before the newest frame (a player
+     * that fell behind skips what it would show late); whether it moved. */
+    jumpToLiveEdge(overS, keepS) {
+        const { buffered } = this.video;
+        if (!buffered.length)
+            return false;
+        const end = buffered.end(buffered.length - 1);
+        if (end - this.video.currentTime <= overS)
+            return false;
+        this.video.currentTime = Math.max(0, end - keepS);
+        this.jumps += 1;
+        return true;
+    }
+    /** Where requestVideoFrameCallback is missing: take the frame at the video's current time as shown (call it
+     * from the page's animation frame). */
+    poll() {
+        if (!this.watched)
+            this.showing(Math.round(this.video.currentTime * this.fps));
+    }
+    /** Stop: the video is paused and let go of its source (the caller removes the element). */
+    close() {
+        if (this.closed)
+            return;
+        this.closed = true;
+        this.video.pause();
+        if (this.url)
+            URL.revokeObjectURL(this.url);
+    }
+    fail(reason) {
+        if (this.failure)
+            return;
+        this.failure = reason;
+        this.options.onFailure?.(reason);
     }
     open(type) {
         const source = new MediaSource();
         this.source = source;
-        this.video.src = URL.createObjectURL(source);
+        this.url = URL.createObjectURL(source);
+        this.video.src = this.url;
         source.addEventListener("sourceopen", () => {
-            const buffer = source.addSourceBuffer(type);
-            buffer.mode = "sequence"; // fragments one after another, whatever their own timestamps
-            buffer.addEventListener("updateend", () => this.feed());
-            this.buffer = buffer;
-            this.feed();
-            void this.video.play().catch(() => undefined);
+            try {
+                const buffer = source.addSourceBuffer(type);
+                buffer.mode = "sequence"; // fragments one after another, whatever their own timestamps
+                buffer.timestampOffset = 0; // the first fragment plays at 0, whatever its decode time
+                buffer.addEventListener("updateend", () => this.feed());
+                buffer.addEventListener("error", () => this.fail("the SourceBuffer refused a fragment"));
+                this.buffer = buffer;
+                this.feed();
+                if (this.options.autoplay ?? true)
+                    void this.video.play().catch(() => undefined);
+            }
+            catch (error) {
+                this.fail(String(error));
+            }
         }, { once: true });
     }
     feed() {
         const buffer = this.buffer;
-        if (!buffer || buffer.updating)
+        if (!buffer || buffer.updating || this.closed)
             return;
         const next = this.appends.shift();
         if (next) {
@@ -82,12 +151,12 @@ export class H264Player {
                 buffer.appendBuffer(next);
             }
             catch (error) {
-                this.failure = `a fragment was refused: ${String(error)}`;
+                this.fail(`a fragment was refused: ${String(error)}`);
             }
             return;
         }
         // Trim what was played, up to the last keyframe over a second old (a cut inside a group of pictures would
-        // drop the frames that depend on it).
+        // drop the frames that depend on it): the buffer holds at most the current group.
         const cut = this.keys.filter((frame) => frame / this.fps <= this.video.currentTime - 1).pop();
         if (cut !== undefined && buffer.buffered.length && cut / this.fps > buffer.buffered.start(0) + 0.5 / this.fps) {
             this.keys.splice(0, this.keys.indexOf(cut));
@@ -95,14 +164,23 @@ export class H264Player {
         }
     }
     showing(frame) {
+        if (frame === this.lastFrame)
+            return;
+        this.lastFrame = frame;
+        let at;
         for (const placed of this.placed) {
+            if (placed.start <= frame && frame < placed.start + placed.count)
+                at = placed;
             if (!placed.shown && placed.start <= frame) {
                 placed.shown = true; // shown, or passed over (the video jumped): either way it is playing no more
                 this.shown.push(placed.seq);
+                this.options.onChunkShown?.(placed.seq);
                 this.client?.ack(placed.seq);
             }
         }
         while (this.placed.length > 64 && this.placed[0].shown)
             this.placed.shift();
+        if (at)
+            this.options.onFrame?.(at.seq, frame - at.start);
     }
 }
