@@ -167,6 +167,38 @@ def test_the_packages_h264_player_plays_a_session_through_media_source_extension
     assert result["bufferedMs"] >= 0
 
 
+_ICE = """async (url) => {
+  const { WebRTCWorldClient } = await import("http://package.test/webrtc.js");
+  const client = new WebRTCWorldClient(url);
+  await client.connect();
+  await client.start({ seed: 2 });
+  const chunk = await client.nextChunk(20000);
+  const servers = client["pc"].getConfiguration().iceServers;
+  await client.close();
+  return { servers, seq: chunk.seq };
+}"""
+
+
+def test_the_packages_webrtc_client_gathers_with_the_ice_servers_its_server_tells() -> None:
+    """A server with STUN and TURN servers (--ice-server) tells them (OPTIONS, Link headers): the package's peer
+    connection is made with them, as the page's are (both signal through the package). None answers here, so
+    the world comes over the host candidates, as on a LAN."""
+    server = start_server(
+        "--model", "procedural", "--ice-server", "stun:127.0.0.1:3478",
+        "--ice-server", "turn:ana:s3cret@127.0.0.1:3478?transport=tcp",
+    )  # fmt: skip
+    try:
+        result = _run(server, _ICE)
+    finally:
+        server.stop()
+    told = [(s["urls"], s.get("username") or None, s.get("credential") or None) for s in result["servers"]]
+    assert told == [
+        (["stun:127.0.0.1:3478"], None, None),  # Chromium gives an unset username and credential as ""
+        (["turn:127.0.0.1:3478?transport=tcp"], "ana", "s3cret"),
+    ]
+    assert result["seq"] >= 0
+
+
 #: The protocol doc's example exchange, as client.test.ts runs it in Node, here in the browser with its own
 #: WebSocket: start, an event accepted then applied at a chunk boundary (its JPEG frames decoded), reset, close.
 _EXCHANGE = """async (url) => {

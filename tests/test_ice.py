@@ -60,3 +60,12 @@ def test_the_servers_and_the_clients_peer_connections_get_them() -> None:
     assert client.ice_servers == (IceServer("turn:turn.example", "ana", "s3cret"),)
     with pytest.raises(ValueError, match="needs its username"):
         WebRTCWorldClient("ws://127.0.0.1:1/v1/world", ice_servers=["turn:turn.example"])
+
+
+def test_each_server_as_the_link_header_a_whep_endpoint_tells_it_in() -> None:
+    assert parse_ice_server("stun:stun.example:3478").link() == '<stun:stun.example:3478>; rel="ice-server"'
+    turn = parse_ice_server("turn:a%22na:s%5C3%40cret@turn.example?transport=tcp")  # '"', '\' and '@' in them
+    assert turn.link() == (
+        '<turn:turn.example?transport=tcp>; rel="ice-server"; username="a\\"na"; credential="s\\\\3@cret";'
+        ' credential-type="password"'
+    )

@@ -134,3 +134,56 @@ async def test_refused_offers_get_clear_http_errors_and_the_world_plays_on(serve
         status, _, _ = await asyncio.to_thread(_request, server.http + "/healthz", "GET")
         assert status == 200
         await host.close()
+
+
+@pytest.fixture(scope="module")
+def ice_server() -> Iterator[RunningServer]:
+    running = start_server(
+        "--model", "procedural", "--ice-server", "stun:127.0.0.1:3478",
+        "--ice-server", "turn:ana:s3%22cret@127.0.0.1:3478?transport=tcp",
+    )  # fmt: skip
+    yield running
+    running.stop()
+
+
+async def test_the_ice_servers_are_told_in_link_headers_to_a_viewer_of_the_world_only(
+    ice_server: RunningServer,
+) -> None:
+    """WHEP clients ask with OPTIONS before their offer (RFC 9725, 4.6: ``Link: <URL>; rel="ice-server"``): a WHEP
+    endpoint tells them for a share token of its world only (TURN credentials are not for anyone), /v1/webrtc for
+    the server's token; bad asks get the offer's errors, and the world plays on."""
+    stun = '<stun:127.0.0.1:3478>; rel="ice-server"'
+    turn = (
+        '<turn:127.0.0.1:3478?transport=tcp>; rel="ice-server"; username="ana"; credential="s3\\"cret";'
+        ' credential-type="password"'
+    )
+    async with WorldClient(ice_server.ws) as host:
+        info = await host.start(seed=6, share_viewers=True)
+        await host.next_chunk(timeout=10)
+        whep = f"{ice_server.http}/v1/whep/{info.session_id}"
+
+        def ask(url: str, token: str | None) -> tuple[int, Any, str]:
+            return _request(url, "OPTIONS", headers={"Authorization": f"Bearer {token}"} if token else {})
+
+        status, headers, _ = await asyncio.to_thread(ask, whep, info.viewer_token)
+        assert (status, headers.get_all("Link")) == (204, [stun, turn])
+        status, headers, _ = await asyncio.to_thread(ask, f"{ice_server.http}/v1/webrtc", None)  # no --token
+        assert (status, headers.get_all("Link")) == (204, [stun, turn])
+        for url, token, want, code in [
+            (whep, None, 401, "unauthorized"),
+            (whep, "not-a-share-token", 403, "join_refused"),
+            (f"{ice_server.http}/v1/whep/no-such-world", info.viewer_token, 404, "unknown_session"),
+        ]:
+            status, headers, body = await asyncio.to_thread(ask, url, token)
+            assert (status, json.loads(body)["error"]["code"], headers.get_all("Link")) == (want, code, None)
+        pc, _ = await _offer()  # the answer tells them too
+        try:
+            status, headers, _ = await _post_offer(
+                ice_server, info.session_id, info.viewer_token, pc.localDescription.sdp
+            )
+            assert (status, headers.get_all("Link")) == (201, [stun, turn])
+        finally:
+            await pc.close()
+        for _ in range(2):
+            await host.next_chunk(timeout=10)
+        await host.close()

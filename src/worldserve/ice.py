@@ -1,6 +1,7 @@
 """ICE servers named by one URL each: STUN, and TURN with its username and credential.
 
-Owns: :class:`IceServer` (what an ``RTCIceServer`` holds) and :func:`parse_ice_server`, the one form
+Owns: :class:`IceServer` (what an ``RTCIceServer`` holds; :meth:`IceServer.link`, the ``Link`` header a
+WHIP/WHEP endpoint tells it to its clients in) and :func:`parse_ice_server`, the one form
 both the server (``--ice-server``) and the Python WebRTC client take: ``stun:HOST[:PORT]``, and
 ``turn:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp]`` (or ``turns:``), the user and credential
 percent-encoded where they hold ``:`` or ``@``. RFC 7064/7065's URIs carry no credentials, so the
@@ -27,10 +28,24 @@ class IceServer:
     username: str | None = None
     credential: str | None = None
 
+    def link(self) -> str:
+        """This server as a WHIP/WHEP ``Link`` header's value (RFC 9725, 4.6): ``<URL>; rel="ice-server"``, and
+        for TURN its ``username``, ``credential`` and ``credential-type="password"``, as quoted strings."""
+        value = f'<{self.url}>; rel="ice-server"'
+        if self.username is not None and self.credential is not None:
+            value += f'; username="{_quoted(self.username)}"; credential="{_quoted(self.credential)}"'
+            value += '; credential-type="password"'
+        return value
+
     def __repr__(self) -> str:  # never the credential in a log line
         secret = "" if self.credential is None else ", credential=***"
         user = "" if self.username is None else f", username={self.username!r}"
         return f"IceServer({self.url!r}{user}{secret})"
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside an HTTP quoted-string (RFC 9110, 5.6.4): a backslash before ``"`` and ``\\``."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def parse_ice_server(text: str) -> IceServer:

@@ -12,9 +12,14 @@ export function webrtcUrl(worldUrl: string): string {
 }
 
 /** WHEP's signalling: the offer (not trickled: it waits for every candidate, 3 s at most) POSTed to `url` with
- * the bearer token, and the answer set. Returns the peer's resource (Location: DELETE it to leave), or null. A
- * refusal throws WorldClientError with its HTTP status and the server's message. */
+ * the bearer token, and the answer set. A peer connection made without ICE servers first takes those the endpoint
+ * tells (iceServersOf: its STUN and TURN servers, for a real network). Returns the peer's resource (Location:
+ * DELETE it to leave), or null. A refusal throws WorldClientError with its HTTP status and the server's message. */
 export async function signal(pc: RTCPeerConnection, url: string, token?: string | null): Promise<string | null> {
+  if (!pc.getConfiguration().iceServers?.length) {
+    const told = await iceServersOf(url, token);
+    if (told.length) pc.setConfiguration({ ...pc.getConfiguration(), iceServers: told });
+  }
   await pc.setLocalDescription(await pc.createOffer());
   await new Promise<void>((resolve) => {
     if (pc.iceGatheringState === "complete") resolve();
@@ -38,6 +43,38 @@ export async function signal(pc: RTCPeerConnection, url: string, token?: string 
   const base = new URL(url, globalThis.location?.href);
   await pc.setRemoteDescription({ type: "answer", sdp: await reply.text() });
   return location ? new URL(location, base).href : null;
+}
+
+/** The ICE servers in a WHIP/WHEP endpoint's `Link` headers (RFC 9725, 4.6: `<URL>; rel="ice-server"`, a TURN
+ * server's `username` and `credential` as quoted strings), as RTCIceServer; links of other relations are left. */
+export function parseIceLinks(header: string | null): RTCIceServer[] {
+  const found: RTCIceServer[] = [];
+  // link-values, comma-separated; a comma inside <...> or a quoted string is not a separator
+  const values = header?.match(/<[^>]*>(?:\s*;\s*[\w-]+\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;,]*))*/g) ?? [];
+  for (const value of values) {
+    const url = value.slice(1, value.indexOf(">"));
+    const params = new Map<string, string>();
+    for (const [, name, quoted, bare] of value.matchAll(/;\s*([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;,]*))/g)) {
+      params.set(name.toLowerCase(), quoted !== undefined ? quoted.replace(/\\(.)/g, "$1") : bare.trim());
+    }
+    if (params.get("rel") !== "ice-server") continue;
+    const server: RTCIceServer = { urls: url };
+    if (params.has("username")) server.username = params.get("username");
+    if (params.has("credential")) server.credential = params.get("credential");
+    found.push(server);
+  }
+  return found;
+}
+
+/** The ICE servers the endpoint at `url` tells (an OPTIONS before the offer, as WHEP clients ask; a WHEP viewer
+ * sends its share token): none when it tells none, or cannot be asked. */
+export async function iceServersOf(url: string, token?: string | null): Promise<RTCIceServer[]> {
+  try {
+    const reply = await fetch(url, { method: "OPTIONS", headers: token ? { Authorization: `Bearer ${token}` } : {} });
+    return reply.ok ? parseIceLinks(reply.headers.get("Link")) : [];
+  } catch {
+    return [];
+  }
 }
 
 /** RTP timestamps this close are one frame's (a decoder may give one back a tick off). */

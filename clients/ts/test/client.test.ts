@@ -11,7 +11,9 @@ import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 
-import { WorldClient, WorldClientError, WorldError, camera, keys, type SocketLike } from "../src/index.js";
+import {
+  WorldClient, WorldClientError, WorldError, camera, iceServersOf, keys, parseIceLinks, type SocketLike,
+} from "../src/index.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
 const python = process.env.WORLDSERVE_PYTHON ?? join(root, ".venv", "bin", "python");
@@ -35,7 +37,8 @@ async function freePort(): Promise<number> {
 before(async () => {
   const port = await freePort();
   server = spawn(python, ["-m", "worldserve", "serve", "--model", "procedural", "--port", String(port),
-    "--token", TOKEN, "--log-level", "warning"], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+    "--token", TOKEN, "--log-level", "warning", "--ice-server", "stun:127.0.0.1:3478",
+    "--ice-server", "turn:ana:s3%22cr%5Cet@127.0.0.1:3478?transport=tcp"], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
   server.stdout?.on("data", (data) => { log += data; });
   server.stderr?.on("data", (data) => { log += data; });
   const deadline = Date.now() + 120_000;
@@ -208,4 +211,24 @@ test("a join told session.moved goes on to the world's front-end by itself, with
   } finally {
     door.close();
   }
+});
+
+test("the ICE servers a WebRTC endpoint tells in its Link headers, for its token only", async () => {
+  const endpoint = url.replace("ws://", "http://").replace("/v1/world", "/v1/webrtc");
+  assert.deepEqual(await iceServersOf(endpoint, TOKEN), [
+    { urls: "stun:127.0.0.1:3478" },
+    { urls: "turn:127.0.0.1:3478?transport=tcp", username: "ana", credential: 's3"cr\\et' },
+  ]);
+  assert.deepEqual(await iceServersOf(endpoint, "not-the-token"), []); // 401: no credentials for anyone
+});
+
+test("Link headers: rel=ice-server links only, quoted strings unescaped, commas inside them kept", () => {
+  const header = '<stun:a.example>; rel="ice-server", <https://x.example/doc>; rel="help", '
+    + '<turns:b.example:5349?transport=tcp>; rel="ice-server"; username="u,1"; credential="p\\"q"; '
+    + 'credential-type="password"';
+  assert.deepEqual(parseIceLinks(header), [
+    { urls: "stun:a.example" },
+    { urls: "turns:b.example:5349?transport=tcp", username: "u,1", credential: 'p"q' },
+  ]);
+  assert.deepEqual(parseIceLinks(null), []);
 });

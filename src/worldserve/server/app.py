@@ -42,6 +42,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from worldserve.ice import parse_ice_server
 from worldserve.runtime import Runtime
 from worldserve.server.config import ServerConfig
 from worldserve.server.connection import Connection
@@ -176,6 +177,8 @@ def create_app(
             status_code=503 if drain.draining else 200,
         )
 
+    ice_links = [parse_ice_server(server).link() for server in config.ice_servers]
+
     def whep_refusal(error: WhepError) -> Response:
         return JSONResponse({"error": {"code": error.code, "message": str(error)}}, status_code=error.status)
 
@@ -189,10 +192,18 @@ def create_app(
             raise WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes.")
         return body.decode(errors="replace")
 
+    def with_ice_links(response: Response, links: list[str]) -> Response:
+        """The ICE servers, one ``Link: <URL>; rel="ice-server"`` header each (RFC 9725, 4.6)."""
+        for link in links:
+            response.headers.append("Link", link)
+        return response
+
     def sdp_answer(answer: str, path: str) -> Response:
-        """201 with the SDP answer, ``Location``: the peer's resource (under this front-end's public URL)."""
+        """201 with the SDP answer, ``Location``: the peer's resource (under this front-end's public URL), and the
+        ICE servers in ``Link`` headers, as WHIP/WHEP endpoints tell them."""
         location = f"{(config.public_url or '').rstrip('/')}{path}"
-        return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
+        answered = Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
+        return with_ice_links(answered, ice_links)
 
     async def whep_offer(request: Request) -> Response:
         """WHEP: an SDP offer in, the answer out (201, ``Location``: the viewer's resource). The bearer token is a
@@ -200,6 +211,8 @@ def create_app(
         session_id = request.path_params["session_id"]
         peers: WhepPeers = state["whep"]
         try:
+            if request.method == "OPTIONS":  # before the offer: the ICE servers to gather with (Link headers)
+                return with_ice_links(Response(status_code=204), peers.ice_links(session_id, _bearer(request)))
             resource, answer = await peers.offer(session_id, _bearer(request), await sdp_offer(request))
         except WhepError as error:
             if error.status == 404 and directory is not None:  # it lives on another front-end: go there
@@ -225,6 +238,8 @@ def create_app(
         with a data channel and video in, the answer out (201, ``Location``: the peer's resource)."""
         if not _token_ok(config.token, _bearer(request)):
             return unauthorized()
+        if request.method == "OPTIONS":  # before the offer: the ICE servers to gather with (Link headers)
+            return with_ice_links(Response(status_code=204), ice_links)
         peers: WebRTCSessions = state["webrtc"]
         try:
             resource, answer = await peers.offer(await sdp_offer(request))
@@ -356,9 +371,9 @@ def create_app(
             Route("/v1/models", models),
             Route("/v1/origin", origin, methods=["POST"]),
             Route("/admin/drain", admin_drain, methods=["POST"]),
-            Route("/v1/whep/{session_id}", whep_offer, methods=["POST"]),
+            Route("/v1/whep/{session_id}", whep_offer, methods=["POST", "OPTIONS"]),
             Route("/v1/whep/{session_id}/{resource}", whep_resource, methods=["DELETE", "PATCH"]),
-            Route("/v1/webrtc", webrtc_offer, methods=["POST"]),
+            Route("/v1/webrtc", webrtc_offer, methods=["POST", "OPTIONS"]),
             Route("/v1/webrtc/{resource}", webrtc_resource, methods=["DELETE", "PATCH"]),
             Route("/favicon.ico", favicon),
             Route("/metrics", metrics_route),

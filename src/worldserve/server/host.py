@@ -411,6 +411,13 @@ class WorldHost:
         """The world's model."""
         return self._backend.spec
 
+    def grants(self, token: str, role: Role) -> bool:
+        """Whether ``token`` lets its bearer join this (open) world as ``role``: a viewer's or a controller's
+        share token to watch, a controller's to steer (never the host's place)."""
+        viewer_ok = _matches(self.viewer_token, token) or _matches(self.controller_token, token)
+        allowed = _matches(self.controller_token, token) if role is Role.CONTROLLER else viewer_ok
+        return not self.closed and allowed and role is not Role.HOST
+
     def join(
         self, token: str, role: Role, outlet: Outlet, seq_base: int = 0, *, media: str | None = None
     ) -> Member | None:
@@ -418,9 +425,7 @@ class WorldHost:
         what it is sent (``None``: the world's, the host's media)."""
         if media is not None and media not in MEDIA:
             raise ValueError(f"unknown media {media!r}; expected one of {list(MEDIA)}.")
-        viewer_ok = _matches(self.viewer_token, token) or _matches(self.controller_token, token)
-        allowed = _matches(self.controller_token, token) if role is Role.CONTROLLER else viewer_ok
-        if self.closed or not allowed or role is Role.HOST:
+        if not self.grants(token, role):
             return None
         self._metrics.members_joined.labels(role=role.value).inc()
         member = self._add(role, outlet, seq_base, media)

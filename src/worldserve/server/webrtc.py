@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from worldserve.h264 import AccessUnit, access_units
 from worldserve.ice import parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
-from worldserve.server.host import Member, Role, WorldHosts
+from worldserve.server.host import Member, Role, WorldHost, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
 
 __all__ = [
@@ -402,13 +402,26 @@ class WhepPeers:
     def __len__(self) -> int:
         return len(self._peers)
 
-    async def offer(self, session_id: str, token: str | None, sdp: str) -> tuple[str, str]:
-        """Answer a viewer's offer: (its resource id, the SDP answer); :class:`WhepError` when refused."""
+    def ice_links(self, session_id: str, token: str | None) -> list[str]:
+        """The ICE servers a viewer of the world should gather with, as ``Link`` header values (an ``OPTIONS``
+        before the offer, as WHEP clients ask): for a share token of that world only (TURN credentials are
+        not for anyone); :class:`WhepError` otherwise."""
+        host, token = self._host(session_id, token)
+        if not host.grants(token, Role.VIEWER):
+            raise WhepError(403, "join_refused", "this token does not let you watch this world.")
+        return [parse_ice_server(server).link() for server in self._ice_servers]
+
+    def _host(self, session_id: str, token: str | None) -> tuple[WorldHost, str]:
         if not token:
             raise WhepError(401, "unauthorized", "send the world's share token as the bearer token.")
         host = self._hosts.get(session_id)
         if host is None:
             raise WhepError(404, "unknown_session", f"no world {session_id!r} lives on this server.")
+        return host, token
+
+    async def offer(self, session_id: str, token: str | None, sdp: str) -> tuple[str, str]:
+        """Answer a viewer's offer: (its resource id, the SDP answer); :class:`WhepError` when refused."""
+        host, token = self._host(session_id, token)
         if len(sdp.encode()) > MAX_OFFER_BYTES or "m=video" not in sdp:
             raise WhepError(400, "bad_offer", "the offer must be an SDP offer with a video section (m=video).")
         load_aiortc()  # a server without the extra answers 501 before a member joins
