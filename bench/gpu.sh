@@ -35,7 +35,8 @@ OUT=${OUT_DIR:-${OUT:-gpu-bench-out}}
 mkdir -p "$OUT"
 
 if [ "$DRY" = 1 ]; then
-    DEVICE=cpu CONFIG=tiny DTYPE=float32 BATCHES="1 2" WINDOWS="3" BLOCKS=1 CLIENTS="1 2" DURATION=2 SETTLE=2
+    # one batch size and one client count (2: a batch), the least that runs every code path the GPU run does
+    DEVICE=cpu CONFIG=tiny DTYPE=float32 BATCHES="2" WINDOWS="3" BLOCKS=1 CLIENTS="2" DURATION=2 SETTLE=1
     ATTENTION="--attention-layers 2" THREADS="--threads 1" TINY_OPTIONS="--model-option threads=1"
     WAN_OPTIONS="--model-option config=tiny --model-option threads=1"
     BUDGET_MODEL=120 BUDGET_ATTENTION=60 BUDGET_SERVER=120 BUDGET_TINY=120
@@ -90,7 +91,7 @@ part tinyworld "$BUDGET_TINY" "$PYTHON" bench/serve_sweep.py --model tinyworld $
 # (load=dummy, bfloat16, 640x352), block latency at batch 1/2/4/8, one batched step vs one step per session, peak
 # memory, TFLOP/s of the block and of the VAE decode (bench/matrix_game.py). Dry run: config=tiny on the CPU.
 if [ "$DRY" = 1 ]; then
-    MATRIX_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1"
+    MATRIX_ARGS="--config tiny --device cpu --dtype float32 --batches 2 --blocks 1 --threads 1"
     BUDGET_MATRIX=90
 else
     MATRIX_ARGS="--config 1.3b --device cuda --dtype bfloat16 --batches 1 2 4 8 --blocks 2"
@@ -102,7 +103,7 @@ part matrix "$BUDGET_MATRIX" "$PYTHON" bench/matrix_game.py $MATRIX_ARGS
 # -- abot-world (issue 27), self-contained: ABot-World at the released 5B widths (load=dummy, bfloat16) at its
 # 704x1280 and at 352x640; a 5B transformer's KV window is ~7 GiB per session at 704x1280, so batches stop at 4.
 if [ "$DRY" = 1 ]; then
-    ABOT_ARGS="--config tiny --device cpu --dtype float32 --batches 1 2 --blocks 1 --threads 1 --quants none fp8"
+    ABOT_ARGS="--config tiny --device cpu --dtype float32 --batches 2 --blocks 1 --threads 1 --quants none fp8"
     BUDGET_ABOT=90
 else
     ABOT_ARGS="--config 5b --device cuda --dtype bfloat16 --batches 1 2 4 --blocks 2 --sizes 704x1280 352x640 --quants none fp8"

@@ -590,7 +590,7 @@ def test_the_compiled_forward_equals_the_eager_one() -> None:
 
 @pytest.mark.timeout(300)
 def test_the_prepared_gpu_script_runs_its_every_part_dry_on_the_cpu(tmp_path: object) -> None:
-    """``bench/gpu.sh --dry-run``: the same code as the GPU run, on the CPU with config=tiny (about 30 s)."""
+    """``bench/gpu.sh --dry-run``: the same code as the GPU run, on the CPU with config=tiny at batch 2 (~50 s idle)."""
     import os
     import re
     import subprocess
