@@ -69,3 +69,13 @@ def test_each_server_as_the_link_header_a_whep_endpoint_tells_it_in() -> None:
         '<turn:turn.example?transport=tcp>; rel="ice-server"; username="a\\"na"; credential="s\\\\3@cret";'
         ' credential-type="password"'
     )
+
+
+def test_the_link_header_read_back_gives_the_servers_and_leaves_other_links() -> None:
+    from worldserve.ice import parse_ice_links
+
+    stun = parse_ice_server("stun:stun.example:3478")
+    turn = parse_ice_server("turns:a%22n,a:s%5C3%40c;et@turn.example:5349?transport=tcp")  # ',' and ';' quoted
+    header = ", ".join([stun.link(), '<https://docs.example/ice>; rel="help"', turn.link()])
+    assert parse_ice_links(header) == [stun, turn]
+    assert parse_ice_links(None) == parse_ice_links("") == []

@@ -187,3 +187,22 @@ async def test_the_ice_servers_are_told_in_link_headers_to_a_viewer_of_the_world
         for _ in range(2):
             await host.next_chunk(timeout=10)
         await host.close()
+
+
+async def test_the_python_client_gathers_with_the_ice_servers_its_server_tells(ice_server: RunningServer) -> None:
+    """``WebRTCWorldClient`` made without ICE servers asks the server for its own (OPTIONS, Link headers), as the
+    TypeScript package does; none of them answers here, so the world comes over host candidates."""
+    from worldserve.ice import IceServer
+    from worldserve.webrtc_client import WebRTCWorldClient
+
+    async with WebRTCWorldClient(ice_server.ws) as client:
+        await client.start(seed=3)
+        chunk = await client.next_chunk(timeout=30)
+        assert chunk.frames.shape[0] == 4
+        assert client._link is not None
+        servers = client._link.pc._RTCPeerConnection__configuration.iceServers  # pinned aiortc keeps it to itself
+        assert [IceServer(s.urls, s.username, s.credential) for s in servers] == [
+            IceServer("stun:127.0.0.1:3478"),
+            IceServer("turn:127.0.0.1:3478?transport=tcp", "ana", 's3"cret'),
+        ]
+        await client.close()

@@ -15,8 +15,11 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-__all__ = ["IceServer", "parse_ice_server"]
+__all__ = ["IceServer", "parse_ice_links", "parse_ice_server"]
 
+#: One link-value of a ``Link`` header: ``<URL>`` and its parameters (a quoted string may hold ``,`` and ``;``).
+_LINK = re.compile(r'<([^>]*)>((?:\s*;\s*[\w-]+\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;,]*))*)')
+_PARAM = re.compile(r'\s*;\s*([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;,]*))')
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?(\?transport=(udp|tcp))?$")
 
 
@@ -46,6 +49,20 @@ class IceServer:
 def _quoted(text: str) -> str:
     """``text`` inside an HTTP quoted-string (RFC 9110, 5.6.4): a backslash before ``"`` and ``\\``."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def parse_ice_links(header: str | None) -> list[IceServer]:
+    """The ICE servers in a WHIP/WHEP endpoint's ``Link`` header (what :meth:`IceServer.link` writes: links of
+    ``rel="ice-server"``, a TURN server's ``username`` and ``credential`` as quoted strings); other links left."""
+    found = []
+    for url, params in _LINK.findall(header or ""):
+        told = {
+            name.lower(): re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare.strip()
+            for name, quoted, bare in _PARAM.findall(params)
+        }
+        if told.get("rel") == "ice-server":
+            found.append(IceServer(url, told.get("username"), told.get("credential")))
+    return found
 
 
 def parse_ice_server(text: str) -> IceServer:

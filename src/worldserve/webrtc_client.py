@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.client import ClientChunk, WorldClient, WorldClientError
-from worldserve.ice import parse_ice_server
+from worldserve.ice import IceServer, parse_ice_links, parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
 
 __all__ = ["WebRTCWorldClient", "webrtc_url"]
@@ -83,6 +83,16 @@ def _http(method: str, url: str, body: bytes | None, headers: dict[str, str]) ->
             return response.status, response.headers.get("Location", ""), response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, "", error.read().decode()
+
+
+def _ice_servers_told(url: str, headers: dict[str, str]) -> list[IceServer]:
+    """The ICE servers the endpoint tells (``OPTIONS``, ``Link`` headers: :func:`~worldserve.ice.parse_ice_links`);
+    none when it tells none or cannot be asked."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="OPTIONS", headers=headers), timeout=30) as r:
+            return parse_ice_links(", ".join(r.headers.get_all("Link") or []))
+    except OSError:  # an HTTP error (a server before ICE servers were told: 405), or none there
+        return []
 
 
 class _ChannelLink:
@@ -162,7 +172,8 @@ class WebRTCWorldClient(WorldClient):
 
     ``ack_on_show``: ack each chunk as its first frame is decoded, as a WebRTC player acks what it shows (off:
     leave it to :meth:`ack`, or to ``auto_ack`` as :meth:`next_chunk` hands it over). ``ice_servers``: STUN and
-    TURN servers for this peer (:func:`~worldserve.ice.parse_ice_server`'s URLs; none: host candidates only).
+    TURN servers for this peer (:func:`~worldserve.ice.parse_ice_server`'s URLs; none: those the server tells, as
+    WHEP clients ask, else host candidates only).
     """
 
     def __init__(
@@ -199,7 +210,10 @@ class WebRTCWorldClient(WorldClient):
         from worldserve.webrtc_receiver import use_live_frames
 
         use_libwebrtc_timers()  # a lost packet holds the data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
-        servers = [aiortc.RTCIceServer(s.url, s.username, s.credential) for s in self.ice_servers]
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        url = webrtc_url(self.url)
+        told = list(self.ice_servers) or await asyncio.to_thread(_ice_servers_told, url, headers)  # none: the server's
+        servers = [aiortc.RTCIceServer(s.url, s.username, s.credential) for s in told]
         pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=servers))
         channel = pc.createDataChannel("worldserve")
         use_live_frames(pc.addTransceiver("video", direction="recvonly").receiver)  # no frame waits for the next
@@ -212,10 +226,7 @@ class WebRTCWorldClient(WorldClient):
             if not track.done():
                 track.set_result(received)
 
-        headers = {"Content-Type": "application/sdp"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        url = webrtc_url(self.url)
+        headers["Content-Type"] = "application/sdp"
         try:
             await pc.setLocalDescription(await pc.createOffer())
             status, location, answer = await asyncio.to_thread(
