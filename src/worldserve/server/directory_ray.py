@@ -111,7 +111,7 @@ class RayDirectoryStore:
         self._service = service
         self._ttl_s = ttl_s
         self._where = where
-        self._grace_s = grace_s
+        self.grace_s = grace_s
         self._clock = clock
         self._handle: Any = None
         self.generation = -1
@@ -176,7 +176,7 @@ class RayDirectoryStore:
                 await self.front_ends()
             return
         except Exception as error:  # unreachable from here: a new generation, unless this one may be starting
-            if self._answered != self.generation and self._clock() - self._taken_up < self._grace_s:
+            if self._answered != self.generation and self._clock() - self._taken_up < self.grace_s:
                 raise TimeoutError(f"generation {self.generation} of the session directory is not up yet") from error
         old, generation = self._handle, self.generation + 1
         await _off_loop(lambda: self._write_generation(generation), timeout)
@@ -285,12 +285,15 @@ async def connect_directory(
     with contextlib.suppress(Exception):  # a Ray Client connection has none to show
         gcs = str(ray.get_runtime_context().gcs_address)
     store = RayDirectoryStore(service, ttl_s, f"Ray actor {NAMESPACE}/{ACTOR_NAME}.{service} on the cluster at {gcs}")
+    # Its actor may be a new Ray worker process, slow to start on a busy machine: it gets the grace a generation
+    # never answered gets (a front-end that gave up sooner failed to start, at 4x oversubscription here).
+    first_answer_s = max(connect_timeout, store.grace_s)
     try:
         await store.follow(connect_timeout)
-        async with asyncio.timeout(connect_timeout):
+        async with asyncio.timeout(first_answer_s):
             await store.front_ends()
     except TimeoutError:
-        raise WorkerStartError(f"the session directory's actor did not answer within {connect_timeout:g} s.") from None
+        raise WorkerStartError(f"the session directory's actor did not answer within {first_answer_s:g} s.") from None
     except Exception:  # an actor this cluster lost: the next generation
         await store.reconnect(connect_timeout)
     return store
