@@ -192,9 +192,9 @@ def create_app(
             raise WhepError(413, "bad_offer", f"the offer exceeds {MAX_OFFER_BYTES} bytes.")
         return body.decode(errors="replace")
 
-    def with_ice_links(response: Response, links: list[str]) -> Response:
+    def with_ice_links(response: Response) -> Response:
         """The ICE servers, one ``Link: <URL>; rel="ice-server"`` header each (RFC 9725, 4.6)."""
-        for link in links:
+        for link in ice_links:
             response.headers.append("Link", link)
         return response
 
@@ -203,7 +203,7 @@ def create_app(
         ICE servers in ``Link`` headers, as WHIP/WHEP endpoints tell them."""
         location = f"{(config.public_url or '').rstrip('/')}{path}"
         answered = Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
-        return with_ice_links(answered, ice_links)
+        return with_ice_links(answered)
 
     async def whep_offer(request: Request) -> Response:
         """WHEP: an SDP offer in, the answer out (201, ``Location``: the viewer's resource). The bearer token is a
@@ -212,7 +212,8 @@ def create_app(
         peers: WhepPeers = state["whep"]
         try:
             if request.method == "OPTIONS":  # before the offer: the ICE servers to gather with (Link headers)
-                return with_ice_links(Response(status_code=204), peers.ice_links(session_id, _bearer(request)))
+                peers.authorize(session_id, _bearer(request))
+                return with_ice_links(Response(status_code=204))
             resource, answer = await peers.offer(session_id, _bearer(request), await sdp_offer(request))
         except WhepError as error:
             if error.status == 404 and directory is not None:  # it lives on another front-end: go there
@@ -239,7 +240,7 @@ def create_app(
         if not _token_ok(config.token, _bearer(request)):
             return unauthorized()
         if request.method == "OPTIONS":  # before the offer: the ICE servers to gather with (Link headers)
-            return with_ice_links(Response(status_code=204), ice_links)
+            return with_ice_links(Response(status_code=204))
         peers: WebRTCSessions = state["webrtc"]
         try:
             resource, answer = await peers.offer(await sdp_offer(request))

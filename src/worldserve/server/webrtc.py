@@ -402,14 +402,12 @@ class WhepPeers:
     def __len__(self) -> int:
         return len(self._peers)
 
-    def ice_links(self, session_id: str, token: str | None) -> list[str]:
-        """The ICE servers a viewer of the world should gather with, as ``Link`` header values (an ``OPTIONS``
-        before the offer, as WHEP clients ask): for a share token of that world only (TURN credentials are
-        not for anyone); :class:`WhepError` otherwise."""
+    def authorize(self, session_id: str, token: str | None) -> None:
+        """Whether ``token`` lets its bearer watch the world, as an offer would be refused (an ``OPTIONS`` before
+        the offer, which is told the ICE servers: TURN credentials are not for anyone); :class:`WhepError` if not."""
         host, token = self._host(session_id, token)
         if not host.grants(token, Role.VIEWER):
             raise WhepError(403, "join_refused", "this token does not let you watch this world.")
-        return [parse_ice_server(server).link() for server in self._ice_servers]
 
     def _host(self, session_id: str, token: str | None) -> tuple[WorldHost, str]:
         if not token:
