@@ -431,7 +431,7 @@ class WorldHost:
         member = self._add(role, outlet, seq_base, media)
         self._sync_media()
         if self._seq >= 0 and member.media == "h264":
-            self._want_keyframe()  # it starts at the stream's next IDR frame (H.264)
+            self.want_keyframe()  # it starts at the stream's next IDR frame (H.264)
         return member
 
     def find_resumable(self, token: str) -> Member | None:
@@ -529,7 +529,7 @@ class WorldHost:
             member.acked_seq = max(member.acked_seq, self._seq)
             member.sent_seq = self._seq
         if member.needs_key and self._seq >= 0 and member.media == "h264":
-            self._want_keyframe()
+            self.want_keyframe()
         held, member.held = member.held, []
         for messages in held:
             outlet.post(messages)
@@ -652,12 +652,7 @@ class WorldHost:
         it is sent nothing until an IDR frame, which is asked for now (H.264; other media need none)."""
         if member.media == "h264" and not member.gone:
             member.needs_key = True
-            self._want_keyframe()
-
-    def want_keyframe(self) -> None:
-        """H.264: a member would skip ahead to an IDR frame (its track fell behind): one is asked for, while the
-        member is sent the stream as before."""
-        self._want_keyframe()
+            self.want_keyframe()
 
     # -- events ----------------------------------------------------------------------
 
@@ -1012,8 +1007,9 @@ class WorldHost:
             self._metrics.chunk_encodings.labels(media=media).inc()
         return encoded, (chunk.encode_s if made else 0.0) + spent
 
-    def _want_keyframe(self) -> None:
-        """H.264: a member waits for an IDR frame; ask for one unless one is already on its way."""
+    def want_keyframe(self) -> None:
+        """H.264: a member waits for an IDR frame, or would skip ahead to one (its WebRTC track fell behind, and is
+        sent the stream meanwhile); ask for one unless one is already on its way."""
         if "h264" not in self._media_in_use() or self._keyframe_asked:
             return
         encoder = self._encoders.get("h264")
@@ -1046,7 +1042,7 @@ class WorldHost:
             member.acked_seq = max(member.acked_seq, made.seq)  # a withheld chunk never holds generation back
             member.sent_seq = made.seq
             if member.media == "h264":
-                self._want_keyframe()
+                self.want_keyframe()
             return
         if member.skipped_from is not None:
             outlet.post((_skipped(member, member.skipped_from, made.seq - 1, member.skipped_reason),))
