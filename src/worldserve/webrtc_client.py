@@ -29,6 +29,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from email.message import Message
 from typing import Any
 
 import numpy as np
@@ -76,23 +77,24 @@ def _same(a: int, b: int) -> bool:
     return _after(a, b) and _after(b, a)
 
 
-def _http(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, str, str]:
+def _http(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, Message, str]:
+    """(status, the reply's headers, its body); an HTTP error status is returned, not raised."""
     request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.headers.get("Location", ""), response.read().decode()
+            return response.status, response.headers, response.read().decode()
     except urllib.error.HTTPError as error:
-        return error.code, "", error.read().decode()
+        return error.code, error.headers, error.read().decode()
 
 
 def _ice_servers_told(url: str, headers: dict[str, str]) -> list[IceServer]:
     """The ICE servers the endpoint tells (``OPTIONS``, ``Link`` headers: :func:`~worldserve.ice.parse_ice_links`);
-    none when it tells none or cannot be asked."""
+    none when it tells none (a refusal, or a server from before ICE servers were told: 405) or cannot be asked."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="OPTIONS", headers=headers), timeout=30) as r:
-            return parse_ice_links(", ".join(r.headers.get_all("Link") or []))
-    except OSError:  # an HTTP error (a server before ICE servers were told: 405), or none there
+        status, replied, _ = _http("OPTIONS", url, None, headers)
+    except OSError:
         return []
+    return parse_ice_links(", ".join(replied.get_all("Link") or [])) if status < 300 else []
 
 
 class _ChannelLink:
@@ -229,9 +231,10 @@ class WebRTCWorldClient(WorldClient):
         headers["Content-Type"] = "application/sdp"
         try:
             await pc.setLocalDescription(await pc.createOffer())
-            status, location, answer = await asyncio.to_thread(
+            status, replied, answer = await asyncio.to_thread(
                 _http, "POST", url, pc.localDescription.sdp.encode(), headers
             )
+            location = replied.get("Location", "")
             if status != 201:
                 raise WorldClientError(f"cannot connect to {url}: HTTP {status}: {_said(answer)}")
             await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=answer, type="answer"))
