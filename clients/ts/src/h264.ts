@@ -8,6 +8,9 @@
 // JPEG), and keeps the video near the live edge (`jumpToLiveEdge`) under its own jitter buffer's rule.
 import type { Chunk, WorldClient } from "./client.js";
 
+/** H.264 constrained baseline, level 3.0: what worldserve's encoder makes by default. */
+const BASELINE = "avc1.42E01E";
+
 /** The avc1 codec string an init segment declares (its avcC box's profile, compatibility and level). */
 export function codecOf(init: Uint8Array): string {
   for (let i = 0; i + 8 < init.length; i++) {
@@ -16,7 +19,7 @@ export function codecOf(init: Uint8Array): string {
       return `avc1.${hex(init[i + 5])}${hex(init[i + 6])}${hex(init[i + 7])}`;
     }
   }
-  return "avc1.42E01E"; // constrained baseline, level 3.0: what worldserve's encoder makes by default
+  return BASELINE;
 }
 
 /** What an h264 chunk needs to be played: the package's `Chunk`, or a header and its one payload as they came. */
@@ -58,8 +61,6 @@ export class H264Player {
   readonly shown: number[] = [];
   /** Why playback stopped for good (an unsupported codec, a rejected fragment), or null. */
   failure: string | null = null;
-  /** Times the video was moved to the live edge (`jumpToLiveEdge`). */
-  jumps = 0;
 
   constructor(
     readonly video: HTMLVideoElement,
@@ -83,7 +84,7 @@ export class H264Player {
 
   /** Whether this browser can play worldserve's H.264 here (Media Source Extensions and the baseline profile). */
   static playable(): boolean {
-    return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported('video/mp4; codecs="avc1.42E01E"');
+    return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported(`video/mp4; codecs="${BASELINE}"`);
   }
 
   /** Play a chunk of an h264 session (chunks in the order they came). */
@@ -125,7 +126,6 @@ export class H264Player {
     const end = buffered.end(buffered.length - 1);
     if (end - this.video.currentTime <= overS) return false;
     this.video.currentTime = Math.max(0, end - keepS);
-    this.jumps += 1;
     return true;
   }
 

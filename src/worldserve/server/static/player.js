@@ -1266,7 +1266,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   // paced by our acks (sent when a chunk's first frame is shown), and a player that falls
   // behind jumps to the live edge (mseTick).
   const mse = {
-    player: null, video: null,
+    player: null, // the package's H264Player, its <video> as player.video
     chunks: new Map(), // seq -> {epoch, chunk, photon?}: what the page knows of each chunk pushed
     fastUntil: 0, // a shrink plays at 1.5x until then (performance.now())
   };
@@ -1282,8 +1282,8 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   function mseClose() {
     if (!mse.player) return;
     mse.player.close();
-    mse.video.remove();
-    Object.assign(mse, { player: null, video: null, chunks: new Map(), fastUntil: 0 });
+    mse.player.video.remove();
+    Object.assign(mse, { player: null, chunks: new Map(), fastUntil: 0 });
   }
 
   function mseOpen() {
@@ -1306,7 +1306,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
         if (mse.player === player) mseFail(reason);
       },
     });
-    Object.assign(mse, { player, video });
+    mse.player = player;
   }
 
   function mseFail(reason) {
@@ -1346,7 +1346,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   function mseShow(seq, index) {
     const known = mse.chunks.get(seq);
     if (!known || known.epoch < state.epoch) return;
-    ctx.drawImage(mse.video, 0, 0, canvas.width, canvas.height);
+    ctx.drawImage(mse.player.video, 0, 0, canvas.width, canvas.height);
     state.shownSeq = seq;
     shown(known.chunk, index, known.epoch);
   }
@@ -1357,7 +1357,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   // more is buffered ahead than the target and four chunks (a lead chunk, chunks in flight and a busy
   // machine's bunching are normal), it jumps to the newest chunk plus the target.
   function mseTick(now) {
-    const video = mse.video;
+    const video = mse.player.video;
     const fps = state.spec.fps;
     const chunk = state.spec.frames_per_chunk / fps; // seconds
     mse.player.jumpToLiveEdge(chunk * 4 + jitter.target / fps, chunk + jitter.target / fps);
@@ -1376,10 +1376,10 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
 
   // The <video> ran out of frames while playing: the jitter buffer's underrun (when the stream is live).
   function mseWaiting() {
-    if (!jitter.playing || !mse.video) return;
+    if (!jitter.playing || !mse.player) return;
     if (mse.player.bufferedMs() > 1000 / state.spec.fps) return; // a seek or a hiccup with frames to play
     jitterDry(performance.now());
-    mse.video.pause();
+    mse.player.video.pause();
   }
 
   // The bitrate overlay: bytes of frames received over the last two seconds.

@@ -1,3 +1,5 @@
+/** H.264 constrained baseline, level 3.0: what worldserve's encoder makes by default. */
+const BASELINE = "avc1.42E01E";
 /** The avc1 codec string an init segment declares (its avcC box's profile, compatibility and level). */
 export function codecOf(init) {
     for (let i = 0; i + 8 < init.length; i++) {
@@ -6,7 +8,7 @@ export function codecOf(init) {
             return `avc1.${hex(init[i + 5])}${hex(init[i + 6])}${hex(init[i + 7])}`;
         }
     }
-    return "avc1.42E01E"; // constrained baseline, level 3.0: what worldserve's encoder makes by default
+    return BASELINE;
 }
 export class H264Player {
     video;
@@ -27,8 +29,6 @@ export class H264Player {
     shown = [];
     /** Why playback stopped for good (an unsupported codec, a rejected fragment), or null. */
     failure = null;
-    /** Times the video was moved to the live edge (`jumpToLiveEdge`). */
-    jumps = 0;
     constructor(video, fps, 
     /** Acks each chunk as its first frame is shown (a client made with `autoAck: false`). */
     client, options = {}) {
@@ -51,7 +51,7 @@ export class H264Player {
     }
     /** Whether this browser can play worldserve's H.264 here (Media Source Extensions and the baseline profile). */
     static playable() {
-        return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported('video/mp4; codecs="avc1.42E01E"');
+        return typeof MediaSource !== "undefined" && MediaSource.isTypeSupported(`video/mp4; codecs="${BASELINE}"`);
     }
     /** Play a chunk of an h264 session (chunks in the order they came). */
     push(chunk) {
@@ -95,7 +95,6 @@ export class H264Player {
         if (end - this.video.currentTime <= overS)
             return false;
         this.video.currentTime = Math.max(0, end - keepS);
-        this.jumps += 1;
         return true;
     }
     /** Where requestVideoFrameCallback is missing: take the frame at the video's current time as shown (call it
