@@ -3,8 +3,9 @@
 // Owns: the connection, requests and their replies (matched by `id`), the chunk stream (a `chunk`
 // header, then one binary message per frame, or one fMP4 fragment for H.264), acks, and the notices
 // a session hears (input.dropped, chunk.skipped, session.queued). Frames are handed over as the bytes
-// that came (raw RGB, JPEG, or an H.264 fragment); `decodeJpeg` turns a JPEG into an ImageBitmap where
-// the platform has one (a browser). Must not know: pages, canvases, players.
+// that came (raw RGB, JPEG, or an H.264 fragment): whole chunks by `nextChunk`, or, to a player that
+// `listen`s, each message as it comes. `decodeJpeg` turns a JPEG into an ImageBitmap where the platform
+// has one (a browser). Must not know: pages, canvases, players.
 
 import type { ClientMessages, ServerMessages } from "./messages.js";
 
@@ -37,15 +38,17 @@ export function camera(dx: number, dy: number): ControlInput {
   return { track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } };
 }
 
-/** An `error` message from the server: `code` is stable (docs/protocol.md, "Errors"). */
+/** An `error` message from the server, or a `session.failed` (`failed`: the session takes only reset or close
+ * now): `code` is stable (docs/protocol.md, "Errors"), `detail` the server's own words. */
 export class WorldError extends Error {
   constructor(
     readonly code: string,
-    message: string,
+    readonly detail: string,
     readonly eventId?: number | null,
     readonly retryAfterMs?: number | null,
+    readonly failed = false,
   ) {
-    super(`${code}: ${message}`);
+    super(`${code}: ${detail}`);
     this.name = "WorldError";
   }
 }
@@ -83,6 +86,13 @@ export interface SessionInfo {
   viewerToken: string | null;
   controllerToken: string | null;
   leadChunks: number;
+  /** The server's reply as it came: `session.started`, `session.joined` or (the last) `session.resumed`. */
+  reply: SessionStarted | SessionJoined | SessionResumed;
+}
+
+export interface ResumeOptions {
+  /** The stream must start again at a keyframe (a player that lost its H.264 decoder, e.g. a reloaded page). */
+  keyframe?: boolean;
 }
 
 export interface StartOptions {
@@ -122,6 +132,20 @@ export interface SocketLike {
 
 export type SocketFactory = (url: string, protocols?: string[]) => SocketLike;
 
+/** What a player hears of its session as it happens (`listen`), beside the replies its verbs resolve with. */
+export interface SessionListener {
+  /** A connection is open: after `connect()`, and after each move to the front-end where a world lives. */
+  opened?(): void;
+  /** A message the server sent unasked: a chunk's header (its frames follow), `session.reset`, `input.dropped`,
+   * `chunk.skipped`, `session.queued`, `session.closed`, `session.failed`, an `error` that answers no request. */
+  message?(message: ServerMessage): void;
+  /** One binary message of the chunk whose header came last (a frame; H.264: the chunk's fragment), as it comes. */
+  frame?(payload: ArrayBuffer, header: ChunkHeader, index: number): void;
+  /** The connection ended, not by this client's own `drop` or a move: the WebSocket's close code (1006: none
+   * came, as when the network or the handshake failed). */
+  closed?(code: number): void;
+}
+
 export interface ClientOptions {
   /** A server started with --token: sent as the `bearer.<token>` subprotocol, as the page does. */
   token?: string;
@@ -156,6 +180,7 @@ export class WorldClient {
   private partial: { header: ChunkHeader; payloads: Uint8Array[] } | null = null;
   private onQueued: ((queued: SessionQueued) => void) | null = null;
   private closed: Error | null = null;
+  private listener: SessionListener | null = null;
 
   constructor(
     /** Where the socket goes; a resume or join told `session.moved` goes on to the world's front-end and keeps its URL. */
@@ -168,10 +193,29 @@ export class WorldClient {
     this.closed = null;
     this.ready.length = 0;
     const socket = await this.open();
+    let ended = false;
     socket.onmessage = (event) => this.receive(event.data);
-    socket.onclose = () => this.lost(new WorldClientError("connection closed."));
+    socket.onclose = (event) => {
+      this.lost(new WorldClientError("connection closed."));
+      if (ended) return;
+      ended = true;
+      const code = (event as { code?: number } | null)?.code;
+      this.listener?.closed?.(typeof code === "number" && code > 0 ? code : 1006);
+    };
     socket.onerror = () => this.lost(new WorldClientError("connection failed."));
     this.socket = socket;
+    this.listener?.opened?.();
+  }
+
+  /** Hear the session as it happens (a player): each unasked message, each frame as it comes, the connection's
+   * end. Chunks then go to the listener only: `nextChunk` and `chunks` have none to give. */
+  listen(listener: SessionListener | null): void {
+    this.listener = listener;
+  }
+
+  /** Whether the connection is open now (a verb sent now reaches the server). */
+  get connected(): boolean {
+    return this.socket !== null && this.socket.readyState === OPEN;
   }
 
   /** A new socket to the server, open (a WebRTC client opens a data channel instead). */
@@ -223,6 +267,7 @@ export class WorldClient {
         viewerToken: reply.share?.viewer ?? null,
         controllerToken: reply.share?.controller ?? null,
         leadChunks: reply.lead_chunks,
+        reply,
       };
       return this.session;
     } finally {
@@ -249,12 +294,17 @@ export class WorldClient {
       viewerToken: null,
       controllerToken: null,
       leadChunks: reply.lead_chunks,
+      reply,
     };
     return this.session;
   }
 
   /** Reconnect and take the session back after a lost connection (or `drop()`): chunks after `lastSeq` follow. */
-  async resume(session: SessionInfo | null = this.session, lastSeq: number = this.lastSeq): Promise<SessionResumed> {
+  async resume(
+    session: Pick<SessionInfo, "sessionId" | "resumeToken"> | null = this.session,
+    lastSeq: number = this.lastSeq,
+    options: ResumeOptions = {},
+  ): Promise<SessionResumed> {
     if (!session || !session.resumeToken) throw new WorldClientError("no resumable session (start or join one first).");
     this.drop();
     await this.connect();
@@ -263,8 +313,21 @@ export class WorldClient {
       session_id: session.sessionId,
       token: session.resumeToken,
       last_seq: lastSeq,
+      ...(options.keyframe ? { keyframe: true } : {}),
     })) as SessionResumed;
-    this.session = { ...session, role: reply.role, media: reply.media };
+    const known = this.session?.sessionId === session.sessionId ? this.session : null;
+    this.session = {
+      viewerToken: null,
+      controllerToken: null,
+      ...known,
+      sessionId: reply.session_id,
+      resumeToken: session.resumeToken,
+      role: reply.role,
+      media: reply.media,
+      model: reply.model,
+      leadChunks: reply.lead_chunks,
+      reply,
+    };
     this.lastSeq = lastSeq;
     return reply;
   }
@@ -317,26 +380,31 @@ export class WorldClient {
     }
   }
 
-  /** Close the session (the world ends for everyone in it), then the socket. */
-  async close(): Promise<void> {
-    if (this.socket && this.session) {
+  /** Close the session (a host's world ends for everyone in it; a member leaves it; a start waiting in line
+   * leaves the line), then the socket. Resolves with the server's reason (`closed`, `left_queue`), or null when
+   * there was nothing to close. */
+  async close(): Promise<string | null> {
+    let reason: string | null = null;
+    if (this.connected) {
       try {
-        await this.request({ type: "session.close" });
+        reason = ((await this.request({ type: "session.close" })) as ServerMessages.SessionClosed).reason;
       } catch {
         // already gone: nothing to close
       }
     }
     this.session = null;
     this.drop();
+    return reason;
   }
 
-  /** Lose the connection without closing the session: it waits out the server's resume grace. */
-  drop(): void {
+  /** Lose the connection without closing the session: it waits out the server's resume grace. A close `code` of
+   * 1000 or 1001 is a clean leave instead: the server ends a host's world, or a member's place in one. */
+  drop(code?: number, reason?: string): void {
     const socket = this.socket;
     this.socket = null;
     if (socket) {
       socket.onclose = socket.onerror = socket.onmessage = null;
-      socket.close();
+      socket.close(code, reason);
     }
     this.lost(new WorldClientError("connection dropped."));
   }
@@ -373,7 +441,7 @@ export class WorldClient {
           if (reply.type === "error") {
             reject(new WorldError(reply.code, reply.message, reply.event_id, reply.retry_after_ms));
           } else if (reply.type === "session.failed") {
-            reject(new WorldError(reply.code, reply.message));
+            reject(new WorldError(reply.code, reply.message, null, null, true));
           } else {
             resolve(reply);
           }
@@ -391,6 +459,13 @@ export class WorldClient {
     if (typeof data !== "string") {
       const partial = this.partial;
       if (!partial) return this.lost(new WorldClientError("binary message without a chunk header."));
+      if (this.listener) { // a player takes each frame as it comes
+        const index = partial.payloads.length;
+        partial.payloads.push(EMPTY);
+        if (partial.payloads.length === partial.header.frames.sizes.length) this.partial = null;
+        this.listener.frame?.(data as ArrayBuffer, partial.header, index);
+        return;
+      }
       partial.payloads.push(new Uint8Array(data as ArrayBuffer));
       if (partial.payloads.length === partial.header.frames.sizes.length) {
         this.partial = null;
@@ -399,19 +474,28 @@ export class WorldClient {
       return;
     }
     const message = JSON.parse(data) as ServerMessage;
+    const listener = this.listener;
     switch (message.type) {
       case "chunk":
         this.partial = { header: message, payloads: [] };
+        if (listener) {
+          this.lastSeq = Math.max(this.lastSeq, message.seq);
+          if (message.frames.sizes.length === 0) this.partial = null;
+          listener.message?.(message);
+        }
         return;
       case "chunk.skipped":
-        this.skipped.push(message);
         this.lastSeq = Math.max(this.lastSeq, message.to_seq);
+        if (listener) listener.message?.(message);
+        else this.skipped.push(message);
         return;
       case "input.dropped":
-        this.dropped.push(message);
+        if (listener) listener.message?.(message);
+        else this.dropped.push(message);
         return;
       case "session.queued":
-        this.queued.push(message);
+        if (listener) listener.message?.(message);
+        else this.queued.push(message);
         this.onQueued?.(message);
         return;
     }
@@ -419,6 +503,9 @@ export class WorldClient {
     if (waiter) {
       this.replies.delete(message.id as string);
       waiter.resolve(message);
+    } else if (listener) {
+      if (message.type === "session.closed") this.session = null;
+      listener.message?.(message);
     } else if (message.type === "session.closed") {
       this.session = null;
       this.deliver(new WorldClientError(`session closed (${message.reason}).`));
@@ -429,6 +516,10 @@ export class WorldClient {
 
   protected deliver(item: Chunk | Error): void {
     if (!(item instanceof Error)) this.lastSeq = Math.max(this.lastSeq, item.seq);
+    if (this.listener) { // a player hears a chunk as its header (an error came to it as its message)
+      if (!(item instanceof Error)) this.listener.message?.(item.header);
+      return;
+    }
     const taker = this.takers.shift();
     if (!taker) {
       this.ready.push(item);
@@ -467,6 +558,8 @@ export class WorldClient {
     for (const taker of this.takers.splice(0)) taker.reject(error);
   }
 }
+
+const EMPTY = new Uint8Array(0);
 
 export function toChunk(header: ChunkHeader, payloads: Uint8Array[]): Chunk {
   return {

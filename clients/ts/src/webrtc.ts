@@ -243,12 +243,12 @@ export class WebRTCWorldClient extends WorldClient {
     video.requestVideoFrameCallback(shown);
   }
 
-  /** Lose the peer connection as a network would (no DELETE): the server parks the session for `resume()`. */
-  override drop(): void {
-    this.resource = null;
-    this.pc?.close();
-    this.pc = null;
-    super.drop();
+  /** Lose the peer connection as a network would (no DELETE): the server parks the session for `resume()`. A
+   * `code` of 1000 or 1001 leaves cleanly instead (DELETE: the server ends the session as on a socket's clean close). */
+  override drop(code?: number, reason?: string): void {
+    if (code !== 1000 && code !== 1001) this.resource = null;
+    super.drop(code, reason); // its socket's close is leave(): the DELETE, if still due, and the peer closed
+    this.leave();
   }
 
   /** Leave cleanly: DELETE the peer's resource (the server closes the session as on a socket's clean close). */
@@ -295,8 +295,11 @@ function channelSocket(channel: RTCDataChannel, pc: RTCPeerConnection, leave: ()
   };
   channel.onmessage = (event) => socket.onmessage?.({ data: event.data });
   channel.onclose = () => socket.onclose?.({});
-  pc.onconnectionstatechange = () => {
-    if (pc.connectionState === "failed") socket.onerror?.({});
+  pc.onconnectionstatechange = () => { // a failed peer is a dropped socket (1006), whether or not its channel says so
+    if (pc.connectionState === "failed") {
+      socket.onerror?.({});
+      socket.onclose?.({ code: 1006 });
+    }
   };
   return socket;
 }

@@ -108,6 +108,52 @@ test("a dropped connection resumes with every chunk after the last one received,
   await world.close();
 });
 
+test("a player listens: each chunk's header, then its frames one by one as they come; notices; the close code", async () => {
+  const world = client();
+  const heard: string[] = [];
+  const frames = new Map<number, number[]>(); // seq -> the frame indexes heard, in order
+  let opened = 0;
+  let size = 0;
+  let closedWith = (_code: number) => undefined as void;
+  const closed = new Promise<number>((resolve) => { closedWith = resolve; });
+  world.listen({
+    opened: () => { opened += 1; },
+    message: (message) => {
+      heard.push(message.type === "chunk" ? `chunk ${message.seq}` : message.type);
+      if (message.type === "chunk") frames.set(message.seq, []);
+    },
+    frame: (payload, header, index) => {
+      assert.ok(heard.includes(`chunk ${header.seq}`), "a frame before its chunk's header");
+      assert.equal(payload.byteLength, header.frames.sizes[index]);
+      size = header.frames.width * header.frames.height * 3;
+      assert.equal(payload.byteLength, size);
+      frames.get(header.seq)?.push(index);
+    },
+    closed: (code) => closedWith(code),
+  });
+  await world.connect();
+  const info = await world.start({ seed: 4, media: "raw" });
+  assert.equal(info.reply.type, "session.started");
+  const count = (info.model as { frames_per_chunk: number }).frames_per_chunk;
+  const deadline = Date.now() + 30_000;
+  while ([...frames.values()].filter((got) => got.length === count).length < 3) {
+    assert.ok(Date.now() < deadline, `3 whole chunks not heard in 30 s: ${heard.join(", ")}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  for (const got of [...frames.values()].slice(0, 3)) assert.deepEqual(got, [...Array(count).keys()]);
+  assert.ok(world.lastSeq >= 2);
+  await assert.rejects(world.nextChunk(200), /no chunk in 200 ms/); // a listener's chunks are its own
+  // Another connection takes the session over with its resume token: this one is closed with 4000.
+  const thief = client();
+  const resumed = await thief.resume({ sessionId: info.sessionId, resumeToken: info.resumeToken }, world.lastSeq);
+  assert.equal(resumed.role, "host");
+  assert.equal(await closed, 4000);
+  assert.equal(opened, 1);
+  assert.equal(thief.session?.sessionId, info.sessionId);
+  assert.equal(await thief.close(), "closed");
+  assert.equal(await world.close(), null); // its connection is gone: nothing to close
+});
+
 test("a share link: a viewer sees the host's world and may not steer it; a controller may", async () => {
   const host = client();
   await host.connect();

@@ -7,10 +7,11 @@
 // start, having no decoder any more), and a new world at once after a server restart; fullscreen, keyboard help, and a
 // download of what you played. Frames arrive as H.264 (played through Media Source
 // Extensions, see "H.264 playback" below), or JPEG where the browser cannot;
-// ?media=raw|jpeg|h264 picks one. Plain JS, no build step of its own: an ES module that imports
-// @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/).
+// ?media=raw|jpeg|h264 picks one. Plain JS, no build step of its own: an ES module on
+// @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/):
+// its WorldClient (WebRTCWorldClient) speaks the protocol, its H264Player plays H.264; the page plays and steers.
 // Protocol: docs/protocol.md; media: docs/media.md.
-import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } from "./client/index.js";
+import { H264Player, WebRTCWorldClient, WorldClient, WorldError, linkStats, signal } from "./client/index.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -43,7 +44,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   // ?transport=webrtc: the session over WebRTC (POST /v1/webrtc; a viewer's link: WHEP), where the browser has it.
   const RTC_WANTED = new URLSearchParams(location.search).get("transport") === "webrtc" && Boolean(window.RTCPeerConnection);
   const state = {
-    ws: null,
+    client: null, // the session's WorldClient (over WebRTC: WebRTCWorldClient), while it has one
     spec: null,
     sessionId: null,
     role: null, // "host", "controller" or "viewer"
@@ -56,7 +57,6 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     status: "idle",
     statusLog: [], // every status this page took, in order (for tests and curious users)
     epoch: 0,
-    nextMessageId: 1,
     nextEventId: 1,
     held: { keys: new Set(), touch: new Set(), pad: new Set() }, // held movement keys, by source
     sentAt: new Map(), // event_id -> when its input happened (performance.now() time base)
@@ -101,10 +101,10 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     get statusLog() { return state.statusLog.slice(); },
     get sessionId() { return state.sessionId; },
     get worldUrl() { return state.worldUrl || null; }, // where a session.moved sent this page's resume or join
-    get transport() { return rtc.pc ? "webrtc" : "websocket"; },
+    get transport() { return rtc.pc || rtc.client ? "webrtc" : "websocket"; },
     get webrtc() { return rtc.stats; }, // a WebRTC peer's last getStats() figures
     // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
-    loseWebRTC() { if (rtc.lose && rtc.session) rtc.lose(); },
+    loseWebRTC() { loseWebRTC(); },
     // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).
     get webrtcShown() { return state.rtcShown.map((frame) => ({ ...frame })); },
     get role() { return state.role; },
@@ -273,21 +273,33 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     }
   }
 
-  // -- the socket -------------------------------------------------------------------------
+  // -- the session: the package's WorldClient (over WebRTC: WebRTCWorldClient) ----------------
+  // The package speaks the protocol: the socket (or data channel) and its subprotocols, requests matched to
+  // their replies, the moves to the front-end where a world lives or where the service's line placed a start,
+  // the waiting line. The page hears its session as it happens (listen: chunk headers, each frame as it comes,
+  // notices, the connection's end) and keeps a player's policy: when to resume, restart or give up, and what
+  // to tell the person.
 
-  function send(message) {
-    if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return null;
-    const id = `m${state.nextMessageId++}`;
-    state.ws.send(JSON.stringify({ ...message, id }));
-    return id;
+  function live() {
+    return Boolean(state.client) && state.client.connected;
+  }
+
+  // A verb the server refused: its error code decides what the page does. A connection lost meanwhile is
+  // heard where the connection's end is (onSocketClosed), so that rejection is nothing to do here.
+  function refusedBy(error) {
+    if (!(error instanceof WorldError)) return;
+    if (error.failed) sessionFailed(error.code, error.detail);
+    else onError(error.code, error.detail);
   }
 
   // at: when the input behind it happened (an event's timeStamp), for the key->screen figure.
   function sendEvent(fields, at) {
-    if (state.status !== "live" || state.role === "viewer") return;
+    if (state.status !== "live" || state.role === "viewer" || !live()) return;
     const eventId = state.nextEventId++;
     state.sentAt.set(eventId, at === undefined ? performance.now() : at);
-    send({ type: "input.event", event_id: eventId, ...fields });
+    state.client.sendEvent({ ...fields, eventId }).then((accepted) => {
+      if (accepted.status === "duplicate") log(`event ${accepted.event_id} was a duplicate`);
+    }, refusedBy);
   }
 
   function heldKeys() {
@@ -323,106 +335,171 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     sendEvent({ controls: [{ track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } }] }, at);
   }
 
-  function closeSocket() {
-    const ws = state.ws;
-    state.ws = null;
-    if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000, "new session");
+  // Let this page's connection go. code 1000 (a clean leave) ends a host's world on the server; any other
+  // parks it for its resume grace (a reload's 4001).
+  function closeSocket(code = 1000, reason = "new session") {
+    const client = state.client;
+    state.client = null;
+    if (!client) return;
+    client.listen(null);
+    client.drop(code, reason);
+    rtcDone();
   }
 
   // mode: "start" a new world, "join" the share link's, or "resume" ours after a drop.
-  function connect(mode) {
-    if (RTC_WANTED) {
-      connectRtc(mode);
-      return;
-    }
+  async function connect(mode) {
     closeSocket();
+    whepLeave();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const protocols = ["worldserve.v1"];
-    const token = tokenValue();
-    if (token) protocols.push(`bearer.${token}`);
     const url = movedWorldUrl(mode) || `${scheme}${location.host}${BASE}v1/world`;
-    let ws;
-    try {
-      ws = new WebSocket(url, protocols);
-    } catch (error) { // e.g. a token with characters a subprotocol cannot carry
-      setStatus("error", "cannot connect");
-      notice(`cannot open the connection: ${error.message}`);
-      return;
-    }
-    ws.binaryType = "arraybuffer";
-    state.ws = ws;
+    const token = tokenValue() || undefined;
+    const client = RTC_WANTED ? new WebRTCWorldClient(url, { token }) : new WorldClient(url, { token, autoAck: false });
+    state.client = client;
     state.header = null; // a chunk cut off by a drop is re-sent whole
     state.frames = [];
     let opened = false;
-    if (!state.reconnect) setStatus("connecting", "connecting…");
-    ws.onopen = () => {
-      opened = true;
-      sendOpening(mode);
-    };
-    ws.onmessage = (event) => {
-      if (state.ws !== ws) return;
-      if (typeof event.data === "string") onMessage(JSON.parse(event.data));
-      else onFrame(event.data);
-    };
-    ws.onclose = (event) => {
-      if (state.ws !== ws) return;
-      state.ws = null;
-      onSocketClosed(event, opened);
-    };
+    const mine = (heard) => (...args) => { if (state.client === client) heard(...args); };
+    client.listen({
+      opened: mine(() => {
+        opened = true;
+        if (RTC_WANTED) rtcOpened(client);
+      }),
+      message: mine(onMessage),
+      frame: mine(onFrame),
+      closed: mine((code) => {
+        state.client = null;
+        rtcDone();
+        onSocketClosed({ code }, true);
+      }),
+    });
+    if (!state.reconnect) setStatus("connecting", RTC_WANTED ? "connecting (WebRTC)…" : "connecting…");
+    let reply;
+    try {
+      if (mode === "resume") {
+        reply = await client.resume(
+          { sessionId: state.sessionId, resumeToken: state.resumeToken }, state.lastSeq,
+          { keyframe: state.reloaded }, // no decoder after a reload: the stream must start again
+        );
+      } else {
+        await client.connect();
+        if (state.client !== client) return;
+        reply = mode === "join" ? (await joinWorld(client)).reply : (await client.start(startOptions())).reply;
+      }
+    } catch (error) {
+      if (state.client !== client) return; // its end was heard already, or the page moved on
+      if (error instanceof WorldError) {
+        refusedBy(error);
+      } else if (error.name === "SyntaxError") { // e.g. a token with characters a subprotocol cannot carry
+        closeSocket();
+        setStatus("error", "cannot connect");
+        notice(`cannot open the connection: ${error.message}`);
+      } else if (client.connected) { // open, but the verb went nowhere (moved too often, no reply)
+        setStatus("error", "cannot reach the world");
+        notice(error.message);
+      } else { // it never opened (a refusal, no server, a failed peer): onSocketClosed tells which
+        closeSocket(3000, "never opened"); // not a clean leave: nothing of the world is ended by it
+        if (RTC_WANTED) log(`WebRTC: ${error.message}`, "error");
+        onSocketClosed({ code: 1006 }, opened);
+      }
+      return;
+    }
+    if (state.client !== client) return;
+    if (client.url !== url) { // a session.moved sent this page to the front-end where the world lives
+      state.worldUrl = client.url;
+      log(`session ${reply.session_id.slice(0, 8)}… lives at ${client.url}: moved there`);
+    }
+    if (reply.type === "session.started") started(reply);
+    else if (reply.type === "session.joined") joined(reply);
+    else resumed(reply);
+    if (RTC_WANTED) {
+      state.media = "webrtc";
+      if (state.status === "live") setStatus("live", rtcLive());
+    }
   }
 
   // The /v1/world URL of the front-end a connection for `mode` goes to, where session.moved named one behind a
-  // balancer: a resume or join goes where the world lives, a start with a reservation where the service's line
-  // placed it. null: here (any other start, which forgets where an earlier world lived).
+  // balancer: a resume or join goes where the world lives. null: here (a start, which forgets where an earlier
+  // world lived; the client follows a start that the service's line places on another front-end itself).
   function movedWorldUrl(mode) {
-    const moved = mode === "start" ? Boolean(state.reservation) : Boolean(state.worldUrl);
-    const url = moved ? state.worldUrl : null;
-    if (mode === "start" && !state.reservation) state.worldUrl = null;
-    return url;
+    if (mode === "start") state.worldUrl = null;
+    return state.worldUrl || null;
   }
 
-  // The first message on a new connection: the resume, the join or the start that `mode` says.
-  function sendOpening(mode) {
-    if (mode === "resume") {
-      const resume = { type: "session.resume", session_id: state.sessionId, token: state.resumeToken, last_seq: state.lastSeq };
-      if (state.reloaded) resume.keyframe = true; // no decoder after a reload: the stream must start again
-      send(resume);
-    } else if (mode === "join") {
-      const join = { type: "session.join", session_id: state.join.session, token: state.join.token, role: state.join.role };
-      if (!H264Player.playable()) join.media = chooseMedia(); // no MSE here: this viewer asks for its own media (JPEG)
-      send(join);
-    } else {
-      send(startMessage());
-    }
+  function joinWorld(client) {
+    const { session, token, role } = state.join;
+    // No MSE here: this viewer asks for its own media (JPEG).
+    return client.join(session, token, role, H264Player.playable() ? undefined : chooseMedia());
   }
 
-  function startMessage() {
+  function startOptions() {
     const prompt = takesPrompt() ? $("prompt").value.trim() : ""; // a model without prompts is sent none
     const started = state.started || { prompt, seed: Number($("seed").value) || 0 };
     state.started = started;
-    const message = {
-      type: "session.start",
-      seed: started.seed,
-      options: { media: chooseMedia() },
-      share: { viewers: true, controllers: true },
-      queue: true, // a full server puts this start in line (session.queued) instead of refusing it
-    };
-    if (started.prompt) message.prompt = started.prompt;
-    if (state.startImage) message.image = state.startImage;
-    if (state.references) message.references = state.references;
-    if (state.reservation) { // sent once: where the service's line placed this start
-      message.reservation = state.reservation;
-      state.reservation = null;
-    }
     state.lastSeq = -1;
-    return message;
+    return {
+      seed: started.seed,
+      media: chooseMedia(),
+      shareViewers: true,
+      shareControllers: true,
+      queue: true, // a full server puts this start in line (session.queued) instead of refusing it
+      ...(started.prompt ? { prompt: started.prompt } : {}),
+      ...(state.startImage ? { image: state.startImage } : {}),
+      ...(state.references ? { references: state.references } : {}),
+    };
+  }
+
+  function started(reply) {
+    stopReconnecting();
+    state.lastSeq = -1;
+    enterWorld(reply, "host");
+    showShare(reply.share);
+    log(`session ${reply.session_id.slice(0, 8)}… started`);
+  }
+
+  function joined(reply) {
+    stopReconnecting();
+    state.join = null; // joined: a later Start makes a world of its own
+    state.started = null;
+    state.lastSeq = reply.seq;
+    enterWorld(reply, reply.role);
+    log(`joined session ${reply.session_id.slice(0, 8)}… as ${reply.role}`);
+  }
+
+  function resumed(reply) {
+    stopReconnecting();
+    if (state.reloaded) { // a new page: enter the world as a new player would, keeping our place
+      const { resumeToken, resumeGraceS, lastSeq, share, epoch } = state;
+      state.reloaded = false;
+      enterWorld(reply, reply.role);
+      Object.assign(state, { resumeToken, resumeGraceS, lastSeq, epoch });
+      showShare(share);
+    }
+    state.role = reply.role;
+    state.leadChunks = reply.lead_chunks ?? state.leadChunks;
+    state.resumes += 1;
+    setStatus("live", reply.role === "host" ? "live" : `live (${reply.role})`);
+    notice("");
+    log(`resumed (${reply.replayed} chunks re-sent)`);
+  }
+
+  // Leave the world (a host's ends for everyone in it; a start waiting in line leaves the line): the page
+  // lets the connection go at once, and the server's session.closed reply says why, as any close does.
+  function closeWorld() {
+    const client = state.client;
+    if (!live()) return false;
+    state.client = null; // nothing more of this connection is played
+    rtcDone();
+    client.close().then((reason) => sessionClosed(reason || "closed"));
+    return true;
   }
 
   // -- a viewer over WebRTC (WHEP: POST an SDP offer with the share token, the answer back) ---------------
   // The world's frames come as a video track (played in a <video> over the canvas); the overlay's transport
   // shows the round trip and the packets lost, from getStats(). Steering stays on the WebSocket.
 
-  const rtc = { pc: null, video: null, resource: null, timer: null, stats: null };
+  // pc, resource: a WHEP viewer's peer and its WHEP resource; client: a whole session over WebRTC (its
+  // WebRTCWorldClient); video, timer, stats, chunks: either's.
+  const rtc = { pc: null, client: null, video: null, resource: null, timer: null, stats: null, chunks: new Map() };
 
   async function whepWatch(join) {
     whepLeave();
@@ -433,7 +510,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     const video = rtcVideo();
     rtc.video = video;
     pc.ontrack = (event) => {
-      rtcPlay(video, event);
+      rtcPlay(video, event.streams[0] || new MediaStream([event.track]));
       rtcWatch(video, false);
     };
     pc.onconnectionstatechange = () => {
@@ -470,22 +547,28 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   }
 
   async function whepStats() {
-    const pc = rtc.pc;
-    if (!pc) return;
-    const found = { transport: "webrtc", ...(await linkStats(pc)) };
-    rtc.stats = found;
+    const found = rtc.pc ? await linkStats(rtc.pc) : rtc.client ? await rtc.client.stats() : null;
+    if (!found) return;
+    rtc.stats = { transport: "webrtc", ...found };
     $("stat-transport").textContent = `webrtc · rtt ${found.rttMs ?? "–"} ms · loss ${found.lossPercent} %`;
     $("stat-media").textContent = found.codec || "webrtc";
     $("stat-fps").textContent = rtc.lastFrames === undefined ? "–" : String(found.framesDecoded - rtc.lastFrames);
     rtc.lastFrames = found.framesDecoded;
   }
 
+  // A WHEP viewer leaves: its resource is DELETEd, its peer closed.
   function whepLeave() {
     if (rtc.resource) fetch(rtc.resource, { method: "DELETE", keepalive: true }).catch(() => {});
     if (rtc.pc) rtc.pc.close();
+    rtc.pc = rtc.resource = null;
+    rtcDone();
+  }
+
+  // Whatever played a WebRTC track goes: its <video>, its figures' timer.
+  function rtcDone() {
     if (rtc.video) rtc.video.remove();
     if (rtc.timer) clearInterval(rtc.timer);
-    Object.assign(rtc, { pc: null, video: null, resource: null, timer: null, session: false, lose: null });
+    Object.assign(rtc, { client: null, video: null, timer: null });
   }
 
   // The <video> a WebRTC track plays in, over the canvas.
@@ -499,88 +582,26 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     return video;
   }
 
-  function rtcPlay(video, event) {
-    video.srcObject = event.streams[0] || new MediaStream([event.track]);
+  function rtcPlay(video, stream) {
+    video.srcObject = stream;
     video.play().catch(() => {});
   }
 
   // -- a whole session over WebRTC (?transport=webrtc: POST /v1/webrtc) ---------------------------------------
-  // The session's messages travel on a data channel, exactly as on the socket; its frames on a video track,
-  // shown by a <video> over the canvas. A frame's chunk comes from its RTP timestamp: chunk.track {seq, frame,
-  // rtp} names the timestamp of a chunk's first frame on the track, and the <video>'s requestVideoFrameCallback
-  // tells each frame's as it is shown. A chunk is acked, and its inputs' key->screen figure taken, when its first
-  // frame is shown. A peer connection lost is a dropped socket: the page resumes its world on a new one.
-  async function connectRtc(mode) {
-    closeSocket();
-    whepLeave();
-    const pc = new RTCPeerConnection();
-    const channel = pc.createDataChannel("worldserve");
-    pc.addTransceiver("video", { direction: "recvonly" });
+  // The package's WebRTCWorldClient: the session's messages travel on a data channel, exactly as on the socket;
+  // its frames on a video track, shown by a <video> over the canvas. A frame's chunk comes from its RTP
+  // timestamp (chunk.track {seq, frame, rtp} names the timestamp of a chunk's first frame on the track; the
+  // client keeps them), and the <video>'s requestVideoFrameCallback tells each frame's as it is shown. A chunk is
+  // acked, and its inputs' key->screen figure taken, when its first frame is shown. A peer connection lost is a
+  // dropped socket: the page resumes its world on a new one.
+
+  // A peer connection is up (the first, or one on the front-end a move went to): its track plays here.
+  function rtcOpened(client) {
+    rtcDone();
     const video = rtcVideo();
-    Object.assign(rtc, { pc, video, session: true, marks: new TrackMarks(), chunks: new Map() });
-    let opened = false;
-    let ended = false;
-    const sock = { // what the page reads and writes as its socket
-      get readyState() {
-        const states = { connecting: WebSocket.CONNECTING, open: WebSocket.OPEN, closing: WebSocket.CLOSING };
-        return ended ? WebSocket.CLOSED : states[channel.readyState] ?? WebSocket.CLOSED;
-      },
-      send(text) { sendOnChannel(channel, text); }, // a start with its images may go in pieces
-      close(code) { // a clean close leaves (DELETE: the server closes the session); any other parks it
-        ended = true;
-        if (code !== 1000 && code !== 1001) rtc.resource = null;
-        whepLeave();
-      },
-    };
-    const lost = () => { // the peer connection failed, as a socket drops: resume (or say why it cannot)
-      if (ended || state.ws !== sock) return;
-      ended = true;
-      state.ws = null;
-      rtc.resource = null; // no DELETE: the server parks the world for its resume
-      whepLeave();
-      onSocketClosed({ code: 1006 }, opened);
-    };
-    rtc.lose = lost;
-    state.ws = sock;
-    state.header = null;
-    state.frames = [];
-    if (!state.reconnect) setStatus("connecting", "connecting (WebRTC)…");
-    pc.ontrack = (event) => {
-      rtcPlay(video, event);
-      rtcWatch(video, true);
-    };
-    pc.onconnectionstatechange = () => {
-      if (["failed", "closed"].includes(pc.connectionState)) lost();
-    };
-    channel.onopen = () => {
-      opened = true;
-      rtc.timer = setInterval(whepStats, 1000);
-      sendOpening(mode);
-    };
-    channel.onclose = lost;
-    channel.onmessage = (event) => {
-      if (state.ws !== sock) return;
-      const message = JSON.parse(event.data);
-      if (message.type === "chunk.track") rtc.marks.tell(message.seq, message.rtp);
-      else if (message.type === "chunk") rtcChunk(message);
-      else {
-        onMessage(message);
-        if (["session.started", "session.joined", "session.resumed"].includes(message.type)) {
-          state.media = "webrtc";
-          if (state.status === "live") setStatus("live", rtcLive());
-        }
-      }
-    };
-    const there = movedWorldUrl(mode);
-    const url = there ? webrtcUrl(there) : `${BASE}v1/webrtc`;
-    try {
-      const resource = await signal(pc, url, tokenValue());
-      if (state.ws === sock) rtc.resource = resource;
-    } catch (error) {
-      if (state.ws !== sock) return;
-      log(`WebRTC: ${error.message}`, "error");
-      lost();
-    }
+    Object.assign(rtc, { client, video, chunks: new Map(), timer: setInterval(whepStats, 1000) });
+    rtcPlay(video, client.stream);
+    rtcWatch(video, true);
   }
 
   // A chunk's header: its inputs' figures wait for its first frame on the track.
@@ -613,11 +634,11 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   }
 
   // A frame is on screen: its chunk is the one whose first frame's RTP timestamp is the latest at or before its
-  // own (the package's TrackMarks). That chunk's first frame shown acks it and gives its figures.
+  // own (the client's chunkOf). That chunk's first frame shown acks it and gives its figures.
   function rtcShown(rtp, at) {
-    if (rtp === undefined) return;
+    if (rtp === undefined || !rtc.client) return;
     state.displayed += 1;
-    const seq = rtc.marks.chunkOf(rtp);
+    const seq = rtc.client.chunkOf(rtp);
     const chunk = seq === null ? undefined : rtc.chunks.get(seq);
     if (!chunk) return;
     state.rtcShown.push({ rtp: rtp >>> 0, seq, chunk: chunk.header.chunk_index, epoch: chunk.header.epoch });
@@ -633,6 +654,14 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
       chunk.photon.received = chunk.photon.decoded = at; // the track's frames: decoded by the <video>
       photonShown(chunk.photon, at);
     }
+  }
+
+  // Lose the session's peer connection as a network failure would (no DELETE): the page resumes.
+  function loseWebRTC() {
+    const client = rtc.client;
+    if (!client || state.client !== client) return;
+    closeSocket(3001, "lost (test)");
+    onSocketClosed({ code: 1006 }, true);
   }
 
   // -- losing the socket: resume, restart, or say why ----------------------------------------
@@ -792,75 +821,26 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
 
   // -- messages ---------------------------------------------------------------------------
 
+  // What the server sends unasked (the verbs' replies are handled where each verb is sent).
   function onMessage(message) {
     switch (message.type) {
-      case "session.started":
-        state.moves = 0;
-        stopReconnecting();
-        state.lastSeq = -1;
-        enterWorld(message, "host");
-        showShare(message.share);
-        log(`session ${message.session_id.slice(0, 8)}… started`);
-        break;
       case "session.queued":
         showQueued(message);
-        break;
-      case "session.moved": // the world lives on another front-end of this service: ask there
-        state.moves = (state.moves || 0) + 1;
-        if (state.moves > 3) {
-          setStatus("error", "cannot reach the world");
-          notice(`session ${message.session_id.slice(0, 8)}… moved more than 3 times in a row; try again later.`);
-          break;
-        }
-        state.worldUrl = message.url;
-        if (message.reservation) { // our start, waiting in the service's line, starts on that front-end
-          state.reservation = message.reservation;
-          log(`starting at ${message.url}, where the line placed this start`);
-          connect("start");
-          break;
-        }
-        log(`session ${message.session_id.slice(0, 8)}… lives at ${message.url}: going there`);
-        connect(state.join && state.join.session === message.session_id ? "join" : "resume");
-        break;
-      case "session.joined":
-        state.moves = 0;
-        stopReconnecting();
-        state.join = null; // joined: a later Start makes a world of its own
-        state.started = null;
-        state.lastSeq = message.seq;
-        enterWorld(message, message.role);
-        log(`joined session ${message.session_id.slice(0, 8)}… as ${message.role}`);
-        break;
-      case "session.resumed":
-        state.moves = 0;
-        stopReconnecting();
-        if (state.reloaded) { // a new page: enter the world as a new player would, keeping our place
-          const { resumeToken, resumeGraceS, lastSeq, share, epoch } = state;
-          state.reloaded = false;
-          enterWorld(message, message.role);
-          Object.assign(state, { resumeToken, resumeGraceS, lastSeq, epoch });
-          showShare(share);
-        }
-        state.role = message.role;
-        state.leadChunks = message.lead_chunks ?? state.leadChunks;
-        state.resumes += 1;
-        setStatus("live", message.role === "host" ? "live" : `live (${message.role})`);
-        notice("");
-        log(`resumed (${message.replayed} chunks re-sent)`);
         break;
       case "chunk.skipped":
         state.lastSeq = Math.max(state.lastSeq, message.to_seq);
         log(`chunks ${message.from_seq}–${message.to_seq} skipped (${SKIPPED_BECAUSE[message.reason] || message.reason})`);
         break;
       case "chunk":
+        if (rtc.client) { // over WebRTC its frames are the track's
+          rtcChunk(message);
+          break;
+        }
         if (message.supersedes != null) supersede(message.supersedes, message.seq);
         state.header = message;
         state.frames = [];
         if (message.epoch > state.epoch) newEpoch(message.epoch); // another controller reset the world
         if (message.frames.sizes.length === 0) finishChunk();
-        break;
-      case "input.accepted":
-        if (message.status === "duplicate") log(`event ${message.event_id} was a duplicate`);
         break;
       case "input.dropped":
         // A superseded held key/camera event is routine (a newer one replaced it), not worth a log line.
@@ -868,33 +848,52 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
         message.event_ids.forEach((id) => state.sentAt.delete(id));
         break;
       case "session.failed":
-        setStatus("failed", `failed: ${message.code}`);
-        log(`session failed (${message.code}): ${message.message} — press Reset`, "error");
+        sessionFailed(message.code, message.message);
         break;
-      case "session.reset":
+      case "session.reset": // another member's reset is seen in the chunks; this is ours, as a notice
         newEpoch(message.epoch);
         log(`reset (epoch ${message.epoch})`);
         break;
       case "session.closed":
-        log(`session closed (${message.reason})`);
-        if (message.reason === "shutdown") {
-          serverStopped();
-        } else {
-          leaveWorld();
-          setStatus("idle", "closed");
-        }
+        sessionClosed(message.reason);
         break;
       case "error":
-        onError(message);
+        onError(message.code, message.message);
         break;
       default:
         break;
     }
   }
 
-  function onError(message) {
-    log(`error ${message.code}: ${message.message}`, "error");
-    if (message.code === "resume_refused") {
+  function sessionFailed(code, detail) {
+    setStatus("failed", `failed: ${code}`);
+    log(`session failed (${code}): ${detail} — press Reset`, "error");
+  }
+
+  function sessionClosed(reason) {
+    log(`session closed (${reason})`);
+    if (reason === "shutdown") {
+      serverStopped();
+    } else {
+      leaveWorld();
+      setStatus("idle", "closed");
+    }
+  }
+
+  function resetWorld() {
+    const client = state.client;
+    if (!live()) return;
+    setStatus("resetting", "resetting…");
+    client.reset().then((epoch) => {
+      if (state.client !== client) return;
+      newEpoch(epoch);
+      log(`reset (epoch ${epoch})`);
+    }, refusedBy);
+  }
+
+  function onError(code, detail) {
+    log(`error ${code}: ${detail}`, "error");
+    if (code === "resume_refused") {
       const restarted = state.reconnect && state.reconnect.serverWentAway;
       if (restarted && state.role === "host") { // the server restarted without a notice: start again
         leaveWorld();
@@ -904,7 +903,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
       } else {
         worldLost("the server no longer holds it");
       }
-    } else if (message.code === "join_refused") {
+    } else if (code === "join_refused") {
       state.join = null;
       leaveWorld();
       setStatus("error", "cannot join");
@@ -1074,7 +1073,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   }
 
   function ack(seq) {
-    if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify({ type: "chunk.ack", seq }));
+    if (live()) state.client.ack(seq);
   }
 
   // ---- the jitter buffer (JPEG and raw; its target steers the H.264 player too) ----------
@@ -1135,7 +1134,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   }
 
   function streamLive() {
-    return state.status === "live" && Boolean(state.ws) && state.ws.readyState === WebSocket.OPEN;
+    return state.status === "live" && live();
   }
 
   // A chunk's frames are here (now: performance.now()): if playback is stopped, it starts target frames on.
@@ -1231,7 +1230,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     $("stat-chunk-ms").textContent = figure(state.lastChunkMs, 1);
     $("stat-photon-ms").textContent = figure(state.photonMs, 0);
     $("stat-photon-parts").textContent = photonPartsText();
-    if (rtc.pc && rtc.stats) { // Chromium's own WebRTC receiver: its jitter buffer's mean wait and its freezes
+    if ((rtc.pc || rtc.client) && rtc.stats) { // Chromium's own WebRTC receiver: its jitter buffer's mean wait and its freezes
       $("stat-jitter").textContent = rtc.stats.jitterBufferMs === null ? "–" : `${rtc.stats.jitterBufferMs} ms`;
       $("stat-underruns").textContent = String(rtc.stats.freezes);
     } else {
@@ -1956,23 +1955,23 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     }
   });
   $("reset").addEventListener("click", () => {
-    if (send({ type: "session.reset" })) setStatus("resetting", "resetting…");
+    resetWorld();
     canvas.focus();
   });
   $("close").addEventListener("click", () => {
     stopReconnecting();
-    send({ type: "session.close" });
+    closeWorld();
   });
   $("leave-shared").addEventListener("click", () => { // leaves our membership only (the host's world goes on)
     stopReconnecting();
-    if (rtc.pc && !rtc.session) { // a WHEP viewer: its peer and its WHEP resource go
+    if (rtc.pc) { // a WHEP viewer: its peer and its WHEP resource go
       whepLeave();
       leaveWorld();
       setStatus("idle", "left");
       notice("You left the shared world. Choose a seed (and a start image) and press Start for a world of your own.", "info");
       return;
     }
-    if (!send({ type: "session.close" })) { // no socket now (e.g. reconnecting): let the world go here
+    if (!closeWorld()) { // no connection now (e.g. reconnecting): let the world go here
       closeSocket();
       leaveWorld();
       setStatus("idle", "left");
@@ -1990,8 +1989,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
   // the first a full server evicts).
   const KEPT = "worldserve.world";
   window.addEventListener("pagehide", () => {
-    const ws = state.ws;
-    if (!state.sessionId || !state.resumeToken || !ws || ws.readyState !== WebSocket.OPEN) return;
+    if (!state.sessionId || !state.resumeToken || !live()) return;
     try {
       sessionStorage.setItem(KEPT, JSON.stringify({
         sessionId: state.sessionId, resumeToken: state.resumeToken, resumeGraceS: state.resumeGraceS,
@@ -2001,8 +1999,7 @@ import { H264Player, TrackMarks, linkStats, sendOnChannel, signal, webrtcUrl } f
     } catch (error) {
       return; // no storage here: the close below is then a clean one, as before
     }
-    state.ws = null;
-    ws.close(4001, "page reloading");
+    closeSocket(4001, "page reloading");
   });
   let kept = null;
   try {

@@ -3,8 +3,9 @@
 // Owns: the connection, requests and their replies (matched by `id`), the chunk stream (a `chunk`
 // header, then one binary message per frame, or one fMP4 fragment for H.264), acks, and the notices
 // a session hears (input.dropped, chunk.skipped, session.queued). Frames are handed over as the bytes
-// that came (raw RGB, JPEG, or an H.264 fragment); `decodeJpeg` turns a JPEG into an ImageBitmap where
-// the platform has one (a browser). Must not know: pages, canvases, players.
+// that came (raw RGB, JPEG, or an H.264 fragment): whole chunks by `nextChunk`, or, to a player that
+// `listen`s, each message as it comes. `decodeJpeg` turns a JPEG into an ImageBitmap where the platform
+// has one (a browser). Must not know: pages, canvases, players.
 /** The movement keys held now (held-key state: it lasts until the next keys event). */
 export function keys(...held) {
     return { track: "keys", schema: "worldserve.keys.v1", data: { held } };
@@ -13,16 +14,21 @@ export function keys(...held) {
 export function camera(dx, dy) {
     return { track: "camera", schema: "worldserve.camera.v1", data: { dx, dy } };
 }
-/** An `error` message from the server: `code` is stable (docs/protocol.md, "Errors"). */
+/** An `error` message from the server, or a `session.failed` (`failed`: the session takes only reset or close
+ * now): `code` is stable (docs/protocol.md, "Errors"), `detail` the server's own words. */
 export class WorldError extends Error {
     code;
+    detail;
     eventId;
     retryAfterMs;
-    constructor(code, message, eventId, retryAfterMs) {
-        super(`${code}: ${message}`);
+    failed;
+    constructor(code, detail, eventId, retryAfterMs, failed = false) {
+        super(`${code}: ${detail}`);
         this.code = code;
+        this.detail = detail;
         this.eventId = eventId;
         this.retryAfterMs = retryAfterMs;
+        this.failed = failed;
         this.name = "WorldError";
     }
 }
@@ -56,6 +62,7 @@ export class WorldClient {
     partial = null;
     onQueued = null;
     closed = null;
+    listener = null;
     constructor(
     /** Where the socket goes; a resume or join told `session.moved` goes on to the world's front-end and keeps its URL. */
     url, options = {}) {
@@ -67,10 +74,28 @@ export class WorldClient {
         this.closed = null;
         this.ready.length = 0;
         const socket = await this.open();
+        let ended = false;
         socket.onmessage = (event) => this.receive(event.data);
-        socket.onclose = () => this.lost(new WorldClientError("connection closed."));
+        socket.onclose = (event) => {
+            this.lost(new WorldClientError("connection closed."));
+            if (ended)
+                return;
+            ended = true;
+            const code = event?.code;
+            this.listener?.closed?.(typeof code === "number" && code > 0 ? code : 1006);
+        };
         socket.onerror = () => this.lost(new WorldClientError("connection failed."));
         this.socket = socket;
+        this.listener?.opened?.();
+    }
+    /** Hear the session as it happens (a player): each unasked message, each frame as it comes, the connection's
+     * end. Chunks then go to the listener only: `nextChunk` and `chunks` have none to give. */
+    listen(listener) {
+        this.listener = listener;
+    }
+    /** Whether the connection is open now (a verb sent now reaches the server). */
+    get connected() {
+        return this.socket !== null && this.socket.readyState === OPEN;
     }
     /** A new socket to the server, open (a WebRTC client opens a data channel instead). */
     async open() {
@@ -125,6 +150,7 @@ export class WorldClient {
                 viewerToken: reply.share?.viewer ?? null,
                 controllerToken: reply.share?.controller ?? null,
                 leadChunks: reply.lead_chunks,
+                reply,
             };
             return this.session;
         }
@@ -151,11 +177,12 @@ export class WorldClient {
             viewerToken: null,
             controllerToken: null,
             leadChunks: reply.lead_chunks,
+            reply,
         };
         return this.session;
     }
     /** Reconnect and take the session back after a lost connection (or `drop()`): chunks after `lastSeq` follow. */
-    async resume(session = this.session, lastSeq = this.lastSeq) {
+    async resume(session = this.session, lastSeq = this.lastSeq, options = {}) {
         if (!session || !session.resumeToken)
             throw new WorldClientError("no resumable session (start or join one first).");
         this.drop();
@@ -165,8 +192,21 @@ export class WorldClient {
             session_id: session.sessionId,
             token: session.resumeToken,
             last_seq: lastSeq,
+            ...(options.keyframe ? { keyframe: true } : {}),
         }));
-        this.session = { ...session, role: reply.role, media: reply.media };
+        const known = this.session?.sessionId === session.sessionId ? this.session : null;
+        this.session = {
+            viewerToken: null,
+            controllerToken: null,
+            ...known,
+            sessionId: reply.session_id,
+            resumeToken: session.resumeToken,
+            role: reply.role,
+            media: reply.media,
+            model: reply.model,
+            leadChunks: reply.lead_chunks,
+            reply,
+        };
         this.lastSeq = lastSeq;
         return reply;
     }
@@ -218,11 +258,14 @@ export class WorldClient {
             }
         }
     }
-    /** Close the session (the world ends for everyone in it), then the socket. */
+    /** Close the session (a host's world ends for everyone in it; a member leaves it; a start waiting in line
+     * leaves the line), then the socket. Resolves with the server's reason (`closed`, `left_queue`), or null when
+     * there was nothing to close. */
     async close() {
-        if (this.socket && this.session) {
+        let reason = null;
+        if (this.connected) {
             try {
-                await this.request({ type: "session.close" });
+                reason = (await this.request({ type: "session.close" })).reason;
             }
             catch {
                 // already gone: nothing to close
@@ -230,14 +273,16 @@ export class WorldClient {
         }
         this.session = null;
         this.drop();
+        return reason;
     }
-    /** Lose the connection without closing the session: it waits out the server's resume grace. */
-    drop() {
+    /** Lose the connection without closing the session: it waits out the server's resume grace. A close `code` of
+     * 1000 or 1001 is a clean leave instead: the server ends a host's world, or a member's place in one. */
+    drop(code, reason) {
         const socket = this.socket;
         this.socket = null;
         if (socket) {
             socket.onclose = socket.onerror = socket.onmessage = null;
-            socket.close();
+            socket.close(code, reason);
         }
         this.lost(new WorldClientError("connection dropped."));
     }
@@ -275,7 +320,7 @@ export class WorldClient {
                         reject(new WorldError(reply.code, reply.message, reply.event_id, reply.retry_after_ms));
                     }
                     else if (reply.type === "session.failed") {
-                        reject(new WorldError(reply.code, reply.message));
+                        reject(new WorldError(reply.code, reply.message, null, null, true));
                     }
                     else {
                         resolve(reply);
@@ -295,6 +340,14 @@ export class WorldClient {
             const partial = this.partial;
             if (!partial)
                 return this.lost(new WorldClientError("binary message without a chunk header."));
+            if (this.listener) { // a player takes each frame as it comes
+                const index = partial.payloads.length;
+                partial.payloads.push(EMPTY);
+                if (partial.payloads.length === partial.header.frames.sizes.length)
+                    this.partial = null;
+                this.listener.frame?.(data, partial.header, index);
+                return;
+            }
             partial.payloads.push(new Uint8Array(data));
             if (partial.payloads.length === partial.header.frames.sizes.length) {
                 this.partial = null;
@@ -303,19 +356,35 @@ export class WorldClient {
             return;
         }
         const message = JSON.parse(data);
+        const listener = this.listener;
         switch (message.type) {
             case "chunk":
                 this.partial = { header: message, payloads: [] };
+                if (listener) {
+                    this.lastSeq = Math.max(this.lastSeq, message.seq);
+                    if (message.frames.sizes.length === 0)
+                        this.partial = null;
+                    listener.message?.(message);
+                }
                 return;
             case "chunk.skipped":
-                this.skipped.push(message);
                 this.lastSeq = Math.max(this.lastSeq, message.to_seq);
+                if (listener)
+                    listener.message?.(message);
+                else
+                    this.skipped.push(message);
                 return;
             case "input.dropped":
-                this.dropped.push(message);
+                if (listener)
+                    listener.message?.(message);
+                else
+                    this.dropped.push(message);
                 return;
             case "session.queued":
-                this.queued.push(message);
+                if (listener)
+                    listener.message?.(message);
+                else
+                    this.queued.push(message);
                 this.onQueued?.(message);
                 return;
         }
@@ -323,6 +392,11 @@ export class WorldClient {
         if (waiter) {
             this.replies.delete(message.id);
             waiter.resolve(message);
+        }
+        else if (listener) {
+            if (message.type === "session.closed")
+                this.session = null;
+            listener.message?.(message);
         }
         else if (message.type === "session.closed") {
             this.session = null;
@@ -335,6 +409,11 @@ export class WorldClient {
     deliver(item) {
         if (!(item instanceof Error))
             this.lastSeq = Math.max(this.lastSeq, item.seq);
+        if (this.listener) { // a player hears a chunk as its header (an error came to it as its message)
+            if (!(item instanceof Error))
+                this.listener.message?.(item.header);
+            return;
+        }
         const taker = this.takers.shift();
         if (!taker) {
             this.ready.push(item);
@@ -382,6 +461,7 @@ export class WorldClient {
             taker.reject(error);
     }
 }
+const EMPTY = new Uint8Array(0);
 export function toChunk(header, payloads) {
     return {
         seq: header.seq,

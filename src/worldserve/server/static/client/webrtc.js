@@ -231,12 +231,13 @@ export class WebRTCWorldClient extends WorldClient {
         };
         video.requestVideoFrameCallback(shown);
     }
-    /** Lose the peer connection as a network would (no DELETE): the server parks the session for `resume()`. */
-    drop() {
-        this.resource = null;
-        this.pc?.close();
-        this.pc = null;
-        super.drop();
+    /** Lose the peer connection as a network would (no DELETE): the server parks the session for `resume()`. A
+     * `code` of 1000 or 1001 leaves cleanly instead (DELETE: the server ends the session as on a socket's clean close). */
+    drop(code, reason) {
+        if (code !== 1000 && code !== 1001)
+            this.resource = null;
+        super.drop(code, reason); // its socket's close is leave(): the DELETE, if still due, and the peer closed
+        this.leave();
     }
     /** Leave cleanly: DELETE the peer's resource (the server closes the session as on a socket's clean close). */
     leave() {
@@ -282,8 +283,10 @@ function channelSocket(channel, pc, leave) {
     channel.onmessage = (event) => socket.onmessage?.({ data: event.data });
     channel.onclose = () => socket.onclose?.({});
     pc.onconnectionstatechange = () => {
-        if (pc.connectionState === "failed")
+        if (pc.connectionState === "failed") {
             socket.onerror?.({});
+            socket.onclose?.({ code: 1006 });
+        }
     };
     return socket;
 }
