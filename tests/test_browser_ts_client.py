@@ -202,7 +202,7 @@ def test_the_packages_webrtc_client_gathers_with_the_ice_servers_its_server_tell
 #: The protocol doc's example exchange, as client.test.ts runs it in Node, here in the browser with its own
 #: WebSocket: start, an event accepted then applied at a chunk boundary (its JPEG frames decoded), reset, close.
 _EXCHANGE = """async (url) => {
-  const { WorldClient, keys, decodeJpeg } = await import("http://package.test/index.js");
+  const { WorldClient, keys, decodeFrame } = await import("http://package.test/index.js");
   const world = new WorldClient(url);
   await world.connect();
   const info = await world.start({ prompt: "islands", seed: 3, media: "jpeg" });
@@ -214,7 +214,10 @@ _EXCHANGE = """async (url) => {
     indices.push(chunk.chunkIndex);
     if (chunk.appliedEventIds.includes(accepted.event_id)) applied = chunk;
   }
-  const frame = await decodeJpeg(applied.payloads[0]);
+  const frame = await decodeFrame(applied.payloads[0], "jpeg", 48, 48);
+  const raw = await decodeFrame(new Uint8Array([9, 8, 7, 1, 2, 3]), "raw", 2, 1);
+  let refused = null;
+  try { await decodeFrame(new Uint8Array(5), "raw", 2, 1); } catch (error) { refused = error.message; }
   const epoch = await world.reset();
   const fresh = await world.nextChunk(30000);
   await world.close();
@@ -222,6 +225,7 @@ _EXCHANGE = """async (url) => {
     role: info.role, media: info.media, model: info.model.name, accepted: accepted.status, indices,
     frames: applied.payloads.length, count: applied.header.frames.count, size: [frame.width, frame.height],
     epoch, fresh: [fresh.epoch, fresh.chunkIndex],
+    raw: [raw.constructor.name, raw.width, raw.height, [...raw.data]], refused,
   };
 }"""
 
@@ -237,6 +241,8 @@ def test_the_packages_client_runs_the_protocol_docs_exchange_in_chromium(server:
     assert result["indices"] == list(range(len(result["indices"])))  # chunks in order, the event's among them
     assert result["frames"] == result["count"] == 4
     assert result["size"] == [48, 48]  # a JPEG frame, decoded by the browser
+    assert result["raw"] == ["ImageData", 2, 1, [9, 8, 7, 255, 1, 2, 3, 255]]  # a raw frame, for putImageData
+    assert result["refused"] == "a raw 2x1 frame is 6 bytes; got 5."
     assert result["epoch"] == 1
     assert result["fresh"] == [1, 0]
     assert server.health()["sessions"] == 0

@@ -12,7 +12,7 @@ import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 
 import {
-  WorldClient, WorldClientError, WorldError, camera, iceServersOf, keys, parseIceLinks, type SocketLike,
+  WorldClient, WorldClientError, WorldError, camera, iceServersOf, keys, parseIceLinks, rgbToRgba, type SocketLike,
 } from "../src/index.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
@@ -277,4 +277,10 @@ test("Link headers: rel=ice-server links only, quoted strings unescaped, commas 
     { urls: "turns:b.example:5349?transport=tcp", username: "u,1", credential: 'p"q' },
   ]);
   assert.deepEqual(parseIceLinks(null), []);
+});
+
+test("a raw frame's RGB bytes become opaque RGBA, pixel for pixel; a length not of whole pixels is refused", () => {
+  assert.deepEqual([...rgbToRgba(new Uint8Array([1, 2, 3, 250, 251, 252]))], [1, 2, 3, 255, 250, 251, 252, 255]);
+  assert.equal(rgbToRgba(new Uint8Array(0)).length, 0);
+  assert.throws(() => rgbToRgba(new Uint8Array(4)), /3 bytes a pixel; got 4/);
 });

@@ -11,7 +11,7 @@
 // @worldserve/client (clients/ts), the package's built modules as the server serves them (/static/client/):
 // its WorldClient (WebRTCWorldClient) speaks the protocol, its H264Player plays H.264; the page plays and steers.
 // Protocol: docs/protocol.md; media: docs/media.md.
-import { H264Player, WebRTCWorldClient, WorldClient, WorldError, linkStats, signal } from "./client/index.js";
+import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, linkStats, signal } from "./client/index.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -945,16 +945,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, linkStats, sign
       mseChunk(header, buffer, photon);
       return;
     }
-    if (media === "raw") {
-      const rgb = new Uint8Array(buffer);
-      const rgba = new Uint8ClampedArray(width * height * 4);
-      for (let i = 0, j = 0; i < rgb.length; i += 3, j += 4) {
-        rgba[j] = rgb[i]; rgba[j + 1] = rgb[i + 1]; rgba[j + 2] = rgb[i + 2]; rgba[j + 3] = 255;
-      }
-      state.frames.push(Promise.resolve(new ImageData(rgba, width, height)));
-    } else {
-      state.frames.push(createImageBitmap(new Blob([buffer], { type: "image/jpeg" })));
-    }
+    state.frames.push(decodeFrame(new Uint8Array(buffer), media, width, height)); // the package's decoding
     if (state.frames.length === header.frames.sizes.length) finishChunk();
   }
 

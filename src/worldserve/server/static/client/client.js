@@ -4,8 +4,8 @@
 // header, then one binary message per frame, or one fMP4 fragment for H.264), acks, and the notices
 // a session hears (input.dropped, chunk.skipped, session.queued). Frames are handed over as the bytes
 // that came (raw RGB, JPEG, or an H.264 fragment): whole chunks by `nextChunk`, or, to a player that
-// `listen`s, each message as it comes. `decodeJpeg` turns a JPEG into an ImageBitmap where the platform
-// has one (a browser). Must not know: pages, canvases, players.
+// `listen`s, each message as it comes. `decodeFrame` turns a JPEG or raw frame into a picture where the
+// platform has one (a browser). Must not know: pages, canvases, players.
 /** The movement keys held now (held-key state: it lasts until the next keys event). */
 export function keys(...held) {
     return { track: "keys", schema: "worldserve.keys.v1", data: { held } };
@@ -479,4 +479,29 @@ export function toChunk(header, payloads) {
 /** A JPEG frame as an ImageBitmap, where the platform decodes images (a browser). */
 export async function decodeJpeg(payload) {
     return createImageBitmap(new Blob([payload], { type: "image/jpeg" }));
+}
+/** A raw frame's RGB bytes (row-major, 3 a pixel) as RGBA, opaque: what ImageData and a canvas take. */
+export function rgbToRgba(rgb) {
+    if (rgb.length % 3)
+        throw new WorldClientError(`a raw frame is 3 bytes a pixel; got ${rgb.length} bytes.`);
+    const rgba = new Uint8ClampedArray(new ArrayBuffer((rgb.length / 3) * 4));
+    for (let i = 0, j = 0; i < rgb.length; i += 3, j += 4) {
+        rgba[j] = rgb[i];
+        rgba[j + 1] = rgb[i + 1];
+        rgba[j + 2] = rgb[i + 2];
+        rgba[j + 3] = 255;
+    }
+    return rgba;
+}
+/** A JPEG or raw frame as a picture a canvas draws (drawImage an ImageBitmap, putImageData an ImageData), where
+ * the platform has them (a browser); H.264 is played as a stream instead (H264Player). */
+export async function decodeFrame(payload, media, width, height) {
+    if (media === "jpeg")
+        return decodeJpeg(payload);
+    if (media !== "raw")
+        throw new WorldClientError(`${media} frames are a stream: play them with H264Player.`);
+    if (payload.length !== width * height * 3) {
+        throw new WorldClientError(`a raw ${width}x${height} frame is ${width * height * 3} bytes; got ${payload.length}.`);
+    }
+    return new ImageData(rgbToRgba(payload), width, height);
 }
