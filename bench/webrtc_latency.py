@@ -207,6 +207,12 @@ def page_row(
     total = figures["totals"]
     cells = " / ".join(f"{_q(total, q):.0f}" for q in (0.5, 0.95, 0.99)) if total else "-"
     underruns = figures["underruns"] if kind != "webrtc" else "-"
+    if args.parts and total:  # the page's own parts (over WebRTC, transfer is the network both ways and the
+        # browser's receiver, jitter buffer included, up to requestVideoFrameCallback: its decode and buffer are 0)
+        print("page key-to-photon ms       p50       p95       p99", flush=True)
+        for part, values in (("total", total), *figures["parts"].items()):
+            if values:
+                print(f"  {part:<24}" + "".join(f"{_q(values, q):10.1f}" for q in (0.5, 0.95, 0.99)), flush=True)
     return f"| {name} | {transport} | {cells} | {len(total)} | {underruns} | {link.dropped - dropped} |", total
 
 

@@ -6,6 +6,8 @@ peer connection is lost, and closes it."""
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +69,11 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         page.click("#close")
         wait_for(page, "window.worldserve.status === 'idle'")
     assert server.health()["sessions"] == 0
+    # Its acks and its key went first as copies on the package's fast channel, and the server read them from there.
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=10) as response:
+        taken = re.search(r'^worldserve_webrtc_copies_total\{used="taken"\} (\S+)$', response.read().decode(), re.M)
+    assert taken is not None
+    assert float(taken.group(1)) > 0
 
 
 #: Installed on the page's <video>: every frame it shows, drawn to a canvas as it is shown, with its RTP timestamp.

@@ -12,6 +12,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 
@@ -199,6 +201,49 @@ async def test_the_python_client_over_webrtc_tells_each_frame_its_chunk_and_resu
     assert [chunk.seq for chunk in chunks] == list(range(chunks[0].seq, chunks[0].seq + len(chunks)))
 
 
+def _copies(server: RunningServer) -> dict[str, float]:
+    request = urllib.request.Request(f"{server.http}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = {"taken": 0.0, "unused": 0.0}
+    for line in text.splitlines():
+        for used in found:
+            if line.startswith(f'worldserve_webrtc_copies_total{{used="{used}"}}'):
+                found[used] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def test_inputs_and_acks_also_go_on_the_fast_channel_and_each_is_read_once(server: RunningServer) -> None:
+    """The Python client sends each short message first as a copy on its unordered, never-resent channel. Against
+    a real server: every event is accepted once (never as a duplicate of its other copy), applied in exactly one
+    chunk or dropped as superseded, and the server took copies (on loopback a copy sent first is read first)."""
+    from worldserve.client import keys
+    from worldserve.server.webrtc_session import FAST_LABEL
+    from worldserve.webrtc_client import _FAST_LABEL, WebRTCWorldClient
+
+    assert _FAST_LABEL == FAST_LABEL
+    before = _copies(server)
+    applied: list[int] = []
+    accepted: list[int] = []
+    async with WebRTCWorldClient(server.ws, token=TOKEN, ack_on_show=True) as client:
+        await client.start(seed=2)
+        for turn in range(12):
+            acceptance = await client.send_event(controls=[keys("W" if turn % 2 else "A")])
+            assert acceptance.status == "accepted", acceptance
+            accepted.append(acceptance.event_id)
+            for chunk in [await client.next_chunk(timeout=20) for _ in range(turn % 3)]:
+                applied.extend(chunk.applied_event_ids)
+        while not set(accepted) <= set(applied) | {i for d in client.dropped for i in d.event_ids}:
+            applied.extend((await client.next_chunk(timeout=20)).applied_event_ids)
+        await client.close()
+    dropped = [i for d in client.dropped for i in d.event_ids]
+    assert all(d.reason == "superseded" for d in client.dropped), client.dropped
+    assert sorted(applied + dropped) == sorted(set(applied + dropped)), (applied, dropped)  # none twice
+    assert set(applied) | set(dropped) == set(accepted)
+    after = _copies(server)
+    assert after["taken"] - before["taken"] >= 12, (before, after)  # its events at least, read from their copies
+
+
 async def test_the_bench_measures_key_to_photon_over_webrtc(server: RunningServer) -> None:
     """``worldserve bench --transport webrtc``'s client: each applied event's key-to-photon, its parts summing to
     the total, to the first frame of its chunk decoded from the track; every event accounted for."""
@@ -361,3 +406,91 @@ async def test_a_start_image_larger_than_a_data_channel_message_starts_the_world
             await client.close()
     finally:
         running.stop()
+
+
+def _merging_socket() -> tuple[Any, Any, Any]:
+    """A socket with both channels attached: (socket, the main channel's handler, the fast channel's)."""
+    from worldserve.server.webrtc import FrameTrack
+    from worldserve.server.webrtc_session import DataChannelSocket
+
+    socket = DataChannelSocket(FrameTrack(16.0, 6, lambda seq: None), max_message_bytes=1 << 16)
+    main, fast = _Channel(), _Channel()
+    socket.attach(main)
+    socket.attach_fast(fast)
+    return socket, main.handlers["message"], fast.handlers["message"]
+
+
+def _read_now(socket: Any) -> list[str]:
+    """Every message the connection could read now, in order."""
+    read = []
+    while not socket._incoming.empty():
+        read.append(socket._incoming.get_nowait()["text"])
+    return read
+
+
+def test_a_fast_copy_is_read_in_its_place_once_whichever_copy_comes_first() -> None:
+    """The fast channel's copy of main message k ("k:<text>") is read as soon as every message before k has come,
+    and the main channel's own copy is then passed over; a copy that comes after its main copy is not used; copies
+    ahead of a gap wait for it; malformed copies are not used."""
+    socket, main, fast = _merging_socket()
+    messages = [json.dumps({"type": "chunk.ack", "seq": i}) for i in range(6)]
+    fast(f"0:{messages[0]}")  # first, by its copy
+    main(messages[0])  # its main copy: passed over
+    main(messages[1])  # first by its main copy
+    fast(f"1:{messages[1]}")  # late: not used
+    fast(f"3:{messages[3]}")  # ahead of a gap (2): waits
+    assert _read_now(socket) == messages[:2]
+    main(messages[2])  # the gap closes: 2 then 3
+    assert _read_now(socket) == messages[2:4]
+    main(messages[3])  # passed over: read from its copy
+    fast("x:{}")
+    fast("5")
+    fast(b"4:{}")
+    main(messages[4])
+    main(messages[5])
+    assert _read_now(socket) == messages[4:]
+    assert (socket.fast_taken, socket.fast_unused) == (2, 4)
+
+
+def test_copies_never_reorder_or_split_a_long_message_in_pieces() -> None:
+    """Main messages 0-2 are a long message's two binary pieces and the empty text that ends it; a copy of message
+    3 that comes before them waits, and is read after the joined message."""
+    socket, main, fast = _merging_socket()
+    long = json.dumps({"type": "ping", "pad": "y" * 300})
+    fast('3:{"type":"chunk.ack","seq":1}')
+    main(long.encode()[:200])
+    main(long.encode()[200:])
+    assert _read_now(socket) == []
+    main("")
+    assert _read_now(socket) == [long, '{"type":"chunk.ack","seq":1}']
+    main('{"type":"chunk.ack","seq":1}')
+    assert _read_now(socket) == []
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(data=st.data(), count=st.integers(1, 40))
+def test_whatever_copies_come_and_in_whatever_order_the_connection_reads_the_main_stream_once(
+    data: st.DataObject, count: int
+) -> None:
+    """Adversarial: the main channel brings its messages in order; the fast channel brings copies of any of them,
+    any number of times (also none), in any order, interleaved anyhow with the main channel. The connection reads
+    the main stream exactly: every message once, in order."""
+    from worldserve.server.webrtc_session import FAST_HELD
+
+    socket, main, fast = _merging_socket()
+    messages = [json.dumps({"type": "input.event", "event_id": i}) for i in range(count)]
+    copies = data.draw(st.lists(st.integers(0, count - 1), max_size=3 * count), label="copies")
+    arrivals = [("main", i) for i in range(count)] + [("fast", i) for i in copies]
+    order = data.draw(st.permutations(range(len(arrivals))), label="order")
+    mains = iter(range(count))
+    for position in order:  # the main channel's arrivals keep their own order, whatever the interleaving
+        kind, index = arrivals[position]
+        if kind == "main":
+            main(messages[next(mains)])
+        else:
+            fast(f"{index}:{messages[index]}")
+        assert len(socket._ahead) <= FAST_HELD
+    assert _read_now(socket) == messages
+    assert not socket._ahead  # nothing left waiting
+    assert socket.fast_taken + socket.fast_unused == len(copies)  # each copy taken or passed over, once
+    assert socket.fast_taken <= len(set(copies))

@@ -55,6 +55,10 @@ _HOLD_S = 0.25
 _STALL_S = 0.25
 #: A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB).
 _PIECE_BYTES = 64 * 1024
+#: The second data channel (unordered, never resent): copies of the main channel's short messages
+#: (``worldserve.server.webrtc_session.FAST_LABEL``); one this long at most goes, first, as a copy there.
+_FAST_LABEL = "worldserve.fast"
+_FAST_COPY_CHARS = 1024
 
 
 def webrtc_url(world_url: str) -> str:
@@ -98,11 +102,15 @@ def _ice_servers_told(url: str, headers: dict[str, str]) -> list[IceServer]:
 
 
 class _ChannelLink:
-    """The data channel as the base client's message link; the peer connection's end ends it."""
+    """The data channel as the base client's message link; the peer connection's end ends it. A short message goes
+    first as a copy on the fast channel (unordered, never resent), prefixed with its index among the main channel's
+    messages: the server reads whichever copy comes first, in its place, once."""
 
-    def __init__(self, pc: Any, channel: Any, resource: str, token: str | None) -> None:
+    def __init__(self, pc: Any, channel: Any, fast: Any, resource: str, token: str | None) -> None:
         self.pc = pc
         self._channel = channel
+        self._fast = fast
+        self._sent = 0  # messages sent on the main channel so far
         self._resource = resource
         self._token = token
         self._inbox: asyncio.Queue[str | None] = asyncio.Queue()
@@ -123,15 +131,21 @@ class _ChannelLink:
     async def send(self, message: str) -> None:
         if self._closed or self._channel.readyState != "open":
             raise ConnectionError("the data channel is closed.")
+        if len(message) <= _FAST_COPY_CHARS and self._fast.readyState == "open":
+            with contextlib.suppress(Exception):  # a copy that cannot go: the main channel's message counts
+                self._fast.send(f"{self._sent}:{message}")
         data = message.encode()
         if len(data) <= _PIECE_BYTES:
             self._channel.send(message)
+            self._sent += 1
             return
         # Longer than a data channel message may be (a start with its images): its bytes in binary pieces, then
         # an empty text that ends it (docs/protocol.md, "WebRTC").
         for start in range(0, len(data), _PIECE_BYTES):
             self._channel.send(data[start : start + _PIECE_BYTES])
+            self._sent += 1
         self._channel.send("")
+        self._sent += 1
 
     async def recv(self) -> str | bytes:
         message = await self._inbox.get()
@@ -218,6 +232,7 @@ class WebRTCWorldClient(WorldClient):
         servers = [aiortc.RTCIceServer(s.url, s.username, s.credential) for s in told]
         pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=servers))
         channel = pc.createDataChannel("worldserve")
+        fast = pc.createDataChannel(_FAST_LABEL, ordered=False, maxRetransmits=0)  # copies of short messages
         use_live_frames(pc.addTransceiver("video", direction="recvonly").receiver)  # no frame waits for the next
         opened = asyncio.Event()
         channel.on("open", opened.set)
@@ -248,7 +263,7 @@ class WebRTCWorldClient(WorldClient):
             await pc.close()
             raise
         resource = urllib.parse.urljoin(url, location) if location else ""
-        self._link = _ChannelLink(pc, channel, resource, self._token)
+        self._link = _ChannelLink(pc, channel, fast, resource, self._token)
         channel.on("message", self._told)  # chunk.track, read as it comes (the reader may wait behind a reply)
         self._ws = self._link
         self._reader = asyncio.create_task(self._read(), name="worldclient-reader")

@@ -342,7 +342,12 @@ def create_app(
             async def serve_socket(socket: DataChannelSocket) -> None:
                 connection = Connection(socket, runtime, config, state["metrics"], hosts, room)
                 socket.on_started = connection.frames_started  # frames on a track cannot be called back
-                await serve(connection)
+                try:
+                    await serve(connection)
+                finally:
+                    copies = state["metrics"].webrtc_copies
+                    copies.labels(used="taken").inc(socket.fast_taken)
+                    copies.labels(used="unused").inc(socket.fast_unused)
 
             state["webrtc"] = webrtc = WebRTCSessions(
                 serve_socket,

@@ -257,6 +257,13 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.frames_sent = Counter("worldserve_frames_sent", "Frames sent to clients.", registry=self.registry)
+        self.webrtc_copies = Counter(
+            "worldserve_webrtc_copies",
+            "Messages a WebRTC session's client also sent as copies on its fast channel, counted as its connection "
+            "ends: taken (read before the main channel's own copy came) or unused (late, or not readable).",
+            ["used"],
+            registry=self.registry,
+        )
         self.media_bytes_sent = Counter(
             "worldserve_media_bytes_sent",
             "Bytes of frames (binary messages) sent to clients, by media (jpeg, raw, h264).",

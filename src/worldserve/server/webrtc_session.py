@@ -18,6 +18,15 @@ text message that ends it. The socket joins them into the one text message the c
 most ``max_message_bytes`` (over that, the pieces are dropped as they come and the connection answers
 ``message_too_large``).
 
+A lost packet holds a reliable, ordered channel until it is resent (a retransmission timeout: 220 ms at least),
+and every message behind it with it. So a client may open a second channel, labelled ``worldserve.fast``,
+unordered and never resent, and send on it, first, a copy of each short message it sends on the main channel,
+prefixed with that message's index there (``"17:{...}"``: the 18th message sent on the main channel, pieces of a
+long message counted one by one). The socket merges the two into the one ordered stream the connection reads:
+a copy is taken when every message before its index has come (on either channel), and the main channel's own
+message at an index already taken is passed over. Nothing is read twice or out of order, whichever copy comes
+first; a lost copy is only the main channel's delay again. Copies that come ahead of a gap wait for it, a few.
+
 Owns: :class:`DataChannelSocket` and :class:`WebRTCSessions` (offers, answers, leaves).
 Must not know: what the messages mean (the connection's), how frames are made.
 """
@@ -52,6 +61,12 @@ _log = logging.getLogger("worldserve.server")
 
 #: The data channel's label a client opens (any label is taken; this one is the documented one).
 CHANNEL_LABEL = "worldserve"
+#: The label of the optional second channel (unordered, never resent) of copies of the main channel's messages.
+FAST_LABEL = "worldserve.fast"
+#: Copies that came ahead of a gap wait, this many at most (the oldest index beyond goes: its main copy comes).
+FAST_HELD = 32
+#: A copy longer than this is not read (a client sends only short messages twice).
+FAST_MAX_BYTES = 16 * 1024
 
 
 class DataChannelSocket:
@@ -68,6 +83,13 @@ class DataChannelSocket:
         self.closed = False
         #: Told each chunk's seq as its first frame goes out on the track (``Connection.frames_started``).
         self.on_started: Callable[[int], None] = lambda seq: None
+        self._main_count = 0  # messages come on the main channel so far
+        self._next_index = 0  # every message of the merged stream before this index was read
+        self._ahead: dict[int, str] = {}  # fast copies that came ahead of a gap, by index
+        #: Messages read from their fast copy (their main copy was passed over), and copies not used (late,
+        #: malformed, or too many ahead of a gap).
+        self.fast_taken = 0
+        self.fast_unused = 0
 
     @property
     def attached(self) -> bool:
@@ -78,6 +100,32 @@ class DataChannelSocket:
         channel.on("message", self._received)
         channel.on("close", lambda: self.gone(clean=False))
 
+    def attach_fast(self, channel: Any) -> None:
+        """The client's second channel: copies of its main channel's messages, each ``"<index>:<message>"``."""
+        channel.on("message", self._fast)
+
+    def _fast(self, message: str | bytes) -> None:
+        index_text, colon, text = message.partition(":") if isinstance(message, str) else ("", "", "")
+        if not colon or not index_text.isdigit() or len(text) > FAST_MAX_BYTES or self.closed:
+            self.fast_unused += 1
+            return
+        index = int(index_text)
+        if index < self._next_index or index in self._ahead:
+            self.fast_unused += 1  # its main copy came first (or this copy twice)
+            return
+        self._ahead[index] = text
+        while len(self._ahead) > FAST_HELD:  # the farthest goes; its main copy will come
+            del self._ahead[max(self._ahead)]
+            self.fast_unused += 1
+        self._take_ahead()
+
+    def _take_ahead(self) -> None:
+        """Read the fast copies that are next in order now."""
+        while (text := self._ahead.pop(self._next_index, None)) is not None:
+            self._next_index += 1
+            self.fast_taken += 1
+            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(text)})
+
     def gone(self, *, clean: bool) -> None:
         """The peer is gone: cleanly (DELETE) or not (a failed connection: the member is parked)."""
         if not self.closed:
@@ -85,6 +133,17 @@ class DataChannelSocket:
             self._incoming.put_nowait({"type": "websocket.disconnect", "code": 1000 if clean else 1006})
 
     def _received(self, message: str | bytes) -> None:
+        index = self._main_count
+        self._main_count += 1
+        if index < self._next_index:
+            return  # read already, from its fast copy
+        self._next_index = index + 1
+        if self._ahead.pop(index, None) is not None:
+            self.fast_unused += 1
+        self._read(message)
+        self._take_ahead()  # copies that waited for this one
+
+    def _read(self, message: str | bytes) -> None:
         if isinstance(message, bytes):  # a piece of a long message (clients send no other binary)
             self._pieces_bytes += len(message)
             if self._pieces_bytes <= self._max_message_bytes:
@@ -230,6 +289,9 @@ class WebRTCSessions:
 
         @pc.on("datachannel")  # type: ignore[untyped-decorator]
         def opened(channel: Any) -> None:
+            if channel.label == FAST_LABEL:
+                socket.attach_fast(channel)
+                return
             if socket.attached:
                 return  # one channel a peer: the protocol's
             socket.attach(channel)

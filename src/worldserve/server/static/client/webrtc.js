@@ -163,6 +163,9 @@ export class WebRTCWorldClient extends WorldClient {
     async open() {
         const pc = new RTCPeerConnection();
         const channel = pc.createDataChannel("worldserve");
+        // Copies of the short messages (inputs, acks), unordered and never resent: a lost packet on the main channel
+        // does not hold them for its retransmission (FAST_LABEL, docs/protocol.md "WebRTC").
+        const fast = pc.createDataChannel(FAST_LABEL, { ordered: false, maxRetransmits: 0 });
         pc.addTransceiver("video", { direction: "recvonly" });
         const track = new Promise((resolve) => {
             pc.ontrack = (event) => resolve(event.streams[0] ?? new MediaStream([event.track]));
@@ -182,7 +185,7 @@ export class WebRTCWorldClient extends WorldClient {
         }
         this.pc = pc;
         this.marks.clear();
-        return channelSocket(channel, pc, () => this.leave());
+        return channelSocket(channel, fast, pc, () => this.leave());
     }
     receive(data) {
         if (typeof data === "string" && data.startsWith('{"type":"chunk')) {
@@ -251,29 +254,48 @@ export class WebRTCWorldClient extends WorldClient {
 }
 /** A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB). */
 export const PIECE_BYTES = 64 * 1024;
+/** The label of the second data channel: unordered, never resent, copies of the main channel's short messages. */
+export const FAST_LABEL = "worldserve.fast";
+/** A message this long at most is also sent on the fast channel (inputs, acks, resets: not a start's images). */
+export const FAST_COPY_CHARS = 1024;
 /** Send one protocol message on a data channel: as one text message, or, longer than PIECE_BYTES (a start with
  * its images), as its UTF-8 bytes in binary pieces and then an empty text message that ends it, which the server
- * joins into the one message (docs/protocol.md, "WebRTC"). */
+ * joins into the one message (docs/protocol.md, "WebRTC"). Returns the data channel messages it took. */
 export function sendOnChannel(channel, text) {
     if (text.length * 3 <= PIECE_BYTES) {
         channel.send(text); // short enough however it encodes
-        return;
+        return 1;
     }
     const bytes = new TextEncoder().encode(text);
     if (bytes.length <= PIECE_BYTES) {
         channel.send(text);
-        return;
+        return 1;
     }
-    for (let start = 0; start < bytes.length; start += PIECE_BYTES)
+    let sent = 0;
+    for (let start = 0; start < bytes.length; start += PIECE_BYTES, sent += 1)
         channel.send(bytes.slice(start, start + PIECE_BYTES));
     channel.send("");
+    return sent + 1;
 }
-/** The data channel as the client's socket. */
-function channelSocket(channel, pc, leave) {
+/** The data channel as the client's socket. A short message goes first as a copy on the fast channel, prefixed
+ * with its index among the main channel's messages (`"17:{...}"`): the server reads whichever copy comes first,
+ * in its place, once. */
+export function channelSocket(channel, fast, pc, leave) {
+    let sent = 0; // data channel messages sent on the main channel so far
     const socket = {
         binaryType: "arraybuffer",
         get readyState() { return channel.readyState === "open" ? OPEN : CLOSED; },
-        send: (data) => sendOnChannel(channel, data),
+        send: (data) => {
+            if (fast.readyState === "open" && data.length <= FAST_COPY_CHARS) {
+                try {
+                    fast.send(`${sent}:${data}`);
+                }
+                catch {
+                    // a copy that cannot go: the main channel's message is the one that counts
+                }
+            }
+            sent += sendOnChannel(channel, data);
+        },
         close: () => leave(),
         onopen: null,
         onclose: null,
