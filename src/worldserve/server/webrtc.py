@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from worldserve.h264 import AccessUnit, access_units
 from worldserve.ice import parse_ice_server
+from worldserve.playout_delay import use_zero_playout_delay
 from worldserve.sctp_timers import use_libwebrtc_timers
 from worldserve.server.host import Member, Role, WorldHost, WorldHosts
 from worldserve.server.messages import ChunkMessage, SessionClosed, SessionFailed
@@ -87,6 +88,7 @@ def load_aiortc() -> Any:
     except ImportError:  # pragma: no cover - depends on the extra
         raise WhepError(501, "not_supported", "this server has no WebRTC: pip install 'worldserve[webrtc]'.") from None
     use_libwebrtc_timers()  # a lost packet holds a data channel 220 ms, not aiortc's 1 s (sctp_timers.py)
+    use_zero_playout_delay()  # a browser shows each frame as it is decoded (playout_delay.py)
     return aiortc
 
 
