@@ -248,16 +248,17 @@ def wait_for(page: Page, condition: str, timeout: float = TIMEOUT_MS / 1000) -> 
     page.wait_for_function(condition, timeout=timeout * 1000)
 
 
-def assert_in_chunk_order(drawn: list[Drawn], *, whole_chunks: bool = True) -> None:
+def assert_in_chunk_order(drawn: list[Drawn], *, whole_chunks: bool = True, every_chunk: bool = True) -> None:
     """Every frame drawn once, in order: consecutive numbers, chunks in order, whole chunks
-    (``whole_chunks=False``: no chunk missing, but a chunk's frames may be passed over)."""
+    (``whole_chunks=False``: no chunk missing, but a chunk's frames may be passed over; ``every_chunk=False``:
+    all of a chunk's frames too, as a browser's compositor stalled on a busy machine passes them over)."""
     assert [d.number for d in drawn] == list(range(1, len(drawn) + 1)), "a drawn frame was not recorded"
     keys = [(d.epoch, d.chunk) for d in drawn]
     assert keys == sorted(keys), keys
     for epoch in sorted({d.epoch for d in drawn}):
         chunks = [d.chunk for d in drawn if d.epoch == epoch]
         runs = [chunks.count(c) for c in sorted(set(chunks))]
-        assert sorted(set(chunks)) == list(range(chunks[0], chunks[-1] + 1)), chunks  # no chunk skipped
+        assert not every_chunk or sorted(set(chunks)) == list(range(chunks[0], chunks[-1] + 1)), chunks  # none skipped
         # Whole chunks, except the last: still playing, or cut short by a reset.
         assert not whole_chunks or all(n == FRAMES_PER_CHUNK for n in runs[:-1]), chunks
         assert runs[-1] <= FRAMES_PER_CHUNK, chunks

@@ -94,6 +94,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     supersededSeqs: new Set(), // their seqs: frames of theirs still decoding are never queued
     chunkOf: new Map(), // seq -> {shown, skip, applied: [[event id, input instant]]}, for the last chunks
     rtcShown: [], // over WebRTC, the last PHOTON_LOG_MAX frames shown: {rtp, seq, chunk, epoch}
+    received: [], // the seqs of the last PHOTON_LOG_MAX chunks received whole, in order (resumes included)
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
@@ -107,6 +108,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     loseWebRTC() { loseWebRTC(); },
     // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).
     get webrtcShown() { return state.rtcShown.map((frame) => ({ ...frame })); },
+    get receivedSeqs() { return state.received.slice(); }, // chunks received whole, whether or not shown
     get role() { return state.role; },
     get shareLinks() { return { viewer: $("share-viewer").value, controller: $("share-controller").value }; },
     get epoch() { return state.epoch; },
@@ -943,15 +945,22 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       if (photon) photon.received = photon.decoded = performance.now(); // the <video> decodes it: in "buffer"
       state.lastChunkMs = header.timings.tick_ms;
       mseChunk(header, buffer, photon);
+      chunkReceived(header.seq);
       return;
     }
     state.frames.push(decodeFrame(new Uint8Array(buffer), media, width, height)); // the package's decoding
     if (state.frames.length === header.frames.sizes.length) finishChunk();
   }
 
+  function chunkReceived(seq) {
+    state.received.push(seq);
+    if (state.received.length > PHOTON_LOG_MAX) state.received.shift();
+  }
+
   function finishChunk() {
     const header = state.header;
     state.lastSeq = Math.max(state.lastSeq, header.seq);
+    chunkReceived(header.seq);
     const pending = state.frames;
     state.header = null;
     state.frames = [];
