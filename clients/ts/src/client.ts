@@ -486,16 +486,11 @@ export class WorldClient {
         return;
       case "chunk.skipped":
         this.lastSeq = Math.max(this.lastSeq, message.to_seq);
-        if (listener) listener.message?.(message);
-        else this.skipped.push(message);
-        return;
+        return this.notice(message, this.skipped);
       case "input.dropped":
-        if (listener) listener.message?.(message);
-        else this.dropped.push(message);
-        return;
+        return this.notice(message, this.dropped);
       case "session.queued":
-        if (listener) listener.message?.(message);
-        else this.queued.push(message);
+        this.notice(message, this.queued);
         this.onQueued?.(message);
         return;
     }
@@ -512,6 +507,12 @@ export class WorldClient {
     } else if (message.type === "session.failed" || message.type === "error") {
       this.deliver(new WorldError(message.code, message.message));
     }
+  }
+
+  /** A notice to the listener, or, with none, kept in its list (`skipped`, `dropped`, `queued`). */
+  private notice<T extends ServerMessage>(message: T, kept: T[]): void {
+    if (this.listener) this.listener.message?.(message);
+    else kept.push(message);
   }
 
   protected deliver(item: Chunk | Error): void {

@@ -284,10 +284,9 @@ export function sendOnChannel(channel: Pick<RTCDataChannel, "send">, text: strin
     channel.send(text);
     return 1;
   }
-  let sent = 0;
-  for (let start = 0; start < bytes.length; start += PIECE_BYTES, sent += 1) channel.send(bytes.slice(start, start + PIECE_BYTES));
+  for (let start = 0; start < bytes.length; start += PIECE_BYTES) channel.send(bytes.slice(start, start + PIECE_BYTES));
   channel.send("");
-  return sent + 1;
+  return Math.ceil(bytes.length / PIECE_BYTES) + 1; // the pieces and the empty text that ends them
 }
 
 /** The data channel as the client's socket. A short message goes first as a copy on the fast channel, prefixed

@@ -65,8 +65,8 @@ CHANNEL_LABEL = "worldserve"
 FAST_LABEL = "worldserve.fast"
 #: Copies that came ahead of a gap wait, this many at most (the oldest index beyond goes: its main copy comes).
 FAST_HELD = 32
-#: A copy longer than this is not read (a client sends only short messages twice).
-FAST_MAX_BYTES = 16 * 1024
+#: A copy longer than this (characters) is not read (a client sends only short messages twice).
+FAST_MAX_CHARS = 16 * 1024
 
 
 class DataChannelSocket:
@@ -106,7 +106,7 @@ class DataChannelSocket:
 
     def _fast(self, message: str | bytes) -> None:
         index_text, colon, text = message.partition(":") if isinstance(message, str) else ("", "", "")
-        if not colon or not index_text.isdigit() or len(text) > FAST_MAX_BYTES or self.closed:
+        if not colon or not index_text.isdigit() or len(text) > FAST_MAX_CHARS or self.closed:
             self.fast_unused += 1
             return
         index = int(index_text)

@@ -852,7 +852,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       case "session.failed":
         sessionFailed(message.code, message.message);
         break;
-      case "session.reset": // another member's reset is seen in the chunks; this is ours, as a notice
+      case "session.reset": // our reset's reply, come after its request timed out (resetWorld hears it otherwise)
         newEpoch(message.epoch);
         log(`reset (epoch ${message.epoch})`);
         break;

@@ -369,22 +369,11 @@ export class WorldClient {
                 return;
             case "chunk.skipped":
                 this.lastSeq = Math.max(this.lastSeq, message.to_seq);
-                if (listener)
-                    listener.message?.(message);
-                else
-                    this.skipped.push(message);
-                return;
+                return this.notice(message, this.skipped);
             case "input.dropped":
-                if (listener)
-                    listener.message?.(message);
-                else
-                    this.dropped.push(message);
-                return;
+                return this.notice(message, this.dropped);
             case "session.queued":
-                if (listener)
-                    listener.message?.(message);
-                else
-                    this.queued.push(message);
+                this.notice(message, this.queued);
                 this.onQueued?.(message);
                 return;
         }
@@ -405,6 +394,13 @@ export class WorldClient {
         else if (message.type === "session.failed" || message.type === "error") {
             this.deliver(new WorldError(message.code, message.message));
         }
+    }
+    /** A notice to the listener, or, with none, kept in its list (`skipped`, `dropped`, `queued`). */
+    notice(message, kept) {
+        if (this.listener)
+            this.listener.message?.(message);
+        else
+            kept.push(message);
     }
     deliver(item) {
         if (!(item instanceof Error))

@@ -271,11 +271,10 @@ export function sendOnChannel(channel, text) {
         channel.send(text);
         return 1;
     }
-    let sent = 0;
-    for (let start = 0; start < bytes.length; start += PIECE_BYTES, sent += 1)
+    for (let start = 0; start < bytes.length; start += PIECE_BYTES)
         channel.send(bytes.slice(start, start + PIECE_BYTES));
     channel.send("");
-    return sent + 1;
+    return Math.ceil(bytes.length / PIECE_BYTES) + 1; // the pieces and the empty text that ends them
 }
 /** The data channel as the client's socket. A short message goes first as a copy on the fast channel, prefixed
  * with its index among the main channel's messages (`"17:{...}"`): the server reads whichever copy comes first,
