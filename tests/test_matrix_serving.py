@@ -171,7 +171,11 @@ async def test_a_real_server_plays_from_a_start_image_shares_resumes_and_replays
         assert not report.errors, report.error_messages
         assert report.chunks > 0
         assert report.accepted > 0
-        assert report.applied_once == report.accepted  # every event it pressed, applied once
+        # Every event it pressed is applied once, or replaced in the queue by a newer key press before a chunk
+        # took it (keys are a held, continuous track: a slow box makes chunks slower than the presses).
+        assert report.applied_once > 0
+        assert report.applied_once + report.superseded == report.accepted, report
+        assert report.lost == report.applied_twice == 0
     finally:
         server.stop()
 
