@@ -629,18 +629,19 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       if (rtc.video !== video) return;
       ctx.drawImage(video, 0, 0, canvas.width, canvas.height);
       recordFrame();
-      if (session) rtcShown(meta.rtpTimestamp, meta.presentationTime || now);
+      if (session && meta.rtpTimestamp !== undefined && rtc.client) {
+        state.displayed += 1;
+        rtc.client.frameShown(meta.rtpTimestamp, meta.presentationTime || now, rtcShown);
+      }
       video.requestVideoFrameCallback(shown);
     };
     video.requestVideoFrameCallback(shown);
   }
 
-  // A frame is on screen: its chunk is the one whose first frame's RTP timestamp is the latest at or before its
-  // own (the client's chunkOf). That chunk's first frame shown acks it and gives its figures.
-  function rtcShown(rtp, at) {
-    if (rtp === undefined || !rtc.client) return;
-    state.displayed += 1;
-    const seq = rtc.client.chunkOf(rtp);
+  // A frame was on screen at `at`: its chunk is the one whose first frame's RTP timestamp is the latest at or
+  // before its own, told once that is sure (the client's frameShown: a chunk's chunk.track can come after its first
+  // frame is shown). That chunk's first frame shown acks it and gives its figures.
+  function rtcShown(seq, rtp, at) {
     const chunk = seq === null ? undefined : rtc.chunks.get(seq);
     if (!chunk) return;
     state.rtcShown.push({ rtp: rtp >>> 0, seq, chunk: chunk.header.chunk_index, epoch: chunk.header.epoch });

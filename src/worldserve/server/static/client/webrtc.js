@@ -108,12 +108,71 @@ export class TrackMarks {
         }
         return found;
     }
+    /** Whether the chunk of the frame with this RTP timestamp is sure: a mark at or after it is told (marks come in
+     * the order of their frames, so no later one can name a chunk that starts at or before this frame). */
+    settled(rtpTimestamp) {
+        for (const first of this.told.values()) {
+            if (((first - (rtpTimestamp >>> 0) + SAME_TICKS) >>> 0) < 2 ** 31)
+                return true;
+        }
+        return false;
+    }
     /** The RTP timestamp of chunk `seq`'s first frame, if told and still kept. */
     get(seq) {
         return this.told.get(seq);
     }
     clear() {
         this.told.clear();
+    }
+}
+/** A frame shown whose chunk could still be a later one waits this long for that chunk's mark: `chunk.track` comes
+ * on the data channel, the frame on the video track, and a frame can be shown before the mark of its chunk is in. */
+export const HOLD_MS = 250;
+/** Frames shown, each told its chunk once that is sure (TrackMarks.settled) or once it has waited HOLD_MS, in the
+ * order they were shown. Call `settle()` when a mark is told. */
+export class FrameLabels {
+    marks;
+    holdMs;
+    clock;
+    held = [];
+    timer = null;
+    constructor(marks, holdMs = HOLD_MS, clock = () => performance.now()) {
+        this.marks = marks;
+        this.holdMs = holdMs;
+        this.clock = clock;
+    }
+    /** A frame with this RTP timestamp was shown at `at`: `then` hears its chunk, now or once sure. */
+    shown(rtpTimestamp, at, then) {
+        this.held.push({ rtp: rtpTimestamp >>> 0, at, since: this.clock(), then });
+        this.settle();
+    }
+    /** Tell every frame whose chunk is now sure, or that has waited long enough, in order. */
+    settle() {
+        const now = this.clock();
+        while (this.held.length) {
+            const frame = this.held[0];
+            if (!this.marks.settled(frame.rtp) && now - frame.since < this.holdMs)
+                break;
+            this.held.shift();
+            frame.then(this.marks.chunkOf(frame.rtp), frame.rtp, frame.at);
+        }
+        if (this.held.length && this.timer === null) {
+            this.timer = setTimeout(() => {
+                this.timer = null;
+                this.settle();
+            }, Math.max(0, this.holdMs - (now - this.held[0].since)) + 1);
+        }
+    }
+    /** How many frames wait for their chunk. */
+    get waiting() {
+        return this.held.length;
+    }
+    /** Forget the frames held (a new connection: its track starts anew). */
+    clear() {
+        this.held.length = 0;
+        if (this.timer !== null)
+            clearTimeout(this.timer);
+        this.timer = null;
     }
 }
 /** The figures a player shows of its WebRTC link: round trip, packets lost, frames decoded, codec, and its
@@ -156,6 +215,8 @@ export class WebRTCWorldClient extends WorldClient {
     resource = null;
     /** Each recent chunk's first frame on the track, as the server told it (chunk.track). */
     marks = new TrackMarks();
+    /** Frames shown, waiting to be told their chunk (`frameShown`). */
+    labels = new FrameLabels(this.marks);
     shownSeqs = new Set();
     constructor(url, options = {}) {
         super(url, { autoAck: false, ...options });
@@ -185,6 +246,7 @@ export class WebRTCWorldClient extends WorldClient {
         }
         this.pc = pc;
         this.marks.clear();
+        this.labels.clear();
         return channelSocket(channel, fast, pc, () => this.leave());
     }
     receive(data) {
@@ -192,6 +254,7 @@ export class WebRTCWorldClient extends WorldClient {
             const message = JSON.parse(data);
             if (message.type === "chunk.track") {
                 this.marks.tell(message.seq, message.rtp ?? 0);
+                this.labels.settle();
                 return;
             }
             if (message.type === "chunk") { // its frames are the track's: handed over as its header comes
@@ -201,34 +264,39 @@ export class WebRTCWorldClient extends WorldClient {
         }
         super.receive(data);
     }
-    /** The chunk (seq) of a frame on the track, by its RTP timestamp (TrackMarks.chunkOf). */
+    /** The chunk (seq) of a frame on the track, by its RTP timestamp (TrackMarks.chunkOf), as far as told now. */
     chunkOf(rtpTimestamp) {
         return this.marks.chunkOf(rtpTimestamp);
+    }
+    /** A frame with this RTP timestamp was shown at `at`: `then` hears its chunk once that is sure (FrameLabels), in
+     * the order frames were shown. */
+    frameShown(rtpTimestamp, at, then) {
+        this.labels.shown(rtpTimestamp, at, then);
     }
     /** The peer connection's figures now (linkStats); null before it is up. */
     async stats() {
         return this.pc ? linkStats(this.pc) : null;
     }
     /** Play the track in `video` and ack each chunk as its first frame is shown; `onFrame` hears every frame
-     * shown with its chunk. */
+     * shown with its chunk (once that is sure: `frameShown`). */
     show(video, onFrame) {
         video.muted = true;
         video.playsInline = true;
         video.srcObject = this.stream;
         void video.play().catch(() => undefined);
-        const shown = (_now, meta) => {
-            const rtp = meta.rtpTimestamp;
-            if (rtp !== undefined) {
-                const seq = this.chunkOf(rtp);
-                if (seq !== null && !this.shownSeqs.has(seq)) {
-                    this.shownSeqs.add(seq);
-                    for (const old of this.shownSeqs)
-                        if (old < seq - 32)
-                            this.shownSeqs.delete(old);
-                    this.ack(seq);
-                }
-                onFrame?.(seq, rtp);
+        const labelled = (seq, rtp) => {
+            if (seq !== null && !this.shownSeqs.has(seq)) {
+                this.shownSeqs.add(seq);
+                for (const old of this.shownSeqs)
+                    if (old < seq - 32)
+                        this.shownSeqs.delete(old);
+                this.ack(seq);
             }
+            onFrame?.(seq, rtp);
+        };
+        const shown = (now, meta) => {
+            if (meta.rtpTimestamp !== undefined)
+                this.frameShown(meta.rtpTimestamp, meta.presentationTime || now, labelled);
             if (this.pc)
                 video.requestVideoFrameCallback(shown);
         };
@@ -250,6 +318,7 @@ export class WebRTCWorldClient extends WorldClient {
             void fetch(resource, { method: "DELETE", keepalive: true }).catch(() => undefined);
         this.pc?.close();
         this.pc = null;
+        this.labels.clear();
     }
 }
 /** A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB). */
