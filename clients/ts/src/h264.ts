@@ -71,6 +71,11 @@ export class H264Player {
   ) {
     video.muted = true;
     video.playsInline = true;
+    // A fragment the decoder cannot decode stops the video for good (MEDIA_ERR_DECODE): no frame shows and no chunk
+    // is acked again, so the server would wait; the player fails instead (the page starts again in JPEG).
+    video.addEventListener("error", () => {
+      if (!this.closed && video.error) this.fail(`the video stopped: ${video.error.message || `error ${video.error.code}`}`);
+    });
     this.watched = typeof (video as { requestVideoFrameCallback?: unknown }).requestVideoFrameCallback === "function";
     if (this.watched) {
       const watch = (_now: number, meta: VideoFrameCallbackMetadata) => {

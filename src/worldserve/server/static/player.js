@@ -1363,6 +1363,9 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     mse.player.jumpToLiveEdge(chunk * 4 + jitter.target / fps, chunk + jitter.target / fps);
     if (!jitter.playing) {
       if (!video.paused) video.pause();
+      // Frames in that no arrival started the wait for: a fragment still being appended when the video ran dry
+      // (its arrival came while it played). They wait the target from now; else the video stays paused.
+      if (jitter.holdUntil === null && mse.player.bufferedMs() > 1000 / fps) jitterArrived(now);
       if (video.readyState >= 2 && jitterStarts(now)) video.play().catch(() => {});
     } else {
       if (video.paused && video.readyState >= 2) video.play().catch(() => {});
