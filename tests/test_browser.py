@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from runtime_models import carried_by, chunk_controls
 from server_harness import RunningServer, start_server
@@ -244,8 +246,33 @@ def locate(frame: npt.NDArray[np.uint8], style: str, xs: range, ys: range) -> tu
     return None
 
 
+#: What a page test that timed out reports of the page: its figures, each <video>'s state, its log's last lines.
+_PAGE_STATE = """() => {
+  const w = window.worldserve || {};
+  const figures = {};
+  for (const name of ["status", "role", "transport", "media", "epoch", "chunkIndex", "seq", "displayed", "superseded",
+                      "resumes", "restarts", "jitter", "receivedSeqs"]) {
+    try { figures[name] = w[name]; } catch (error) { figures[name] = String(error); }
+  }
+  const videos = [...document.querySelectorAll("video")].map((v) => ({
+    paused: v.paused, readyState: v.readyState, currentTime: v.currentTime, error: v.error && v.error.code,
+    buffered: [...Array(v.buffered.length).keys()].map((i) => [v.buffered.start(i), v.buffered.end(i)]),
+  }));
+  const log = [...document.querySelectorAll("#log li")].slice(-12).map((item) => item.textContent);
+  return { figures, videos, log };
+}"""
+
+
 def wait_for(page: Page, condition: str, timeout: float = TIMEOUT_MS / 1000) -> None:
-    page.wait_for_function(condition, timeout=timeout * 1000)
+    """Wait until ``condition`` holds in the page; on a timeout, fail saying what the page was doing."""
+    try:
+        page.wait_for_function(condition, timeout=timeout * 1000)
+    except PlaywrightTimeoutError:
+        try:
+            state = page.evaluate(_PAGE_STATE)
+        except PlaywrightError as error:
+            state = f"(the page could not be read: {error})"
+        raise AssertionError(f"not true after {timeout:.0f} s: {condition}; the page: {state}") from None
 
 
 def assert_in_chunk_order(drawn: list[Drawn], *, whole_chunks: bool = True, every_chunk: bool = True) -> None:
