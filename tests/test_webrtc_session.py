@@ -213,15 +213,14 @@ def _copies(server: RunningServer) -> dict[str, float]:
     return found
 
 
-async def test_inputs_and_acks_also_go_on_the_fast_channel_and_each_is_read_once(server: RunningServer) -> None:
-    """The Python client sends each short message first as a copy on its unordered, never-resent channel. Against
-    a real server: every event is accepted once (never as a duplicate of its other copy), applied in exactly one
-    chunk or dropped as superseded, and the server took copies (on loopback a copy sent first is read first)."""
+async def test_short_messages_go_on_the_fast_channel_too_both_ways_and_each_is_read_once(server: RunningServer) -> None:
+    """The Python client sends each short message first as a copy on its unordered, never-resent channel, and so
+    does the server. Against a real server: every event is accepted once (never as a duplicate of its other copy),
+    applied in exactly one chunk or dropped as superseded, and both sides took copies (on loopback a copy sent
+    first is read first)."""
     from worldserve.client import keys
-    from worldserve.server.webrtc_session import FAST_LABEL
-    from worldserve.webrtc_client import _FAST_LABEL, WebRTCWorldClient
+    from worldserve.webrtc_client import WebRTCWorldClient
 
-    assert _FAST_LABEL == FAST_LABEL
     before = _copies(server)
     applied: list[int] = []
     accepted: list[int] = []
@@ -235,6 +234,8 @@ async def test_inputs_and_acks_also_go_on_the_fast_channel_and_each_is_read_once
                 applied.extend(chunk.applied_event_ids)
         while not set(accepted) <= set(applied) | {i for d in client.dropped for i in d.event_ids}:
             applied.extend((await client.next_chunk(timeout=20)).applied_event_ids)
+        # The server's copies too: its replies, chunk headers and chunk.track, read from the first copy to come.
+        taken = client.fast_taken
         await client.close()
     dropped = [i for d in client.dropped for i in d.event_ids]
     assert all(d.reason == "superseded" for d in client.dropped), client.dropped
@@ -242,6 +243,7 @@ async def test_inputs_and_acks_also_go_on_the_fast_channel_and_each_is_read_once
     assert set(applied) | set(dropped) == set(accepted)
     after = _copies(server)
     assert after["taken"] - before["taken"] >= 12, (before, after)  # its events at least, read from their copies
+    assert taken >= 12, taken  # the replies to them at least
 
 
 async def test_the_bench_measures_key_to_photon_over_webrtc(server: RunningServer) -> None:
@@ -342,17 +344,23 @@ async def test_a_chunks_first_frame_sent_on_the_track_is_told_to_the_connection(
 
 
 class _Channel:
-    """Just what DataChannelSocket reads of a data channel: its handlers, and what it is sent."""
+    """Just what DataChannelSocket reads of a data channel: its handlers, and what it is sent (also to ``log``, a
+    list that channels may share, to tell the order of sends across them)."""
 
-    def __init__(self) -> None:
+    readyState = "open"
+
+    def __init__(self, log: list[tuple[int, str]] | None = None) -> None:
         self.handlers: dict[str, Any] = {}
         self.sent: list[str] = []
+        self._log = log
 
     def on(self, event: str, handler: Any) -> None:
         self.handlers[event] = handler
 
     def send(self, data: str) -> None:
         self.sent.append(data)
+        if self._log is not None:
+            self._log.append((id(self), data))
 
 
 async def test_a_long_message_in_binary_pieces_ended_by_an_empty_text_is_read_as_one() -> None:
@@ -420,6 +428,40 @@ def _merging_socket() -> tuple[Any, Any, Any]:
     return socket, main.handlers["message"], fast.handlers["message"]
 
 
+async def test_the_server_sends_each_short_message_first_as_a_copy_on_the_fast_channel() -> None:
+    """The other way: what the server sends goes as the client sends, a copy of each short message first on the
+    client's fast channel, prefixed with its index among the main channel's messages; a long one only on the main
+    channel. A client's ChannelMerge fed both, copies first, reads the server's stream once, in order."""
+    from worldserve.fast_channel import FAST_COPY_CHARS, ChannelMerge
+    from worldserve.server.webrtc import FrameTrack
+    from worldserve.server.webrtc_session import DataChannelSocket
+
+    log: list[tuple[int, str]] = []
+    main, fast = _Channel(log), _Channel(log)
+    socket = DataChannelSocket(FrameTrack(16.0, 6, lambda seq: None), max_message_bytes=1 << 16)
+    socket.attach(main)
+    await socket.send_text('{"type":"session.started"}')  # before the fast channel opened: no copy
+    socket.attach_fast(fast)
+    short = json.dumps({"type": "event.accepted", "event_id": 1})
+    long = json.dumps({"type": "session.state", "pad": "z" * FAST_COPY_CHARS})
+    await socket.send_text(short)
+    await socket.send_text(long)
+    socket.track_told(4, 0, 1234)
+    told = main.sent[-1]
+    assert json.loads(told) == {"type": "chunk.track", "seq": 4, "frame": 0, "rtp": 1234}
+    assert main.sent == ['{"type":"session.started"}', short, long, told]
+    assert fast.sent == [f"1:{short}", f"3:{told}"]
+    assert [data for _, data in log][1:] == [f"1:{short}", short, long, f"3:{told}", told]  # each copy first
+    assert socket.fast_sent == 2
+    merge = ChannelMerge()
+    read = [*merge.copy(fast.sent[0]), *merge.copy(fast.sent[1])]
+    assert read == []  # copies wait for message 0
+    for message in main.sent:
+        read += merge.main(message)
+    assert read == main.sent
+    assert (merge.taken, merge.unused) == (2, 0)
+
+
 def _read_now(socket: Any) -> list[str]:
     """Every message the connection could read now, in order."""
     read = []
@@ -475,7 +517,7 @@ def test_whatever_copies_come_and_in_whatever_order_the_connection_reads_the_mai
     """Adversarial: the main channel brings its messages in order; the fast channel brings copies of any of them,
     any number of times (also none), in any order, interleaved anyhow with the main channel. The connection reads
     the main stream exactly: every message once, in order."""
-    from worldserve.server.webrtc_session import FAST_HELD
+    from worldserve.fast_channel import FAST_HELD
 
     socket, main, fast = _merging_socket()
     messages = [json.dumps({"type": "input.event", "event_id": i}) for i in range(count)]
@@ -489,8 +531,8 @@ def test_whatever_copies_come_and_in_whatever_order_the_connection_reads_the_mai
             main(messages[next(mains)])
         else:
             fast(f"{index}:{messages[index]}")
-        assert len(socket._ahead) <= FAST_HELD
+        assert socket.merge.held <= FAST_HELD
     assert _read_now(socket) == messages
-    assert not socket._ahead  # nothing left waiting
+    assert not socket.merge.held  # nothing left waiting
     assert socket.fast_taken + socket.fast_unused == len(copies)  # each copy taken or passed over, once
     assert socket.fast_taken <= len(set(copies))

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.client import ClientChunk, WorldClient, WorldClientError
+from worldserve.fast_channel import FAST_COPY_CHARS, FAST_LABEL, ChannelMerge, fast_copy
 from worldserve.ice import IceServer, parse_ice_links, parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
 
@@ -55,10 +56,6 @@ _HOLD_S = 0.25
 _STALL_S = 0.25
 #: A message longer than this goes in pieces of this size (a peer takes 64 KiB at least; Chromium 256 KiB).
 _PIECE_BYTES = 64 * 1024
-#: The second data channel (unordered, never resent): copies of the main channel's short messages
-#: (``worldserve.server.webrtc_session.FAST_LABEL``); one this long at most goes, first, as a copy there.
-_FAST_LABEL = "worldserve.fast"
-_FAST_COPY_CHARS = 1024
 
 
 def webrtc_url(world_url: str) -> str:
@@ -104,7 +101,8 @@ def _ice_servers_told(url: str, headers: dict[str, str]) -> list[IceServer]:
 class _ChannelLink:
     """The data channel as the base client's message link; the peer connection's end ends it. A short message goes
     first as a copy on the fast channel (unordered, never resent), prefixed with its index among the main channel's
-    messages: the server reads whichever copy comes first, in its place, once."""
+    messages: the server reads whichever copy comes first, in its place, once; and the server's copies are merged
+    the same way here (:class:`~worldserve.fast_channel.ChannelMerge`)."""
 
     def __init__(self, pc: Any, channel: Any, fast: Any, resource: str, token: str | None) -> None:
         self.pc = pc
@@ -113,15 +111,23 @@ class _ChannelLink:
         self._sent = 0  # messages sent on the main channel so far
         self._resource = resource
         self._token = token
-        self._inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._closed = False
-        channel.on("message", self._inbox.put_nowait)
+        #: The server's two channels merged, in order, once.
+        self.merge = ChannelMerge()
+        channel.on("message", lambda message: self._take(self.merge.main(message)))
+        fast.on("message", lambda copy: self._take(self.merge.copy(copy)))
         channel.on("close", self._end)
 
         @pc.on("connectionstatechange")  # type: ignore[untyped-decorator]
         def changed() -> None:
             if pc.connectionState in ("failed", "closed"):
                 self._end()
+
+    def _take(self, read: list[str] | list[str | bytes]) -> None:  # what the merge read, in order
+        if not self._closed:
+            for message in read:
+                self._inbox.put_nowait(message)
 
     def _end(self) -> None:
         if not self._closed:
@@ -131,9 +137,9 @@ class _ChannelLink:
     async def send(self, message: str) -> None:
         if self._closed or self._channel.readyState != "open":
             raise ConnectionError("the data channel is closed.")
-        if len(message) <= _FAST_COPY_CHARS and self._fast.readyState == "open":
+        if len(message) <= FAST_COPY_CHARS and self._fast.readyState == "open":
             with contextlib.suppress(Exception):  # a copy that cannot go: the main channel's message counts
-                self._fast.send(f"{self._sent}:{message}")
+                self._fast.send(fast_copy(self._sent, message))
         data = message.encode()
         if len(data) <= _PIECE_BYTES:
             self._channel.send(message)
@@ -220,6 +226,11 @@ class WebRTCWorldClient(WorldClient):
         #: and for a keyframe).
         self.stalls = 0
 
+    @property
+    def fast_taken(self) -> int:
+        """Messages of this connection read from the server's fast copies (their main copy was passed over)."""
+        return self._link.merge.taken if self._link is not None else 0
+
     async def connect(self) -> None:
         import aiortc  # the webrtc extra
 
@@ -232,7 +243,7 @@ class WebRTCWorldClient(WorldClient):
         servers = [aiortc.RTCIceServer(s.url, s.username, s.credential) for s in told]
         pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=servers))
         channel = pc.createDataChannel("worldserve")
-        fast = pc.createDataChannel(_FAST_LABEL, ordered=False, maxRetransmits=0)  # copies of short messages
+        fast = pc.createDataChannel(FAST_LABEL, ordered=False, maxRetransmits=0)  # copies of short messages
         use_live_frames(pc.addTransceiver("video", direction="recvonly").receiver)  # no frame waits for the next
         opened = asyncio.Event()
         channel.on("open", opened.set)

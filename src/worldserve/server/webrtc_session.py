@@ -20,12 +20,10 @@ most ``max_message_bytes`` (over that, the pieces are dropped as they come and t
 
 A lost packet holds a reliable, ordered channel until it is resent (a retransmission timeout: 220 ms at least),
 and every message behind it with it. So a client may open a second channel, labelled ``worldserve.fast``,
-unordered and never resent, and send on it, first, a copy of each short message it sends on the main channel,
-prefixed with that message's index there (``"17:{...}"``: the 18th message sent on the main channel, pieces of a
-long message counted one by one). The socket merges the two into the one ordered stream the connection reads:
-a copy is taken when every message before its index has come (on either channel), and the main channel's own
-message at an index already taken is passed over. Nothing is read twice or out of order, whichever copy comes
-first; a lost copy is only the main channel's delay again. Copies that come ahead of a gap wait for it, a few.
+unordered and never resent (:mod:`worldserve.fast_channel`), and send on it, first, a copy of each short message
+it sends on the main channel, prefixed with that message's index there. The socket merges the two into the one
+ordered stream the connection reads, and sends the client the same way: a copy of each short message it sends
+(chunk headers, ``chunk.track``, replies) goes first on that channel, so a lost packet holds neither direction.
 
 Owns: :class:`DataChannelSocket` and :class:`WebRTCSessions` (offers, answers, leaves).
 Must not know: what the messages mean (the connection's), how frames are made.
@@ -45,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from worldserve.fast_channel import FAST_COPY_CHARS, FAST_LABEL, ChannelMerge, fast_copy
 from worldserve.server.messages import ChunkTrack, wire_json
 from worldserve.server.webrtc import (
     MAX_OFFER_BYTES,
@@ -61,12 +60,6 @@ _log = logging.getLogger("worldserve.server")
 
 #: The data channel's label a client opens (any label is taken; this one is the documented one).
 CHANNEL_LABEL = "worldserve"
-#: The label of the optional second channel (unordered, never resent) of copies of the main channel's messages.
-FAST_LABEL = "worldserve.fast"
-#: Copies that came ahead of a gap wait, this many at most (the oldest index beyond goes: its main copy comes).
-FAST_HELD = 32
-#: A copy longer than this (characters) is not read (a client sends only short messages twice).
-FAST_MAX_CHARS = 16 * 1024
 
 
 class DataChannelSocket:
@@ -83,13 +76,22 @@ class DataChannelSocket:
         self.closed = False
         #: Told each chunk's seq as its first frame goes out on the track (``Connection.frames_started``).
         self.on_started: Callable[[int], None] = lambda seq: None
-        self._main_count = 0  # messages come on the main channel so far
-        self._next_index = 0  # every message of the merged stream before this index was read
-        self._ahead: dict[int, str] = {}  # fast copies that came ahead of a gap, by index
-        #: Messages read from their fast copy (their main copy was passed over), and copies not used (late,
-        #: malformed, or too many ahead of a gap).
-        self.fast_taken = 0
-        self.fast_unused = 0
+        #: The client's two channels merged: what the connection reads, in order, once.
+        self.merge = ChannelMerge()
+        self._fast_channel: Any = None  # the client's fast channel, where a copy of each short message goes first
+        self._sent = 0  # messages sent on the main channel so far
+        #: Copies sent to the client.
+        self.fast_sent = 0
+
+    @property
+    def fast_taken(self) -> int:
+        """Messages read from their fast copy (their main copy was passed over)."""
+        return self.merge.taken
+
+    @property
+    def fast_unused(self) -> int:
+        """Copies not used (late, malformed, or too many ahead of a gap)."""
+        return self.merge.unused
 
     @property
     def attached(self) -> bool:
@@ -101,30 +103,16 @@ class DataChannelSocket:
         channel.on("close", lambda: self.gone(clean=False))
 
     def attach_fast(self, channel: Any) -> None:
-        """The client's second channel: copies of its main channel's messages, each ``"<index>:<message>"``."""
+        """The client's second channel: copies of its main channel's messages, each ``"<index>:<message>"``; the
+        server's copies go on it too."""
+        self._fast_channel = channel
         channel.on("message", self._fast)
 
     def _fast(self, message: str | bytes) -> None:
-        index_text, colon, text = message.partition(":") if isinstance(message, str) else ("", "", "")
-        if not colon or not index_text.isdigit() or len(text) > FAST_MAX_CHARS or self.closed:
-            self.fast_unused += 1
+        if self.closed:
             return
-        index = int(index_text)
-        if index < self._next_index or index in self._ahead:
-            self.fast_unused += 1  # its main copy came first (or this copy twice)
-            return
-        self._ahead[index] = text
-        while len(self._ahead) > FAST_HELD:  # the farthest goes; its main copy will come
-            del self._ahead[max(self._ahead)]
-            self.fast_unused += 1
-        self._take_ahead()
-
-    def _take_ahead(self) -> None:
-        """Read the fast copies that are next in order now."""
-        while (text := self._ahead.pop(self._next_index, None)) is not None:
-            self._next_index += 1
-            self.fast_taken += 1
-            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(text)})
+        for read in self.merge.copy(message):  # a copy is short and text: never a piece
+            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(read)})
 
     def gone(self, *, clean: bool) -> None:
         """The peer is gone: cleanly (DELETE) or not (a failed connection: the member is parked)."""
@@ -133,15 +121,11 @@ class DataChannelSocket:
             self._incoming.put_nowait({"type": "websocket.disconnect", "code": 1000 if clean else 1006})
 
     def _received(self, message: str | bytes) -> None:
-        index = self._main_count
-        self._main_count += 1
-        if index < self._next_index:
-            return  # read already, from its fast copy
-        self._next_index = index + 1
-        if self._ahead.pop(index, None) is not None:
-            self.fast_unused += 1
-        self._read(message)
-        self._take_ahead()  # copies that waited for this one
+        read = self.merge.main(message)  # [] (read from its copy already), or this message and the copies it freed
+        if read:
+            self._read(message)  # text, a piece, or the empty text that ends pieces
+        for text in read[1:]:  # copies: text
+            self._incoming.put_nowait({"type": "websocket.receive", "text": _raw_media(str(text))})
 
     def _read(self, message: str | bytes) -> None:
         if isinstance(message, bytes):  # a piece of a long message (clients send no other binary)
@@ -182,7 +166,17 @@ class DataChannelSocket:
             self._chunk = (header["seq"], shape, frames["count"], [])
             if header.get("supersedes") is not None:
                 self._track.drop(header["supersedes"])
-        self._channel.send(data)
+        self._send(data)
+
+    def _send(self, text: str) -> None:
+        """One message on the main channel, a copy on the fast channel first when it is short."""
+        fast = self._fast_channel
+        if fast is not None and len(text) <= FAST_COPY_CHARS and fast.readyState == "open":
+            with contextlib.suppress(Exception):  # a copy that cannot go: the main channel's message counts
+                fast.send(fast_copy(self._sent, text))
+                self.fast_sent += 1
+        self._channel.send(text)
+        self._sent += 1
 
     def hold_chunk(self, seq: int) -> None:
         """Chunk ``seq`` is being undone: its frames wait on the track (``FrameTrack.hold``)."""
@@ -197,7 +191,7 @@ class DataChannelSocket:
         the other routes)."""
         if self._channel is not None and not self.closed:
             with contextlib.suppress(Exception):  # a channel closing now: the connection learns it on its own
-                self._channel.send(wire_json(ChunkTrack(seq=seq, frame=frame, rtp=rtp)))
+                self._send(wire_json(ChunkTrack(seq=seq, frame=frame, rtp=rtp)))
 
     async def send_bytes(self, data: bytes) -> None:
         if self.closed:
