@@ -65,6 +65,8 @@ def test_the_page_plays_steers_resumes_and_closes_a_world_over_webrtc(server: Ru
         assert page.evaluate("() => window.worldserve.sessionId") == session
         wait_for(page, f"window.worldserve.seq > {seq + 3} && window.worldserve.transport === 'webrtc'")
         assert server.health()["sessions"] == 1
+        # The server's chunk headers and chunk.track went first as copies too; the page read them from there.
+        assert page.evaluate("() => window.worldserve.webrtcCopiesTaken") > 0
 
         page.click("#close")
         wait_for(page, "window.worldserve.status === 'idle'")

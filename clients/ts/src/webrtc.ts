@@ -229,6 +229,8 @@ export class WebRTCWorldClient extends WorldClient {
   private resource: string | null = null;
   /** Each recent chunk's first frame on the track, as the server told it (chunk.track). */
   readonly marks = new TrackMarks();
+  /** This connection's merge of the server's two channels (its `taken`: messages read from the server's copies). */
+  merge: ChannelMerge | null = null;
   /** Frames shown, waiting to be told their chunk (`frameShown`). */
   readonly labels = new FrameLabels(this.marks);
   private readonly shownSeqs = new Set<number>();
@@ -262,7 +264,8 @@ export class WebRTCWorldClient extends WorldClient {
     this.pc = pc;
     this.marks.clear();
     this.labels.clear();
-    return channelSocket(channel, fast, pc, () => this.leave());
+    this.merge = new ChannelMerge();
+    return channelSocket(channel, fast, pc, () => this.leave(), this.merge);
   }
 
   protected override receive(data: unknown): void {
@@ -344,6 +347,71 @@ export const PIECE_BYTES = 64 * 1024;
 export const FAST_LABEL = "worldserve.fast";
 /** A message this long at most is also sent on the fast channel (inputs, acks, resets: not a start's images). */
 export const FAST_COPY_CHARS = 1024;
+/** Copies that came ahead of a gap wait, this many at most (the farthest beyond goes: its main copy comes). */
+export const FAST_HELD = 32;
+/** A copy longer than this (characters) is not read: no side sends long messages twice. */
+export const FAST_MAX_CHARS = 16 * 1024;
+
+/** One receiver's merge of the main channel and its fast channel into the main channel's stream, in order: a copy
+ * ("<index>:<message>") is read once every message before its index was read (from either channel), and a main
+ * message already read from its copy is passed over (docs/protocol.md, "The fast channel"). */
+export class ChannelMerge<T = unknown> {
+  private mainCount = 0; // messages come on the main channel so far
+  private nextIndex = 0; // every message of the merged stream before this index was read
+  private readonly ahead = new Map<number, string>(); // copies that came ahead of a gap, by index
+  /** Messages read from their copy (the main channel's was passed over). */
+  taken = 0;
+  /** Copies not used: late (the main channel's came first), twice, malformed, or too many ahead of a gap. */
+  unused = 0;
+
+  /** Copies waiting for a gap before them to close. */
+  get held(): number {
+    return this.ahead.size;
+  }
+
+  /** The main channel's next message came: what is read now, in order: none (it was read from its copy), or this
+   * message first, then the copies that waited for it. */
+  main(message: T): (T | string)[] {
+    const index = this.mainCount++;
+    if (index < this.nextIndex) return [];
+    this.nextIndex = index + 1;
+    if (this.ahead.delete(index)) this.unused += 1;
+    return [message, ...this.takeAhead()];
+  }
+
+  /** A copy came on the fast channel: what is read now, in order (none: it waits for a gap, or is not used). */
+  copy(raw: unknown): string[] {
+    const colon = typeof raw === "string" ? raw.indexOf(":") : -1;
+    const indexText = colon > 0 ? (raw as string).slice(0, colon) : "";
+    const text = colon > 0 ? (raw as string).slice(colon + 1) : "";
+    if (!/^[0-9]+$/.test(indexText) || text.length > FAST_MAX_CHARS) {
+      this.unused += 1;
+      return [];
+    }
+    const index = Number(indexText);
+    if (index < this.nextIndex || this.ahead.has(index)) {
+      this.unused += 1; // its main copy came first (or this copy twice)
+      return [];
+    }
+    this.ahead.set(index, text);
+    while (this.ahead.size > FAST_HELD) { // the farthest goes; its main copy will come
+      this.ahead.delete(Math.max(...this.ahead.keys()));
+      this.unused += 1;
+    }
+    return this.takeAhead();
+  }
+
+  private takeAhead(): string[] {
+    const read: string[] = [];
+    for (let text = this.ahead.get(this.nextIndex); text !== undefined; text = this.ahead.get(this.nextIndex)) {
+      this.ahead.delete(this.nextIndex);
+      this.nextIndex += 1;
+      this.taken += 1;
+      read.push(text);
+    }
+    return read;
+  }
+}
 
 /** Send one protocol message on a data channel: as one text message, or, longer than PIECE_BYTES (a start with
  * its images), as its UTF-8 bytes in binary pieces and then an empty text message that ends it, which the server
@@ -365,12 +433,14 @@ export function sendOnChannel(channel: Pick<RTCDataChannel, "send">, text: strin
 
 /** The data channel as the client's socket. A short message goes first as a copy on the fast channel, prefixed
  * with its index among the main channel's messages (`"17:{...}"`): the server reads whichever copy comes first,
- * in its place, once. */
+ * in its place, once. The server sends the same way, and `merge` gives the socket's reader the main channel's
+ * stream, in order, once, whichever copies came first. */
 export function channelSocket(
   channel: RTCDataChannel,
   fast: RTCDataChannel,
   pc: RTCPeerConnection,
   leave: () => void,
+  merge: ChannelMerge = new ChannelMerge(),
 ): SocketLike {
   let sent = 0; // data channel messages sent on the main channel so far
   const socket: SocketLike = {
@@ -392,7 +462,11 @@ export function channelSocket(
     onerror: null,
     onmessage: null,
   };
-  channel.onmessage = (event) => socket.onmessage?.({ data: event.data });
+  const read = (messages: unknown[]) => {
+    for (const data of messages) socket.onmessage?.({ data });
+  };
+  channel.onmessage = (event) => read(merge.main(event.data));
+  fast.onmessage = (event) => read(merge.copy(event.data));
   channel.onclose = () => socket.onclose?.({});
   pc.onconnectionstatechange = () => { // a failed peer is a dropped socket (1006), whether or not its channel says so
     if (pc.connectionState === "failed") {

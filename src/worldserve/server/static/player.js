@@ -104,6 +104,8 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     get worldUrl() { return state.worldUrl || null; }, // where a session.moved sent this page's resume or join
     get transport() { return rtc.pc || rtc.client ? "webrtc" : "websocket"; },
     get webrtc() { return rtc.stats; }, // a WebRTC peer's last getStats() figures
+    // Messages of this WebRTC connection read from the server's fast copies (their main copy passed over).
+    get webrtcCopiesTaken() { return rtc.client && rtc.client.merge ? rtc.client.merge.taken : 0; },
     // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
     loseWebRTC() { loseWebRTC(); },
     // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).
