@@ -6,6 +6,7 @@ peer connection is lost, and closes it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -115,6 +116,10 @@ def test_the_frames_the_page_shows_over_webrtc_are_the_journals(tmp_path: Path) 
             page.keyboard.up("KeyD")
             wait_for(page, "window.captured.length > 56")
             captured = page.evaluate("() => window.captured")
+            # A frame is told its chunk once that is sure (a mark at or after it came): the last ones a moment later.
+            rtps = json.dumps([frame["rtp"] for frame in captured])
+            wait_for(page, f"{rtps}.every((rtp) => window.worldserve.webrtcShown.some((frame) => frame.rtp === rtp))")
+            guessed = page.evaluate("() => window.worldserve.webrtcLabelsGuessed")
             told = {frame["rtp"]: frame for frame in page.evaluate("() => window.worldserve.webrtcShown")}
             page.click("#close")
             wait_for(page, "window.worldserve.status === 'idle'")
@@ -130,7 +135,7 @@ def test_the_frames_the_page_shows_over_webrtc_are_the_journals(tmp_path: Path) 
         image = np.asarray(shown["rgb"], np.int16).reshape(replayed.shape[1:])
         distance = np.abs(replayed - image).reshape(len(replayed), -1).mean(axis=1)
         own = distance[frame["chunk"] * per_chunk : (frame["chunk"] + 1) * per_chunk]
-        assert own.min() < 12.0, (frame, own)  # its own chunk's frame, up to the encoder's loss
+        assert own.min() < 12.0, (frame, own, guessed)  # its own chunk's frame, up to the encoder's loss
         assert own.min() <= distance.min() + 0.5, (frame, own, int(distance.argmin()))  # and no other's
         gaps = np.abs(np.diff(replayed[frame["chunk"] * per_chunk : (frame["chunk"] + 1) * per_chunk], axis=0))
         moving += bool(gaps.reshape(per_chunk - 1, -1).mean(axis=1).min() > 6.0)

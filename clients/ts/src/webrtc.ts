@@ -124,9 +124,11 @@ export class TrackMarks {
   }
 }
 
-/** A frame shown whose chunk could still be a later one waits this long for that chunk's mark: `chunk.track` comes
- * on the data channel, the frame on the video track, and a frame can be shown before the mark of its chunk is in. */
-export const HOLD_MS = 250;
+/** A frame shown whose chunk could still be a later one waits this long for a mark at or after it: `chunk.track`
+ * comes on the data channel, the frame on the video track, and a frame can be shown before the mark of its chunk is
+ * in (on a loaded box, seen more than 250 ms before). A chunk's first frame is sure as its own mark comes; the
+ * frames after it, as the next chunk's comes (a chunk later): only a stream that stops waits this long. */
+export const HOLD_MS = 1000;
 
 /** A shown frame's chunk (null: no mark yet), its RTP timestamp and when it was shown. */
 export type FrameLabelled = (seq: number | null, rtpTimestamp: number, at: number) => void;
@@ -136,6 +138,8 @@ export type FrameLabelled = (seq: number | null, rtpTimestamp: number, at: numbe
 export class FrameLabels {
   private readonly held: { rtp: number; at: number; since: number; then: FrameLabelled }[] = [];
   private timer: ReturnType<typeof setTimeout> | null = null;
+  /** Frames told the chunk known when their hold ran out, not a sure one (the stream stopped, or a mark was late). */
+  guessed = 0;
 
   constructor(
     readonly marks: TrackMarks,
@@ -154,7 +158,9 @@ export class FrameLabels {
     const now = this.clock();
     while (this.held.length) {
       const frame = this.held[0];
-      if (!this.marks.settled(frame.rtp) && now - frame.since < this.holdMs) break;
+      const sure = this.marks.settled(frame.rtp);
+      if (!sure && now - frame.since < this.holdMs) break;
+      if (!sure) this.guessed += 1;
       this.held.shift();
       frame.then(this.marks.chunkOf(frame.rtp), frame.rtp, frame.at);
     }

@@ -71,6 +71,7 @@ test("a frame shown before its chunk's mark came is told that chunk, not the one
   labels.settle();
   assert.deepEqual(told, [[7, 1000], [7, 1000 + FRAME], [8, 1000 + 2 * FRAME]]);
   assert.equal(labels.waiting, 0);
+  assert.equal(labels.guessed, 0);
   labels.clear();
 });
 
@@ -84,6 +85,7 @@ test("a frame held past the hold is told the chunk known then, frames in the ord
   assert.equal(told.length, 0);
   await new Promise((resolve) => setTimeout(resolve, 60)); // no later mark: told after the hold, by its timer
   assert.deepEqual([...told], [3, 3]);
+  assert.equal(labels.guessed, 2);
   labels.shown(100, 0, (seq) => told.push(seq)); // before every mark: no chunk, but settled by the marks after it
   assert.deepEqual(told, [3, 3, null]);
 });

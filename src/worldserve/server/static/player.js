@@ -106,6 +106,8 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     get webrtc() { return rtc.stats; }, // a WebRTC peer's last getStats() figures
     // Messages of this WebRTC connection read from the server's fast copies (their main copy passed over).
     get webrtcCopiesTaken() { return rtc.client && rtc.client.merge ? rtc.client.merge.taken : 0; },
+    // Frames shown over WebRTC told their chunk when their hold ran out (no mark at or after them came in time).
+    get webrtcLabelsGuessed() { return rtc.client ? rtc.client.labels.guessed : 0; },
     // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
     loseWebRTC() { loseWebRTC(); },
     // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).

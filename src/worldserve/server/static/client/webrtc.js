@@ -125,9 +125,11 @@ export class TrackMarks {
         this.told.clear();
     }
 }
-/** A frame shown whose chunk could still be a later one waits this long for that chunk's mark: `chunk.track` comes
- * on the data channel, the frame on the video track, and a frame can be shown before the mark of its chunk is in. */
-export const HOLD_MS = 250;
+/** A frame shown whose chunk could still be a later one waits this long for a mark at or after it: `chunk.track`
+ * comes on the data channel, the frame on the video track, and a frame can be shown before the mark of its chunk is
+ * in (on a loaded box, seen more than 250 ms before). A chunk's first frame is sure as its own mark comes; the
+ * frames after it, as the next chunk's comes (a chunk later): only a stream that stops waits this long. */
+export const HOLD_MS = 1000;
 /** Frames shown, each told its chunk once that is sure (TrackMarks.settled) or once it has waited HOLD_MS, in the
  * order they were shown. Call `settle()` when a mark is told. */
 export class FrameLabels {
@@ -136,6 +138,8 @@ export class FrameLabels {
     clock;
     held = [];
     timer = null;
+    /** Frames told the chunk known when their hold ran out, not a sure one (the stream stopped, or a mark was late). */
+    guessed = 0;
     constructor(marks, holdMs = HOLD_MS, clock = () => performance.now()) {
         this.marks = marks;
         this.holdMs = holdMs;
@@ -151,8 +155,11 @@ export class FrameLabels {
         const now = this.clock();
         while (this.held.length) {
             const frame = this.held[0];
-            if (!this.marks.settled(frame.rtp) && now - frame.since < this.holdMs)
+            const sure = this.marks.settled(frame.rtp);
+            if (!sure && now - frame.since < this.holdMs)
                 break;
+            if (!sure)
+                this.guessed += 1;
             this.held.shift();
             frame.then(this.marks.chunkOf(frame.rtp), frame.rtp, frame.at);
         }
