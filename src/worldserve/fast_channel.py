@@ -12,13 +12,17 @@ carries: a copy is read once every message before its index was read (from eithe
 already read from its copy is passed over. Nothing is read twice or out of order, whichever copy comes first; a lost
 copy is only the main channel's delay again. Copies that come ahead of a gap wait for it, :data:`FAST_HELD` at most.
 
-Owns: :class:`ChannelMerge`, the copy's form and the channel's label and limits (docs/protocol.md, "The fast
-channel"). Must not know: what the messages mean, the data channel library (callers feed it and send).
+Owns: :class:`ChannelMerge`, the copy's form and when one goes (:func:`send_copy`), the channel's label and limits
+(docs/protocol.md, "The fast channel"). Must not know: what the messages mean, the data channel library (callers feed
+the merge; :func:`send_copy` only needs a channel's ``readyState`` and ``send``).
 """
 
 from __future__ import annotations
 
-__all__ = ["FAST_COPY_CHARS", "FAST_HELD", "FAST_LABEL", "FAST_MAX_CHARS", "ChannelMerge", "fast_copy"]
+import contextlib
+from typing import Any
+
+__all__ = ["FAST_COPY_CHARS", "FAST_HELD", "FAST_LABEL", "FAST_MAX_CHARS", "ChannelMerge", "fast_copy", "send_copy"]
 
 #: The second channel's label (opened by the client: unordered, never resent).
 FAST_LABEL = "worldserve.fast"
@@ -33,6 +37,17 @@ FAST_MAX_CHARS = 16 * 1024
 def fast_copy(index: int, message: str) -> str:
     """The fast channel's copy of the main channel's message number ``index`` (from 0)."""
     return f"{index}:{message}"
+
+
+def send_copy(fast: Any, index: int, message: str) -> bool:
+    """Send on ``fast`` the copy of the main channel's message number ``index``, when it is short and the channel is
+    open; whether it went (a copy that cannot go is no error: the main channel's message is the one that counts)."""
+    if fast is None or len(message) > FAST_COPY_CHARS or fast.readyState != "open":
+        return False
+    with contextlib.suppress(Exception):
+        fast.send(fast_copy(index, message))
+        return True
+    return False
 
 
 class ChannelMerge:

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worldserve.client import ClientChunk, WorldClient, WorldClientError
-from worldserve.fast_channel import FAST_COPY_CHARS, FAST_LABEL, ChannelMerge, fast_copy
+from worldserve.fast_channel import FAST_LABEL, ChannelMerge, send_copy
 from worldserve.ice import IceServer, parse_ice_links, parse_ice_server
 from worldserve.sctp_timers import use_libwebrtc_timers
 
@@ -137,9 +137,7 @@ class _ChannelLink:
     async def send(self, message: str) -> None:
         if self._closed or self._channel.readyState != "open":
             raise ConnectionError("the data channel is closed.")
-        if len(message) <= FAST_COPY_CHARS and self._fast.readyState == "open":
-            with contextlib.suppress(Exception):  # a copy that cannot go: the main channel's message counts
-                self._fast.send(fast_copy(self._sent, message))
+        send_copy(self._fast, self._sent, message)
         data = message.encode()
         if len(data) <= _PIECE_BYTES:
             self._channel.send(message)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worldserve.fast_channel import FAST_COPY_CHARS, FAST_LABEL, ChannelMerge, fast_copy
+from worldserve.fast_channel import FAST_LABEL, ChannelMerge, send_copy
 from worldserve.server.messages import ChunkTrack, wire_json
 from worldserve.server.webrtc import (
     MAX_OFFER_BYTES,
@@ -170,11 +170,8 @@ class DataChannelSocket:
 
     def _send(self, text: str) -> None:
         """One message on the main channel, a copy on the fast channel first when it is short."""
-        fast = self._fast_channel
-        if fast is not None and len(text) <= FAST_COPY_CHARS and fast.readyState == "open":
-            with contextlib.suppress(Exception):  # a copy that cannot go: the main channel's message counts
-                fast.send(fast_copy(self._sent, text))
-                self.fast_sent += 1
+        if send_copy(self._fast_channel, self._sent, text):
+            self.fast_sent += 1
         self._channel.send(text)
         self._sent += 1
 
