@@ -194,7 +194,12 @@ async def test_the_python_client_over_webrtc_tells_each_frame_its_chunk_and_resu
             if min(gaps, default=0.0) < 8.0:
                 continue  # frames too alike to tell apart
             distance = [float(np.abs(chunk.frames[0].astype(np.int16) - frame).mean()) for frame in made]
-            assert int(np.argmin(distance)) == chunk.first_frame, (chunk.seq, chunk.first_frame, distance)
+            assert int(np.argmin(distance)) == chunk.first_frame, (
+                chunk.seq,
+                chunk.first_frame,
+                distance,
+                client.frames_guessed,
+            )
             checked += 1
         await client.close()
     assert checked >= 5, checked  # enough moving chunks were told apart to mean something
@@ -536,3 +541,36 @@ def test_whatever_copies_come_and_in_whatever_order_the_connection_reads_the_mai
     assert not socket.merge.held  # nothing left waiting
     assert socket.fast_taken + socket.fast_unused == len(copies)  # each copy taken or passed over, once
     assert socket.fast_taken <= len(set(copies))
+
+
+def test_the_python_client_tells_a_frame_its_chunk_only_once_that_is_sure_or_its_hold_ran_out() -> None:
+    """A frame decoded before its chunk's ``chunk.track`` (zero playout delay shows it at once) must not be told the
+    chunk before: it waits until a mark at or after it is known, or for ``_HOLD_S`` at most, and then it is counted
+    as guessed. Frames keep the order they were decoded in."""
+    import time
+
+    from worldserve import webrtc_client
+    from worldserve.webrtc_client import WebRTCWorldClient, _Shown
+
+    client = WebRTCWorldClient("ws://127.0.0.1:9/v1/world")
+    image = np.zeros((2, 2, 3), np.uint8)
+    now = time.monotonic()
+    client._marks[0] = 1000  # chunk 0 starts at RTP 1000, its frames every 100 ticks
+    client._held = [_Shown(1000, now, image), _Shown(1100, now, image), _Shown(1200, now, image)]
+    client._tell()
+    # chunk 0's first frame is sure (its own mark); the next two could still be chunk 1's (its mark on its way)
+    assert [shown.rtp for shown in client._shown[0]] == [1000]
+    assert [shown.rtp for shown in client._held] == [1100, 1200]
+    client._marks[1] = 1200  # chunk 1's mark: 1100 is chunk 0's, 1200 chunk 1's first frame
+    client._tell()
+    assert [shown.rtp for shown in client._shown[0]] == [1000, 1100]
+    assert [shown.rtp for shown in client._shown[1]] == [1200]
+    assert client.frames_guessed == 0
+    assert not client._held
+    # a frame past the last mark, held longer than the hold: told the chunk known then, and counted
+    client._held = [_Shown(1300, now - webrtc_client._HOLD_S - 0.01, image), _Shown(1400, now, image)]
+    client._tell()
+    assert [shown.rtp for shown in client._shown[1]] == [1200, 1300]
+    assert [shown.rtp for shown in client._held] == [1400]
+    assert client.frames_guessed == 1
+    assert webrtc_client._HOLD_S >= 1.0  # as long as the TypeScript client's HOLD_MS: a loaded box delays marks

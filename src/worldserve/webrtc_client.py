@@ -47,8 +47,9 @@ _WRAP = 2**32
 _KEEP_UNTOLD_S = 2.0
 #: A chunk is handed over this long after its header at the latest, with the frames that came (maybe none).
 _GIVE_UP_S = 2.0
-#: A frame whose chunk could still be a later one (its chunk.track on its way) waits this long for it.
-_HOLD_S = 0.25
+#: A frame whose chunk could still be a later one (its chunk.track on its way) waits this long for it: as long as
+#: the TypeScript client's ``HOLD_MS`` (a chunk.track a loaded box delays past 250 ms named a frame's chunk wrongly).
+_HOLD_S = 1.0
 #: No frame decoded this long while a chunk waits for its frames: a packet is missing still (aiortc's receiver
 #: NACKs each once, so a lost NACK or a lost resend leaves a hole that holds every later frame until 128 packets
 #: came behind it). Ask again for what is missing, and for a keyframe, as a browser's receiver does; again at
@@ -220,6 +221,8 @@ class WebRTCWorldClient(WorldClient):
         #: after their chunk was handed over).
         self.frames_decoded = 0
         self.frames_unnamed = 0
+        #: Frames told their chunk when their hold ran out (not sure: no later chunk.track came in time).
+        self.frames_guessed = 0
         #: Times the track stalled while chunks waited for their frames (each asked again for the missing packets
         #: and for a keyframe).
         self.stalls = 0
@@ -365,6 +368,8 @@ class WebRTCWorldClient(WorldClient):
             if seq <= self._handed:
                 self.frames_unnamed += 1
                 continue
+            if not sure:
+                self.frames_guessed += 1
             frames = self._shown.setdefault(seq, [])
             frames.append(shown)
             if len(frames) == 1 and self.ack_on_show:
