@@ -251,7 +251,7 @@ _PAGE_STATE = """() => {
   const w = window.worldserve || {};
   const figures = {};
   for (const name of ["status", "role", "transport", "media", "epoch", "chunkIndex", "seq", "displayed", "superseded",
-                      "resumes", "restarts", "jitter", "receivedSeqs"]) {
+                      "resumes", "restarts", "jitter", "receivedSeqs", "h264Nudges"]) {
     try { figures[name] = w[name]; } catch (error) { figures[name] = String(error); }
   }
   const videos = [...document.querySelectorAll("video")].map((v) => ({

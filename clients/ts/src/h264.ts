@@ -11,6 +11,13 @@ import type { Chunk, WorldClient } from "./client.js";
 /** H.264 constrained baseline, level 3.0: what worldserve's encoder makes by default. */
 const BASELINE = "avc1.42E01E";
 
+/** The video playing (not paused, not seeking), frames buffered ahead, and its time standing still this long (at
+ * least four frames): it is stuck (a decoder hiccup, a hole in what was buffered), and `poll` nudges it on, as
+ * hls.js's gap controller does. Its acks stop with it, so without a nudge the server would hold the stream back. */
+export const STUCK_MS = 1000;
+/** Nudges in a row that did not get the video going again: playback has stopped for good (the player fails). */
+export const NUDGES_IN_ROW = 3;
+
 /** The avc1 codec string an init segment declares (its avcC box's profile, compatibility and level). */
 export function codecOf(init: Uint8Array): string {
   for (let i = 0; i + 8 < init.length; i++) {
@@ -57,6 +64,11 @@ export class H264Player {
   private lastFrame = -1;
   private closed = false;
   private readonly watched: boolean; // the video tells each frame it presents (requestVideoFrameCallback)
+  private stuckAt = -1; // the video's time when it was last seen to move (or was nudged to)
+  private stuckSince: number | null = null; // since when it has stood there while it should play
+  private nudgesInRow = 0;
+  /** Times the video stood still with frames buffered ahead and was nudged on (`STUCK_MS`). */
+  nudges = 0;
   /** Chunks whose first frame was shown, in order. */
   readonly shown: number[] = [];
   /** Why playback stopped for good (an unsupported codec, a rejected fragment), or null. */
@@ -134,10 +146,13 @@ export class H264Player {
     return true;
   }
 
-  /** Where requestVideoFrameCallback is missing: take the frame at the video's current time as shown (call it
-   * from the page's animation frame). */
-  poll(): void {
+  /** Call it from the page's animation frame (`now`: performance.now()). A video that stands still while it should
+   * play (`STUCK_MS`) is nudged on: to where the next buffered range starts if it stands at a hole, else a frame on;
+   * after `NUDGES_IN_ROW` nudges that did not get it going the player fails. Where requestVideoFrameCallback is
+   * missing, the frame at the video's current time is taken as shown. */
+  poll(now: number = performance.now()): void {
     if (!this.watched) this.showing(Math.round(this.video.currentTime * this.fps));
+    this.unstick(now);
   }
 
   /** Stop: the video is paused and let go of its source (the caller removes the element). */
@@ -194,6 +209,48 @@ export class H264Player {
       this.keys.splice(0, this.keys.indexOf(cut));
       buffer.remove(0, cut / this.fps);
     }
+  }
+
+  private unstick(now: number): void {
+    const video = this.video;
+    if (this.closed || this.failure || video.paused || video.seeking || video.ended) {
+      this.stuckSince = null; // paused on purpose (the caller's jitter buffer), or nothing to watch
+      this.nudgesInRow = 0;
+      return;
+    }
+    const time = video.currentTime;
+    if (time !== this.stuckAt) { // it moved by itself
+      this.stuckAt = time;
+      this.stuckSince = null;
+      this.nudgesInRow = 0;
+      return;
+    }
+    if (this.bufferedMs() <= 1000 / this.fps) { // ran dry: the caller's underrun, not a stuck video
+      this.stuckSince = null;
+      return;
+    }
+    if (this.stuckSince === null) this.stuckSince = now;
+    if (now - this.stuckSince < Math.max(STUCK_MS, 4000 / this.fps)) return;
+    if (this.nudgesInRow >= NUDGES_IN_ROW) {
+      return this.fail(`the video stood still at ${time.toFixed(3)} s with frames buffered ahead, nudged ${this.nudgesInRow} times`);
+    }
+    this.nudgesInRow += 1;
+    this.nudges += 1;
+    this.stuckSince = now;
+    this.stuckAt = this.nudgeTarget(time);
+    video.currentTime = this.stuckAt;
+  }
+
+  // Where a video stuck at `time` goes: the start of the next buffered range if `time` is in a hole or within a
+  // frame of its range's end; else a frame on.
+  private nudgeTarget(time: number): number {
+    const { buffered } = this.video;
+    const frame = 1 / this.fps;
+    for (let i = 0; i < buffered.length; i++) {
+      if (buffered.start(i) > time) return buffered.start(i); // a hole before this range
+      if (time < buffered.end(i) - frame) return time + frame; // inside a range, a frame or more before its end
+    }
+    return time + frame;
   }
 
   private showing(frame: number): void {

@@ -108,6 +108,8 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     get webrtcCopiesTaken() { return rtc.client && rtc.client.merge ? rtc.client.merge.taken : 0; },
     // Frames shown over WebRTC told their chunk when their hold ran out (no mark at or after them came in time).
     get webrtcLabelsGuessed() { return rtc.client ? rtc.client.labels.guessed : 0; },
+    // Times this H.264 video stood still with frames buffered ahead and was nudged on (H264Player.nudges).
+    get h264Nudges() { return mse.player ? mse.player.nudges : 0; },
     // Lose the WebRTC session's peer connection as a network failure would (no DELETE): the page resumes.
     loseWebRTC() { loseWebRTC(); },
     // Over WebRTC, each frame shown (its RTP timestamp) and the chunk it was told to be (seq, chunk index, epoch).
@@ -1378,7 +1380,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       const rate = now < mse.fastUntil ? 1.5 : 1;
       if (video.playbackRate !== rate) video.playbackRate = rate;
     }
-    mse.player.poll();
+    mse.player.poll(now); // and a video stuck with frames ahead is nudged on (STUCK_MS)
   }
 
   // The <video> ran out of frames while playing: the jitter buffer's underrun (when the stream is live).
