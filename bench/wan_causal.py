@@ -10,7 +10,9 @@ whether a session holds real time (a block no slower than its 12 frames' playbac
 device memory (CUDA) and the arithmetic per session (KV + VAE cache bytes, FLOPs per block,
 the transformer's and the VAE decode's), and per window the cost of one prompt switch's
 re-cache (``prompt_switch=recache``). The last column times TAEHV's decode (``decoder=taehv``, random
-weights: the cost is the weights' shape, not their values) of the same batch, next to the VAE's.
+weights: the cost is the weights' shape, not their values) of the same batch, next to the VAE's; the
+column before it, the VAE's decode of the block's first latent frame alone (its first 4 frames): what a
+key would wait for of the decode if a chunk's frames went out as each latent frame is decoded.
 
 ``attention``: one transformer forward over B sessions whose caches have different lengths,
 with the self-attention as ONE batched call per layer (the sessions' caches gathered, each row
@@ -134,6 +136,7 @@ def measure(rollouts: Rollouts, size: int, blocks: int, taehv: Any = None) -> di
     latents = torch.randn(size, cfg.latent_channels, cfg.block_frames, cfg.latent_height, cfg.latent_width)
     latents = latents.to(device)
     decodes = []
+    firsts = []  # the block's first latent frame alone: the decode a key waits for if frames went out as made
     with torch.no_grad():
         for _ in range(blocks):
             caches = [list(rollouts.states[r].decoder) for r in rows]
@@ -142,6 +145,12 @@ def measure(rollouts: Rollouts, size: int, blocks: int, taehv: Any = None) -> di
             model.decoder.decode(latents, caches)
             sync(device)
             decodes.append(time.perf_counter() - started)
+            caches = [list(rollouts.states[r].decoder) for r in rows]
+            sync(device)
+            started = time.perf_counter()
+            model.decoder.decode(latents[:, :, :1], caches)
+            sync(device)
+            firsts.append(time.perf_counter() - started)
         tiny = []
         if taehv is not None:  # TAEHV's memories, primed by one chunk (the model's sessions are primed too)
             memories = [taehv.new_cache() for _ in rows]
@@ -158,6 +167,7 @@ def measure(rollouts: Rollouts, size: int, blocks: int, taehv: Any = None) -> di
         "single_s": statistics.median(single),
         "peak_gib": peak,
         "decode_s": statistics.median(decodes),
+        "first_s": statistics.median(firsts),
         "taehv_s": statistics.median(tiny) if tiny else -1.0,
     }
 
@@ -275,9 +285,9 @@ def blocks_part(args: argparse.Namespace) -> None:
     print(
         "| window | batch | block latency, one forward | B forwards of 1 (one per forward) | speed-up | "
         "frames/s per session | real time (16 fps) | peak GiB | state MiB/session | model TFLOP/s | "
-        "VAE decode | transformer TFLOP/s | VAE TFLOP/s | TAEHV decode (decoder=taehv) |"
+        "VAE decode | its first latent frame | transformer TFLOP/s | VAE TFLOP/s | TAEHV decode (decoder=taehv) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     footer = ""
     for window in args.windows:
         model = WanCausalModel(
@@ -299,7 +309,7 @@ def blocks_part(args: argparse.Namespace) -> None:
             try:
                 row = measure(rollouts, size, args.blocks, taehv)
             except torch.OutOfMemoryError:
-                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | | |", flush=True)
+                print(f"| {cfg.window_frames} | {size} | out of memory | | | | | | | | | | | | |", flush=True)
                 break
             latency = row["batched_s"]
             fps = model.spec.frames_per_chunk / latency
@@ -309,7 +319,7 @@ def blocks_part(args: argparse.Namespace) -> None:
                 f"| {cfg.window_frames} | {size} | {latency * 1000:.0f} ms | {row['single_s'] * 1000:.0f} ms | "
                 f"{row['single_s'] / latency:.2f}x | {fps:.1f} | {holds} | {peak} | "
                 f"{model.spec.state_bytes / 2**20:.0f} | {size * flops / latency / 1e12:.3g} | "
-                f"{row['decode_s'] * 1000:.0f} ms | "
+                f"{row['decode_s'] * 1000:.0f} ms | {row['first_s'] * 1000:.0f} ms | "
                 f"{transformer_rate(size * cfg.block_flops(), latency, row['decode_s'])} | "
                 f"{size * cfg.vae_decode_flops() / row['decode_s'] / 1e12:.3g} | {row['taehv_s'] * 1000:.0f} ms |",
                 flush=True,
