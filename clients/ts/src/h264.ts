@@ -38,10 +38,12 @@ export interface H264PlayerOptions {
   /** Start playing as soon as the first fragment is in (default); false: the caller plays and pauses the video
    * itself (the bundled player does, under its jitter buffer). */
   autoplay?: boolean;
-  /** A chunk's first frame was shown, or passed over (the video jumped): it plays no more. Chunks in order. */
-  onChunkShown?: (seq: number) => void;
-  /** A frame the video presents: its chunk and its index in it (each frame once, as the video shows it). */
-  onFrame?: (seq: number, index: number) => void;
+  /** A chunk's first frame was shown, or passed over (the video jumped): it plays no more. Chunks in order. `at`:
+   * when it is on screen (requestVideoFrameCallback's expectedDisplayTime, on performance.now()'s clock). */
+  onChunkShown?: (seq: number, at: number) => void;
+  /** A frame the video presents: its chunk and its index in it (each frame once, as the video shows it), and `at`,
+   * when it is on screen. */
+  onFrame?: (seq: number, index: number, at: number) => void;
   /** Playback stopped for good (see `failure`). */
   onFailure?: (reason: string) => void;
 }
@@ -90,9 +92,9 @@ export class H264Player {
     });
     this.watched = typeof (video as { requestVideoFrameCallback?: unknown }).requestVideoFrameCallback === "function";
     if (this.watched) {
-      const watch = (_now: number, meta: VideoFrameCallbackMetadata) => {
+      const watch = (now: number, meta: VideoFrameCallbackMetadata) => {
         if (this.closed) return;
-        this.showing(Math.round(meta.mediaTime * this.fps));
+        this.showing(Math.round(meta.mediaTime * this.fps), meta.expectedDisplayTime || now);
         video.requestVideoFrameCallback(watch);
       };
       video.requestVideoFrameCallback(watch);
@@ -112,7 +114,7 @@ export class H264Player {
     const initBytes = frames.init_bytes ?? 0;
     if (!this.source) {
       if (!initBytes) { // nothing to start from yet: the init comes first
-        this.options.onChunkShown?.(chunk.seq);
+        this.options.onChunkShown?.(chunk.seq, performance.now()); // passed over, never shown
         return this.client?.ack(chunk.seq);
       }
       const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
@@ -151,7 +153,7 @@ export class H264Player {
    * after `NUDGES_IN_ROW` nudges that did not get it going the player fails. Where requestVideoFrameCallback is
    * missing, the frame at the video's current time is taken as shown. */
   poll(now: number = performance.now()): void {
-    if (!this.watched) this.showing(Math.round(this.video.currentTime * this.fps));
+    if (!this.watched) this.showing(Math.round(this.video.currentTime * this.fps), now);
     this.unstick(now);
   }
 
@@ -253,7 +255,7 @@ export class H264Player {
     return time + frame;
   }
 
-  private showing(frame: number): void {
+  private showing(frame: number, when: number): void {
     if (frame === this.lastFrame) return;
     this.lastFrame = frame;
     let at: Placed | undefined;
@@ -262,11 +264,11 @@ export class H264Player {
       if (!placed.shown && placed.start <= frame) {
         placed.shown = true; // shown, or passed over (the video jumped): either way it is playing no more
         this.shown.push(placed.seq);
-        this.options.onChunkShown?.(placed.seq);
+        this.options.onChunkShown?.(placed.seq, when);
         this.client?.ack(placed.seq);
       }
     }
     while (this.placed.length > 64 && this.placed[0].shown) this.placed.shift();
-    if (at) this.options.onFrame?.(at.seq, frame - at.start);
+    if (at) this.options.onFrame?.(at.seq, frame - at.start, when);
   }
 }

@@ -322,7 +322,8 @@ export class WebRTCWorldClient extends WorldClient {
       onFrame?.(seq, rtp);
     };
     const shown = (now: number, meta: VideoFrameCallbackMetadata) => {
-      if (meta.rtpTimestamp !== undefined) this.frameShown(meta.rtpTimestamp, meta.presentationTime || now, labelled);
+      const at = meta.expectedDisplayTime || meta.presentationTime || now; // when it is on screen
+      if (meta.rtpTimestamp !== undefined) this.frameShown(meta.rtpTimestamp, at, labelled);
       if (this.pc) video.requestVideoFrameCallback(shown);
     };
     video.requestVideoFrameCallback(shown);

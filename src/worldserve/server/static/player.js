@@ -637,7 +637,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       recordFrame();
       if (session && meta.rtpTimestamp !== undefined && rtc.client) {
         state.displayed += 1;
-        rtc.client.frameShown(meta.rtpTimestamp, meta.presentationTime || now, rtcShown);
+        rtc.client.frameShown(meta.rtpTimestamp, meta.expectedDisplayTime || meta.presentationTime || now, rtcShown);
       }
       video.requestVideoFrameCallback(shown);
     };
@@ -1039,7 +1039,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     return photon;
   }
 
-  // The first frame that applied our input is on screen (at: performance.now()): key->screen, and its
+  // The first frame that applied our input is on screen (at: then, on performance.now()'s clock): key->screen, and its
   // parts as docs/latency.md splits it, each ending where the next begins, so they sum to the total:
   // wait_tick (accepted -> tick), step (tick -> stepped: the step's queue and the model), encode
   // (stepped -> encoded) on the server's clock; decode (received -> decoded) and buffer (decoded ->
@@ -1197,6 +1197,8 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     return before - state.queue.length;
   }
 
+  // `now`: when what is drawn now reaches the screen (an animation frame's time, a refresh on): frames are due then,
+  // so each is drawn by the animation frame whose picture is the first on screen at or after its instant.
   function playQueued(now, period) {
     while (state.queue.length && state.queue[0].epoch < state.epoch) { // made before a reset: not shown
       const old = state.queue.shift();
@@ -1215,7 +1217,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     }
     if (item.image instanceof ImageData) ctx.putImageData(item.image, 0, 0);
     else ctx.drawImage(item.image, 0, 0);
-    if (item.photon) photonShown(item.photon, performance.now());
+    if (item.photon) photonShown(item.photon, now);
     if (item.first) ack(item.seq);
     const info = state.chunkOf.get(item.seq);
     if (info) info.shown += 1;
@@ -1225,11 +1227,25 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     state.nextFrameAt = Math.max(state.nextFrameAt + jitterInterval(now, period), now - period);
   }
 
+  // The display's refresh interval, from the animation frames' spacing: what an animation frame draws is on screen
+  // a refresh after the frame's time (the least of the last gaps: a busy page skips frames, a display never speeds up).
+  const refresh = { last: null, gaps: [], ms: 1000 / 60 };
+
+  function refreshSeen(now) {
+    if (refresh.last !== null && now > refresh.last && now - refresh.last < 100) {
+      refresh.gaps.push(now - refresh.last);
+      if (refresh.gaps.length > 30) refresh.gaps.shift();
+      refresh.ms = Math.min(Math.max(Math.min(...refresh.gaps), 4), 50);
+    }
+    refresh.last = now;
+  }
+
   function play(now) {
     const period = framePeriodMs();
+    refreshSeen(now);
     pollGamepad(now);
     if (mse.player) mseTick(now);
-    else playQueued(now, period);
+    else playQueued(now + refresh.ms, period); // what this animation frame draws is on screen then
     while (state.fpsTimes.length && state.fpsTimes[0] < now - 1000) state.fpsTimes.shift();
     const figure = (value, digits) => (value === null ? "–" : value.toFixed(digits));
     $("stat-fps").textContent = String(state.fpsTimes.length);
@@ -1300,10 +1316,10 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     canvas.parentElement.prepend(video);
     const player = new H264Player(video, state.spec.fps, undefined, {
       autoplay: false, // the jitter buffer plays and pauses it (mseTick)
-      onChunkShown(seq) { // a chunk is played once its first frame is shown (or passed)
+      onChunkShown(seq, at) { // a chunk is played once its first frame is shown (or passed); at: on screen then
         ack(seq);
         const known = mse.chunks.get(seq);
-        if (known && known.photon) photonShown(known.photon, performance.now());
+        if (known && known.photon) photonShown(known.photon, at);
       },
       onFrame(seq, index) {
         if (mse.player === player) mseShow(seq, index);

@@ -57,10 +57,10 @@ export class H264Player {
         });
         this.watched = typeof video.requestVideoFrameCallback === "function";
         if (this.watched) {
-            const watch = (_now, meta) => {
+            const watch = (now, meta) => {
                 if (this.closed)
                     return;
-                this.showing(Math.round(meta.mediaTime * this.fps));
+                this.showing(Math.round(meta.mediaTime * this.fps), meta.expectedDisplayTime || now);
                 video.requestVideoFrameCallback(watch);
             };
             video.requestVideoFrameCallback(watch);
@@ -79,7 +79,7 @@ export class H264Player {
         const initBytes = frames.init_bytes ?? 0;
         if (!this.source) {
             if (!initBytes) { // nothing to start from yet: the init comes first
-                this.options.onChunkShown?.(chunk.seq);
+                this.options.onChunkShown?.(chunk.seq, performance.now()); // passed over, never shown
                 return this.client?.ack(chunk.seq);
             }
             const type = `video/mp4; codecs="${codecOf(bytes.subarray(0, initBytes))}"`;
@@ -120,7 +120,7 @@ export class H264Player {
      * missing, the frame at the video's current time is taken as shown. */
     poll(now = performance.now()) {
         if (!this.watched)
-            this.showing(Math.round(this.video.currentTime * this.fps));
+            this.showing(Math.round(this.video.currentTime * this.fps), now);
         this.unstick(now);
     }
     /** Stop: the video is paused and let go of its source (the caller removes the element). */
@@ -226,7 +226,7 @@ export class H264Player {
         }
         return time + frame;
     }
-    showing(frame) {
+    showing(frame, when) {
         if (frame === this.lastFrame)
             return;
         this.lastFrame = frame;
@@ -237,13 +237,13 @@ export class H264Player {
             if (!placed.shown && placed.start <= frame) {
                 placed.shown = true; // shown, or passed over (the video jumped): either way it is playing no more
                 this.shown.push(placed.seq);
-                this.options.onChunkShown?.(placed.seq);
+                this.options.onChunkShown?.(placed.seq, when);
                 this.client?.ack(placed.seq);
             }
         }
         while (this.placed.length > 64 && this.placed[0].shown)
             this.placed.shift();
         if (at)
-            this.options.onFrame?.(at.seq, frame - at.start);
+            this.options.onFrame?.(at.seq, frame - at.start, when);
     }
 }

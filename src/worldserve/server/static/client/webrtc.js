@@ -305,8 +305,9 @@ export class WebRTCWorldClient extends WorldClient {
             onFrame?.(seq, rtp);
         };
         const shown = (now, meta) => {
+            const at = meta.expectedDisplayTime || meta.presentationTime || now; // when it is on screen
             if (meta.rtpTimestamp !== undefined)
-                this.frameShown(meta.rtpTimestamp, meta.presentationTime || now, labelled);
+                this.frameShown(meta.rtpTimestamp, at, labelled);
             if (this.pc)
                 video.requestVideoFrameCallback(shown);
         };
