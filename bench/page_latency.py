@@ -9,7 +9,9 @@ frame on screen of the chunk that applied it, from the earliest input that chunk
 Then ``worldserve bench``'s client (``run_bench``, one session, the same media, the same input
 rate, its player the page's jitter buffer) runs against the same server, and its figure is
 counted the page's way: per chunk, from its earliest applied input. Two tables out: page and
-bench p50 / p95 / p99, the bench's p50 against the page's, and both jitter buffers' underruns;
+bench p50 / p95 / p99, the bench's p50 against the page's (with a 95 % bootstrap interval: both sets of
+figures drawn again with replacement, 2,000 times, so a run says whether the medians differ by more
+than its few dozen inputs can tell), and both jitter buffers' underruns;
 then each part's p50, the page's beside the bench's (the page's parts: wait_tick, step = queue
 + model, encode, transfer = up + handoff + down, decode, buffer = playout; docs/latency.md).
 
@@ -61,6 +63,16 @@ def _spread(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{_ms(values, 0.5):.0f} / {_ms(values, 0.95):.0f} / {_ms(values, 0.99):.0f} ({len(values)})"
+
+
+def ratio_interval(bench: list[float], page: list[float], seed: int, rounds: int = 2000) -> tuple[float, float]:
+    """The 95 % bootstrap interval of median(bench) / median(page) - 1: each set drawn again with replacement."""
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(bench, k=len(bench))) / statistics.median(rng.choices(page, k=len(page))) - 1
+        for _ in range(rounds)
+    )
+    return ratios[int(0.025 * (rounds - 1))], ratios[int(0.975 * (rounds - 1))]
 
 
 def page_figures(server: BenchServer, media: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
@@ -166,7 +178,7 @@ def main() -> int:
     print()
     print(
         "| model | lead | media | page key-to-photon p50 / p95 / p99 ms (n) | bench p50 / p95 / p99 ms (n) "
-        "| bench p50 vs page | underruns page / bench | load |"
+        "| bench p50 vs page (95 % interval) | underruns page / bench | load |"
     )
     print("|---|---|---|---|---|---|---|---|", flush=True)
     split: list[str] = []
@@ -181,7 +193,8 @@ def main() -> int:
                     versus = "-"
                     if page["totals"] and bench["totals"]:
                         ratio = statistics.median(bench["totals"]) / statistics.median(page["totals"]) - 1
-                        versus = f"{ratio * 100:+.0f} %"
+                        low, high = ratio_interval(bench["totals"], page["totals"], args.seed)
+                        versus = f"{ratio * 100:+.0f} % ({low * 100:+.0f} to {high * 100:+.0f})"
                     print(
                         f"| {model} | {lead} | {media} | {_spread(page['totals'])} | {_spread(bench['totals'])} "
                         f"| {versus} | {page['underruns']} / {bench['underruns']} | {load:.1f} |",

@@ -144,7 +144,27 @@ def test_page_latency_benchmark_smoke() -> None:
     )
     assert done.returncode == 0, done.stderr
     figure = r"\d+ / \d+ / \d+ \(\d+\)"
-    assert re.search(rf"\| procedural \| jit \| jpeg \| {figure} \| {figure} \| [+-]\d+ % \|", done.stdout), done.stdout
+    versus = r"[+-]\d+ % \([+-]\d+ to [+-]\d+\)"  # the bench's p50 against the page's, its 95 % interval
+    assert re.search(rf"\| procedural \| jit \| jpeg \| {figure} \| {figure} \| {versus} \|", done.stdout), done.stdout
+
+
+def test_the_page_benchs_interval_covers_equal_medians_and_not_a_shift_of_a_fifth() -> None:
+    """bench/page_latency.py's 95 % bootstrap interval of the bench's median against the page's."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from page_latency import ratio_interval
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import random
+
+    rng = random.Random(3)
+    page = [rng.uniform(100, 350) for _ in range(200)]
+    same = [rng.uniform(100, 350) for _ in range(200)]
+    low, high = ratio_interval(same, page, seed=1)
+    assert low < 0 < high
+    assert high - low < 0.25
+    low, high = ratio_interval([value * 1.2 for value in same], page, seed=1)
+    assert 0 < low < 0.2 < high
 
 
 @pytest.mark.timeout(240)
