@@ -13,8 +13,10 @@ const BASELINE = "avc1.42E01E";
 
 /** The video playing (not paused, not seeking), frames buffered ahead, and its time standing still this long (at
  * least four frames): it is stuck (a decoder hiccup, a hole in what was buffered), and `poll` nudges it on, as
- * hls.js's gap controller does. Its acks stop with it, so without a nudge the server would hold the stream back. */
-export const STUCK_MS = 1000;
+ * hls.js's gap controller does. Its acks stop with it, so without a nudge the server would hold the stream back.
+ * Two seconds: a busy machine's decoder may fall a second behind and catch up, and a nudge (a seek) makes it decode
+ * again from the last keyframe. */
+export const STUCK_MS = 2000;
 /** Nudges in a row that did not get the video going again: playback has stopped for good (the player fails). */
 export const NUDGES_IN_ROW = 3;
 
