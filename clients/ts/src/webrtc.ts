@@ -322,7 +322,7 @@ export class WebRTCWorldClient extends WorldClient {
       onFrame?.(seq, rtp);
     };
     const shown = (now: number, meta: VideoFrameCallbackMetadata) => {
-      const at = meta.expectedDisplayTime || meta.presentationTime || now; // when it is on screen
+      const at = meta.expectedDisplayTime || now; // when it is on screen
       if (meta.rtpTimestamp !== undefined) this.frameShown(meta.rtpTimestamp, at, labelled);
       if (this.pc) video.requestVideoFrameCallback(shown);
     };

@@ -637,7 +637,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       recordFrame();
       if (session && meta.rtpTimestamp !== undefined && rtc.client) {
         state.displayed += 1;
-        rtc.client.frameShown(meta.rtpTimestamp, meta.expectedDisplayTime || meta.presentationTime || now, rtcShown);
+        rtc.client.frameShown(meta.rtpTimestamp, meta.expectedDisplayTime || now, rtcShown); // on screen then
       }
       video.requestVideoFrameCallback(shown);
     };
