@@ -326,7 +326,12 @@ def test_the_jitter_buffer_grows_after_stalls_and_shrinks_back_and_the_overlay_s
         assert page.text_content("#stat-jitter") is not None
         stalls = 3
         for _ in range(stalls):
+            # Read while playing, so that a stall makes it run dry past this count: a page already stopped (a chunk
+            # late on a busy box, an underrun of its own) would wait through a stall without running dry again.
             jitter = page.evaluate("() => window.worldserve.jitter")
+            while not jitter["playing"]:
+                wait_for(page, "window.worldserve.jitter.playing")
+                jitter = page.evaluate("() => window.worldserve.jitter")
             proxy.hold(True)  # the network stalls: nothing reaches the page ...
             wait_for(page, f"window.worldserve.jitter.underruns > {jitter['underruns']}")  # ... until it ran dry
             proxy.hold(False)
