@@ -9,7 +9,8 @@
 # next part still runs:
 #   1 model        wan-causal alone: block latency at batch 1/2/4/8 and windows 3/9/15, one batched forward vs
 #                  one forward per session, peak memory, achieved TFLOP/s (whole block, transformer, VAE decode),
-#                  the prompt re-cache cost per switch, TAEHV's decode of the same batch next to the VAE's
+#                  the VAE's decode of a block's first latent frame alone (what frames sent per latent frame
+#                  would save a key), the prompt re-cache cost per switch, TAEHV's decode of the same batch next to the VAE's
 #                  (decoder=taehv) (bench/wan_causal.py --parts blocks)
 #   2 attention    the batched self-attention (one call per layer) vs the per-session loop (--parts attention)
 #   3 server       wan-causal through a real `worldserve serve` with 1/2/4/8 `worldserve bench` clients (all
