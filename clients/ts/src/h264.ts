@@ -139,6 +139,12 @@ export class H264Player {
     return Math.max(0, (buffered.end(buffered.length - 1) - currentTime) * 1000);
   }
 
+  /** More than a frame is buffered ahead of what the video shows: it has frames to play (one that stops then is
+   * stuck, not run dry). */
+  hasFrameAhead(): boolean {
+    return this.bufferedMs() > 1000 / this.fps;
+  }
+
   /** Over `overS` seconds buffered ahead, move the video to `keepS` seconds before the newest frame (a player
    * that fell behind skips what it would show late); whether it moved. */
   jumpToLiveEdge(overS: number, keepS: number): boolean {
@@ -229,7 +235,7 @@ export class H264Player {
       this.nudgesInRow = 0;
       return;
     }
-    if (this.bufferedMs() <= 1000 / this.fps) { // ran dry: the caller's underrun, not a stuck video
+    if (!this.hasFrameAhead()) { // ran dry: the caller's underrun, not a stuck video
       this.stuckSince = null;
       return;
     }

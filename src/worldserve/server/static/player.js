@@ -1387,7 +1387,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       if (!video.paused) video.pause();
       // Frames in that no arrival started the wait for: a fragment still being appended when the video ran dry
       // (its arrival came while it played). They wait the target from now; else the video stays paused.
-      if (jitter.holdUntil === null && mse.player.bufferedMs() > 1000 / fps) jitterArrived(now);
+      if (jitter.holdUntil === null && mse.player.hasFrameAhead()) jitterArrived(now);
       if (video.readyState >= 2 && jitterStarts(now)) video.play().catch(() => {});
     } else {
       if (video.paused && video.readyState >= 2) video.play().catch(() => {});
@@ -1402,7 +1402,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
   // The <video> ran out of frames while playing: the jitter buffer's underrun (when the stream is live).
   function mseWaiting() {
     if (!jitter.playing || !mse.player) return;
-    if (mse.player.bufferedMs() > 1000 / state.spec.fps) return; // a seek or a hiccup with frames to play
+    if (mse.player.hasFrameAhead()) return; // a seek or a hiccup with frames to play
     jitterDry(performance.now());
     mse.player.video.pause();
   }
