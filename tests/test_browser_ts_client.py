@@ -140,8 +140,9 @@ _H264 = """async (url) => {
   }
   const result = {
     media: info.media, seqs, shown: player.shown.slice(), failure: player.failure,
-    width: video.videoWidth, time: video.currentTime, begun, frames, bufferedMs: player.bufferedMs(),
-  };
+    width: video.videoWidth, time: video.currentTime, begun: begun.slice(), frames: frames.slice(),
+    bufferedMs: player.bufferedMs(),
+  };  // all read at one moment: the video goes on showing frames while the client closes
   await client.close();
   return result;
 }"""
