@@ -7,7 +7,9 @@ The tiny config with random weights (``load=dummy``), on a CPU: what is asserted
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,13 +98,18 @@ def test_a_step_that_fails_leaves_the_state_as_it_was(model: ABotWorldModel, mon
         _frames(model, [(failing, _tick("failing", i, "W"))])
     base, next_frame = failing.base, failing.cache.next_frame
 
-    def broken(*args: object, **kwargs: object) -> object:
+    decode_parts = model.decoder.decode_parts
+
+    def broken(*args: Any, **kwargs: Any) -> Iterator[object]:
+        yield next(decode_parts(*args, **kwargs))  # a part is out, then the decoder fails
         raise RuntimeError("decoder failed")
 
+    heard: list[int] = []
     with monkeypatch.context() as patch:
-        patch.setattr(model.decoder, "decode_rows", broken)
+        patch.setattr(model.decoder, "decode_parts", broken)
         with pytest.raises(RuntimeError, match="decoder failed"):
-            model.step([(failing, _tick("failing", 6, "W"))])
+            model.step([(failing, _tick("failing", 6, "W"))], on_part=lambda row, frames: heard.append(len(frames)))
+    assert heard == [4]
     assert (failing.base, failing.cache.next_frame) == (base, next_frame)
     assert failing.cache.ref_keys is not None
     for i in range(6, 8):

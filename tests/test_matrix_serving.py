@@ -210,3 +210,25 @@ def test_the_benchmark_smoke_runs_the_tiny_config() -> None:
     assert done.returncode == 0, done.stderr
     assert re.search(r"\| gta-drive \| 2 \| \d+ ms \| \d+ ms \| [\d.]+x \| [\d.]+ \| (yes|no) \|", done.stdout)
     assert "real time is a block (12 frames) in <= 480 ms" in done.stdout
+
+
+def test_parts_of_a_first_block_open_with_the_held_start_frame_and_join_into_each_chunk() -> None:
+    model, twin = load_model("matrix-game-2", threads=1), load_model("matrix-game-2", threads=1)
+    assert model.spec.frame_parts
+    options = SessionOptions(seed=7, image=start_image(7).tobytes())
+    old, fresh = model.new_state("old", options), model.new_state("new", options)
+    old_twin, fresh_twin = twin.new_state("old", options), twin.new_state("new", options)
+    model.step([(old, TickRequest("old", "old-0", 0))])
+    twin.step([(old_twin, TickRequest("old", "old-0", 0))])
+    ticks = [TickRequest("old", "old-1", 1, controls=(keys_control("W"),)), TickRequest("new", "new-0", 0)]
+    parts: list[tuple[int, np.ndarray]] = []
+    got = model.step(list(zip((old, fresh), ticks, strict=True)), on_part=lambda r, f: parts.append((r, f)))
+    expected = twin.step(list(zip((old_twin, fresh_twin), ticks, strict=True)))
+    # A latent frame at a time, both rows together; the new session's first part is its start frame, held.
+    assert [(row, len(frames)) for row, frames in parts] == [(0, 4), (1, 4)] * 3
+    first = parts[1][1]
+    assert all(np.array_equal(frame, first[0]) for frame in first)
+    for row, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        joined = np.concatenate([frames for r, frames in parts if r == row])
+        assert np.array_equal(joined, mine["payload"])
+        assert np.array_equal(mine["payload"], theirs["payload"])

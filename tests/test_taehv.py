@@ -337,7 +337,7 @@ def tick(session: str, index: int) -> TickRequest:
 def test_wan_causal_serves_with_taehv_from_its_file_and_a_failed_step_keeps_the_decoder_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worldserve.models.wancausal import adapter
+    from worldserve.models.wan import serving
 
     path = tmp_path / "taew2_1.pth"
     torch.save(random_published(4, (256, 128, 64, 64), seed=5), path)  # the published widths, tiny's 4 channels
@@ -360,7 +360,7 @@ def test_wan_causal_serves_with_taehv_from_its_file_and_a_failed_step_keeps_the_
         raise RuntimeError("frames failed")
 
     with monkeypatch.context() as patch:  # fails after the decode advanced the batch's copies of the states
-        patch.setattr(adapter, "host_frames", broken)
+        patch.setattr(serving, "host_frames", broken)
         with pytest.raises(RuntimeError, match="frames failed"):
             model.step([(states[0], tick("a", 2))])
     assert all(old is new for old, new in zip(before, states[0].decoder, strict=True))

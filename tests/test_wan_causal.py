@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -443,15 +444,21 @@ def test_a_failed_step_leaves_every_state_unchanged() -> None:
     assert model.spec.atomic_step
     states = [model.new_state(sid, SessionOptions(seed=seed)) for sid, seed in (("a", 3), ("b", 4))]
     twins = [twin.new_state(sid, SessionOptions(seed=seed)) for sid, seed in (("a", 3), ("b", 4))]
-    decode = model.vae.decode
+    decode_parts = model.vae.decode_parts
 
-    def broken(*args: object, **kwargs: object) -> object:
+    def broken(*args: Any, **kwargs: Any) -> Iterator[object]:
+        walk = decode_parts(*args, **kwargs)
+        yield next(walk)  # the first latent frame's pixels are out, then the decoder fails
         raise RuntimeError("decoder failed")
 
-    model.vae.decode = broken
-    with pytest.raises(RuntimeError, match="decoder failed"):
-        model.step([(s, tick(s.session_id, 0, "W")) for s in states])  # after the sampler and the commit pass
-    model.vae.decode = decode
+    heard: list[tuple[int, int]] = []
+    model.vae.decode_parts = broken
+    with pytest.raises(RuntimeError, match="decoder failed"):  # after the sampler, the commit pass and a part
+        model.step(
+            [(s, tick(s.session_id, 0, "W")) for s in states], on_part=lambda row, f: heard.append((row, len(f)))
+        )
+    model.vae.decode_parts = decode_parts
+    assert heard == [(0, 4), (1, 4)]
     assert [s.cache.next_frame for s in states] == [3, 3]
     got = model.step([(s, tick(s.session_id, 0, "W")) for s in states])
     expected = twin.step([(s, tick(s.session_id, 0, "W")) for s in twins])
@@ -627,3 +634,31 @@ def test_the_prepared_gpu_script_runs_its_every_part_dry_on_the_cpu(tmp_path: ob
         assert re.search(
             r"\| 2 \| [\d.]+ / [\d.]+ \| (yes|no) \| [\d.]+ % \| \d+ / \d+ ms \| [\d.]+ \| [\w, -]+ \|", tables[name]
         )
+
+
+def test_a_step_hands_each_latent_frame_on_as_it_is_decoded_and_the_parts_are_the_chunk() -> None:
+    import numpy as np
+
+    from worldserve.models import load_model
+    from worldserve.models.base import SessionOptions
+
+    model = load_model("wan-causal", config="tiny", threads=1)
+    twin = load_model("wan-causal", config="tiny", threads=1)
+    assert model.spec.frame_parts
+    assert model.spec.to_dict()["frame_parts"] is True
+    sessions = (("a", 3), ("b", 4))
+    states = [model.new_state(sid, SessionOptions(seed=seed)) for sid, seed in sessions]
+    twins = [twin.new_state(sid, SessionOptions(seed=seed)) for sid, seed in sessions]
+    for index, held in enumerate(("W", "D")):
+        parts: list[tuple[int, object]] = []
+
+        def sink(row: int, frames: object, parts: list[tuple[int, object]] = parts) -> None:
+            parts.append((row, frames))
+
+        got = model.step([(s, tick(s.session_id, index, held)) for s in states], on_part=sink)
+        expected = twin.step([(s, tick(s.session_id, index, held)) for s in twins])  # no sink: the same frames
+        assert [(row, len(frames)) for row, frames in parts] == [(0, 4), (1, 4)] * 3  # a latent frame at a time
+        for row, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+            joined = np.concatenate([frames for r, frames in parts if r == row])
+            assert np.array_equal(joined, mine["payload"])
+            assert np.array_equal(mine["payload"], theirs["payload"])

@@ -13,11 +13,13 @@ the control plane only ever sees them as opaque ``ControlInput`` values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
+import numpy as np
+import numpy.typing as npt
 
 from worldserve.media import FrameEncoding
 from worldserve.protocol import ControlInput, FrozenMap, TickRequest, freeze_transport_value, thaw_transport_value
@@ -25,11 +27,17 @@ from worldserve.protocol import ControlInput, FrozenMap, TickRequest, freeze_tra
 __all__ = [
     "ControlSchema",
     "ModelSpec",
+    "PartSink",
     "RollbackModel",
     "SessionOptions",
     "SpecControlValidator",
     "WorldModel",
 ]
+
+
+#: Where a model with ``spec.frame_parts`` hands a row's frames on while its step runs:
+#: ``sink(row, frames)``, ``row`` the pair's index in the batch, ``frames`` ``uint8 [n, H, W, 3]``.
+PartSink = Callable[[int, npt.NDArray[np.uint8]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,9 @@ class ModelSpec:
     reference_slots: tuple[str, ...] = ()
     #: The side of each (square) reference image, in pixels; 0 when the model takes none.
     reference_size: int = 0
+    #: True when ``step(batch, on_part=sink)`` hands each row's frames on as its decoder makes them
+    #: (a :data:`PartSink`), before the step returns: a row's parts, in order, are its chunk's frames.
+    frame_parts: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(str(note) for note in self.notes))
@@ -118,7 +129,7 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer; got {value!r}.")
         if isinstance(self.state_bytes, bool) or not isinstance(self.state_bytes, int) or self.state_bytes < 0:
             raise ValueError(f"ModelSpec.state_bytes must be a non-negative integer; got {self.state_bytes!r}.")
-        for flag in ("atomic_step", "can_rollback", "requires_image", "takes_prompt"):
+        for flag in ("atomic_step", "can_rollback", "requires_image", "takes_prompt", "frame_parts"):
             if type(getattr(self, flag)) is not bool:
                 raise ValueError(f"ModelSpec.{flag} must be a bool; got {getattr(self, flag)!r}.")
         if not self.fps > 0:
@@ -165,6 +176,7 @@ class ModelSpec:
             "takes_prompt": self.takes_prompt,
             "reference_slots": list(self.reference_slots),
             "reference_size": self.reference_size,
+            "frame_parts": self.frame_parts,
             "notes": list(self.notes),
         }
 
@@ -258,6 +270,12 @@ class WorldModel(Protocol):
     are the model's own; the runner owns which session holds which state. A step that
     raises fails its batch; declare ``spec.atomic_step`` if it then leaves every state
     unchanged, so the runtime can retry the other sessions alone.
+
+    A model that declares ``spec.frame_parts`` also takes ``step(batch, on_part=sink)``: it calls
+    ``sink(row, frames)`` with each row's frames as they are made (per latent frame, for a model
+    whose decoder streams that way), every frame of the chunk once and in order, before the step
+    returns the whole chunks as usual. Frames handed on are out: a step that raises after a part
+    fails its rows (the runtime does not retry them alone, their frames would be made twice).
     """
 
     @property

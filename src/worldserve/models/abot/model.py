@@ -39,7 +39,7 @@ from worldserve.models.abot.config import ABotConfig
 from worldserve.models.abot.controls import KEYS_SCHEMA, NO_KEYS, BlockKeys, block_keys, held_keys
 from worldserve.models.abot.forward import ABotForward
 from worldserve.models.abot.weights import ABotWeightOptions, load_abot_weights
-from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.base import ModelSpec, PartSink, SessionOptions
 from worldserve.models.wan.cache import BatchKV, KVCache
 from worldserve.models.wan.decoders import choose_decoder
 from worldserve.models.wan.files import TAEHV22_FILE
@@ -48,9 +48,9 @@ from worldserve.models.wan.noise import SessionNoise
 from worldserve.models.wan.options import FLOAT32_PARTS, option_bool, option_path
 from worldserve.models.wan.rope import FrameRope, RelativeWindow, slot_times
 from worldserve.models.wan.sampler import commit_block, sample_block
-from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states
+from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states, decode_to_host
 from worldserve.models.wan.text import PromptEmbedder
-from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
+from worldserve.models.wan.vae import DecoderCache, frame_pixels
 from worldserve.models.world import World, style_for_prompt
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
@@ -216,6 +216,7 @@ class ABotWorldModel:
             state_bytes=state_bytes,
             description=self._describe(),
             atomic_step=True,
+            frame_parts=True,
             can_rollback=True,
             continuous_tracks=(KEYS_SCHEMA.track,),
             version=loaded.version,
@@ -314,7 +315,7 @@ class ABotWorldModel:
         )
 
     @torch.no_grad()
-    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+    def step(self, batch: Sequence[tuple[Any, TickRequest]], on_part: PartSink | None = None) -> list[dict[str, Any]]:
         if not batch:
             return []
         cfg, wan = self.config, self.config.wan
@@ -364,13 +365,10 @@ class ABotWorldModel:
                 draws[row] = noise.drawn
         latents = torch.cat([c for c in clean if c is not None])
         decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
-        videos = self.decoder.decode_rows(latents, decoders, [not state.started for state in states])
-        frames = []
-        for state, video in zip(states, videos, strict=True):  # [3, T, H, W]
-            if not state.started:  # 9 frames: the start frame held for 3 more opens the chunk
-                video = torch.cat([video[:, :1].expand(-1, 3, -1, -1), video], dim=1)
-            frames.append(video)
-        host = host_frames(torch.stack(frames))  # [B, T, H, W, 3]: leaves the device once
+        firsts = [not state.started for state in states]
+        # A first block decodes to 9 frames: the start frame held for 3 more opens the chunk.
+        opening = [wan.video_frames_per_block - (1 + 4 * (wan.block_frames - 1)) if first else 0 for first in firsts]
+        host = decode_to_host(self.decoder, latents, decoders, firsts, opening, on_part)
         for kv in kvs:
             kv.stage()  # kept by the next step's batch view, dropped by a rollback
         for row, state in enumerate(states):

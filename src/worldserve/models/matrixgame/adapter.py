@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.base import ModelSpec, PartSink, SessionOptions
 from worldserve.models.matrixgame.action import action_windows
 from worldserve.models.matrixgame.controls import (
     KEYS_TRACK,
@@ -51,8 +51,8 @@ from worldserve.models.wan.options import (
 )
 from worldserve.models.wan.rope import FrameRope
 from worldserve.models.wan.sampler import commit_block, sample_block
-from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states
-from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
+from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states, decode_to_host
+from worldserve.models.wan.vae import DecoderCache, frame_pixels
 from worldserve.protocol import ChunkMetadata, TickRequest, build_chunk_envelope
 
 __all__ = ["MatrixGameModel", "MatrixGameState"]
@@ -197,6 +197,7 @@ class MatrixGameModel:
             state_bytes=state_bytes,
             description=self._describe(),
             atomic_step=True,
+            frame_parts=True,
             version=loaded.version,
             precision=serving.precision,
             continuous_tracks=tuple(c.track for c in controls if c.track in (KEYS_TRACK, MOUSE_TRACK)),
@@ -246,7 +247,7 @@ class MatrixGameModel:
         return MatrixGameState(session_id, options, caches, self.decoder.new_cache(), image, features)
 
     @torch.no_grad()
-    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+    def step(self, batch: Sequence[tuple[Any, TickRequest]], on_part: PartSink | None = None) -> list[dict[str, Any]]:
         if not batch:
             return []
         wan, action = self.config.wan, self.config.action
@@ -300,10 +301,9 @@ class MatrixGameModel:
         commit_block(self.forward, kv, clean, features, conditions, rope, wan, keep=False)
         decoders = [list(state.decoder) for state in states]
         firsts = [not state.started for state in states]
-        videos = self.decoder.decode_rows(clean, decoders, firsts)
         # A first block's first latent frame is one video frame: show it 4 times (12 frames a chunk).
-        full = [torch.cat([v[:, :1].expand(-1, video - v.shape[1], -1, -1), v], dim=1) for v in videos]
-        host = host_frames(torch.stack(full))  # [B, T, H, W, 3]: leaves the device once
+        held = [video - (1 + 4 * (block - 1)) if first else 0 for first in firsts]
+        host = decode_to_host(self.decoder, clean, decoders, firsts, held, on_part)
         kv.commit()  # staged: kept by the next step's batch view, dropped by a rollback
         for row, state in enumerate(states):
             state.decoder = decoders[row]

@@ -5,8 +5,10 @@ Owns: :class:`Serving` (the options every Wan model takes, read in one place: ``
 why when it is not the one asked), ``seed`` of random weights and ``max_batch_size``; and
 :meth:`Serving.prepare`, a loaded module cast to the serving precision, on the device and frozen),
 :class:`FrameDecoding` (the VAE stream, the frame decoder ``decoder=`` chose over it, and a
-session's decoder bytes) and :func:`batch_states` (a step's batch checked: within
-``max_batch_size``, every state the model's own). Must not know: any family's conditioning,
+session's decoder bytes), :func:`batch_states` (a step's batch checked: within
+``max_batch_size``, every state the model's own) and :func:`decode_to_host` (a step's latents to
+uint8 frames on the host, part by part as the decoder makes them, each part handed to the step's
+:data:`~worldserve.models.base.PartSink` as it lands). Must not know: any family's conditioning,
 controls or files, sessions' control plane.
 """
 
@@ -16,16 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from worldserve.models.base import PartSink
 from worldserve.models.precision import usable_device
 from worldserve.models.wan.config import WanCausalConfig
 from worldserve.models.wan.decoders import DecoderChoice, FrameDecoder, build_frame_decoder, frame_decoder_bytes
 from worldserve.models.wan.options import cast_module, option_int, resolve_dtype
-from worldserve.models.wan.vae import VaeStream
+from worldserve.models.wan.vae import DecoderCache, VaeStream, host_frames
 
-__all__ = ["FrameDecoding", "Serving", "batch_states"]
+__all__ = ["FrameDecoding", "Serving", "batch_states", "decode_to_host"]
 
 S = TypeVar("S")
 
@@ -109,3 +114,36 @@ def batch_states(batch: Sequence[tuple[Any, Any]], serving: Serving, kind: type[
             raise TypeError(f"{serving.model} got a foreign state: {type(state).__name__}")
         states.append(state)
     return states
+
+
+def decode_to_host(
+    decoder: FrameDecoder,
+    latents: Tensor,
+    caches: Sequence[DecoderCache],
+    firsts: Sequence[bool],
+    held: Sequence[int],
+    on_part: PartSink | None = None,
+) -> list[npt.NDArray[np.uint8]]:
+    """Each row's frames ``uint8 [T, H, W, 3]``, decoded part by part (a latent frame each, through the
+    VAE) and moved to the host once per part; ``on_part(row, frames)`` hears each row's part as it lands.
+
+    ``held[row]`` copies of a row's first frame open its chunk (a first block's first latent frame
+    decodes to one frame: the models show it longer so that every chunk has the same length). The
+    caches advance as :meth:`~worldserve.models.wan.vae.VaeStream.decode_parts` advances them.
+    """
+    frames: list[list[npt.NDArray[np.uint8]]] = [[] for _ in caches]
+    for index, part in enumerate(decoder.decode_parts(latents, caches, firsts)):
+        if index == 0:
+            part = [
+                torch.cat([video[:, :1].expand(-1, count, -1, -1), video], dim=1) if count else video
+                for video, count in zip(part, held, strict=True)
+            ]
+        if len({video.shape for video in part}) == 1:
+            host = list(host_frames(torch.stack(part)))  # [B, t, H, W, 3]: leaves the device once
+        else:
+            host = [host_frames(video[None])[0] for video in part]
+        for row, rows_frames in enumerate(host):
+            frames[row].append(rows_frames)
+            if on_part is not None:
+                on_part(row, rows_frames)
+    return [np.concatenate(parts) if len(parts) > 1 else parts[0] for parts in frames]

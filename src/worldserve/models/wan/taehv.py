@@ -25,7 +25,7 @@ published wrapper's mean is 0, std 1). Must not know: the transformer, sessions,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,12 @@ class TaehvStream:
             video = frames[row, self.module.trim :] if first else frames[row]
             videos.append(video.transpose(0, 1) * 2.0 - 1.0)
         return videos
+
+    def decode_parts(
+        self, latents: Tensor, caches: Sequence[TaehvCache], firsts: Sequence[bool]
+    ) -> Iterator[list[Tensor]]:
+        """:meth:`decode_rows` as one part: TAEHV decodes a block's latent frames in one pass."""
+        yield self.decode_rows(latents, caches, firsts)
 
     def decode(self, latents: Tensor, caches: Sequence[TaehvCache], *, first: bool = False) -> Tensor:
         """:meth:`decode_rows` of a batch all at their first chunk or all past it: ``[B, 3, T, H, W]`` in [-1, 1]."""

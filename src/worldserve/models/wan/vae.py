@@ -4,7 +4,8 @@ Owns: :class:`VaeStream`. A session's decoder state is the feature cache of diff
 ``AutoencoderKLWan`` decoder (the last frames each causal convolution saw), kept as the
 session's own list and handed to the public ``decoder`` module one latent frame at a time,
 exactly as the library's one-shot ``decode`` does inside a single call. A batch's caches are
-stacked along the batch axis for one decoder pass and split back after it. Also: latent
+stacked along the batch axis for one decoder pass and split back after it; :meth:`VaeStream.decode_parts`
+hands each latent frame's pixels on as soon as they are decoded (the decode is that walk already). Also: latent
 (de)normalisation with the VAE's ``latents_mean``/``latents_std`` and the start image's
 encoding, :func:`decoder_cache_bytes` (a session's decoder cache, by a dry run on the meta
 device), and the mapping between uint8 frames and the VAE's pixels in [-1, 1] both ways
@@ -17,7 +18,7 @@ Must not know: the transformer, the sampler, sessions' control plane.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -102,15 +103,39 @@ class VaeStream:
         The rows at their first chunk (``firsts``) decode together, the others together (their
         caches differ in structure); returns each row's video ``[3, T, H, W]`` in the batch's order.
         """
-        out: list[Tensor | None] = [None] * len(caches)
-        for first in (True, False):
-            rows = [row for row, flag in enumerate(firsts) if flag == first]
-            if not rows:
-                continue
-            video = self.decode(latents[rows], [caches[row] for row in rows], first=first)
-            for index, row in enumerate(rows):
-                out[row] = video[index]
-        return [video for video in out if video is not None]
+        parts = list(self.decode_parts(latents, caches, firsts))
+        return [torch.cat([part[row] for part in parts], dim=1) for row in range(len(caches))]
+
+    def decode_parts(
+        self, latents: Tensor, caches: Sequence[DecoderCache], firsts: Sequence[bool]
+    ) -> Iterator[list[Tensor]]:
+        """:meth:`decode_rows`, one latent frame at a time: yields each row's video ``[3, t, H, W]`` of
+        that latent frame (4 frames; 1 for a row's very first), in the batch's order.
+
+        The caches are advanced once the last latent frame is decoded (a walk left early leaves
+        them as they were). The parts joined are :meth:`decode_rows`' videos, bit for bit.
+        """
+        groups = [
+            (first, rows)
+            for first in (True, False)
+            if (rows := [row for row, flag in enumerate(firsts) if flag == first])
+        ]
+        inputs = [self.vae.post_quant_conv(self.denormalize(latents[rows])) for _, rows in groups]
+        shared = [_stack([caches[row] for row in rows]) for _, rows in groups]
+        for frame in range(latents.shape[2]):
+            out: list[Tensor | None] = [None] * len(caches)
+            for (first, rows), x, cache in zip(groups, inputs, shared, strict=True):
+                video = self.vae.decoder(
+                    x[:, :, frame : frame + 1], feat_cache=cache, feat_idx=[0], first_chunk=first and frame == 0
+                )
+                if self.patch != 1:
+                    video = unpatchify(video, patch_size=self.patch)  # type: ignore[no-untyped-call]
+                video = torch.clamp(video, -1.0, 1.0)
+                for index, row in enumerate(rows):
+                    out[row] = video[index]
+            yield [video for video in out if video is not None]
+        for (_, rows), cache in zip(groups, shared, strict=True):
+            _unstack(cache, [caches[row] for row in rows])
 
     def decode(self, latents: Tensor, caches: Sequence[DecoderCache], *, first: bool = False) -> Tensor:
         """Decode ``latents`` ``[B, C, F, h, w]`` (normalised) of B sessions, continuing each cache.
@@ -118,20 +143,7 @@ class VaeStream:
         Returns video ``[B, 3, T, H, W]`` in [-1, 1]: ``T = 4F`` frames, or ``1 + 4(F - 1)``
         when ``first`` (the session's very first latent frame decodes to one frame).
         """
-        x = self.vae.post_quant_conv(self.denormalize(latents))
-        shared = _stack(caches)
-        outputs = []
-        for frame in range(x.shape[2]):
-            outputs.append(
-                self.vae.decoder(
-                    x[:, :, frame : frame + 1], feat_cache=shared, feat_idx=[0], first_chunk=first and frame == 0
-                )
-            )
-        _unstack(shared, caches)
-        video = torch.cat(outputs, dim=2)
-        if self.patch != 1:
-            video = unpatchify(video, patch_size=self.patch)  # type: ignore[no-untyped-call]
-        return torch.clamp(video, -1.0, 1.0)
+        return torch.stack(self.decode_rows(latents, caches, [first] * len(caches)))
 
     @staticmethod
     def nbytes(cache: DecoderCache) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldserve.models.base import ModelSpec, SessionOptions
+from worldserve.models.base import ModelSpec, PartSink, SessionOptions
 from worldserve.models.wan.cache import BatchKV, BlockLog, KVCache
 from worldserve.models.wan.config import WanCausalConfig
 from worldserve.models.wan.decoders import choose_decoder
@@ -38,9 +38,9 @@ from worldserve.models.wan.options import (
 )
 from worldserve.models.wan.rope import FrameRope
 from worldserve.models.wan.sampler import commit_block, recache_context, sample_block
-from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states
+from worldserve.models.wan.serving import FrameDecoding, Serving, batch_states, decode_to_host
 from worldserve.models.wan.text import PromptEmbedder
-from worldserve.models.wan.vae import DecoderCache, frame_pixels, host_frames
+from worldserve.models.wan.vae import DecoderCache, frame_pixels
 from worldserve.models.wancausal.actions import ACTION_DIM, action_features
 from worldserve.models.wancausal.families import family_config
 from worldserve.models.wancausal.forward import CachedForward
@@ -213,6 +213,7 @@ class WanCausalModel:
             default_prompt=DEFAULT_STYLE,
             description=self._describe(),
             atomic_step=True,
+            frame_parts=True,
             version=loaded.version,
             precision=serving.precision,
             notes=serving.notes,
@@ -277,7 +278,7 @@ class WanCausalModel:
         return WanCausalState(session_id, options, cache, decoder, PromptTrack(prompt, embedding), log)
 
     @torch.no_grad()
-    def step(self, batch: Sequence[tuple[Any, TickRequest]]) -> list[dict[str, Any]]:
+    def step(self, batch: Sequence[tuple[Any, TickRequest]], on_part: PartSink | None = None) -> list[dict[str, Any]]:
         if not batch:
             return []
         cfg = self.config
@@ -319,8 +320,7 @@ class WanCausalModel:
         clean = sample_block(self.forward, kv, noise, text, actions, rope, cfg)
         commit_block(self.forward, kv, clean, text, actions, rope, cfg, keep=False)
         decoders = [list(state.decoder) for state in states]  # the decode advances copies of the lists
-        video = self.decoder.decode(clean, decoders)  # [B, 3, T, H, W]
-        host = host_frames(video)  # [B, T, H, W, 3]: leaves the device once
+        host = decode_to_host(self.decoder, clean, decoders, [False] * len(states), [0] * len(states), on_part)
         firsts = [cache.next_frame for cache in caches]
         kv.commit()
         for row, (state, cache, plan, first) in enumerate(zip(states, caches, plans, firsts, strict=True)):
