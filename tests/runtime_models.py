@@ -227,3 +227,28 @@ class RandomWeightsModel(ProceduralModel):
         return dataclasses.replace(
             super().spec, description="RANDOM WEIGHTS (a test stand-in): frames are the procedural world."
         )
+
+
+class PartsModel(FaultyModel):
+    """:class:`FaultyModel` that declares ``frame_parts``: each row's frames go to the step's sink ``part``
+    frames at a time (every row's first part, then every row's second, as a streaming decoder does),
+    before the step returns them whole. ``cracked`` in a prompt makes the step raise once the first
+    parts are out (the batch's states have moved: this model is not atomic then)."""
+
+    def __init__(self, *, part: int = 2, **options: Any) -> None:
+        super().__init__(**options)
+        self._faulty_spec = dataclasses.replace(self._faulty_spec, name="parts", frame_parts=True)
+        self._part = part
+
+    def step(
+        self, batch: Sequence[tuple[Any, TickRequest]], on_part: Callable[[int, np.ndarray], None] | None = None
+    ) -> list[dict[str, Any]]:
+        outputs = super().step(batch)
+        frames = self.spec.frames_per_chunk
+        for first in range(0, frames, self._part):
+            for row, envelope in enumerate(outputs):
+                if on_part is not None:
+                    on_part(row, envelope["payload"][first : first + self._part])
+            if any(self._marked(state, tick, "cracked") for state, tick in batch):
+                raise RuntimeError("the decoder cracked after a part")
+        return outputs

@@ -26,7 +26,7 @@ from worldserve.runtime.errors import (
     WorkerStartError,
 )
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
-from worldserve.runtime.messages import ResidencyLimits, WorkerConfig
+from worldserve.runtime.messages import ChunkPart, ResidencyLimits, WorkerConfig
 from worldserve.runtime.metrics import EngineStats
 from worldserve.runtime.runner import ModelRunner
 from worldserve.runtime.runtime import Runtime, RuntimeStats
@@ -35,6 +35,7 @@ __all__ = [
     "AdmissionRefusedError",
     "BadModelOutputError",
     "Chunk",
+    "ChunkPart",
     "DeadlineExceededError",
     "Engine",
     "EngineConfig",

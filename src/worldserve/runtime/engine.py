@@ -10,7 +10,9 @@ fails at once, its session fails closed), hung-worker kills, worker deaths (only
 dead worker's sessions fail, with ``worker_died``, and a replacement starts),
 cancelling a tick (``cancel_tick``: a
 queued one leaves its queue; a running one's result is discarded and its worker told
-to roll the state back before any later call), lifecycle RPCs in the shape
+to roll the state back before any later call), a tick's chunk parts (``execute_tick``'s
+``on_part``: the frames of a model with ``spec.frame_parts`` as its worker makes them, each
+heard on the loop before the chunk; none once the tick is done, failed or cancelled), lifecycle RPCs in the shape
 :class:`~worldserve.lifecycle.WorkerLifecycle` accepts, and the engine counters. It
 delegates placing sessions to :class:`~worldserve.runtime.admission.Admission`.
 
@@ -25,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,7 +53,7 @@ from worldserve.runtime.errors import (
 )
 from worldserve.runtime.executor.abstract import Executor
 from worldserve.runtime.gathering import Gathering
-from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, StepReport, TickOutput
+from worldserve.runtime.messages import ROLLBACK_SESSION_RPC, ChunkPart, StepReport, TickOutput
 from worldserve.runtime.metrics import Capacity, EngineCounters, EngineStats
 from worldserve.runtime.router import Router
 from worldserve.runtime.runner import ADMIT, REQUEST_KEYFRAME_RPC, SET_EXTRA_ENCODINGS_RPC, STEP
@@ -123,11 +126,14 @@ class EngineConfig:
 class _Tick:
     """One tick from ``execute_tick`` until its chunk (or error) is delivered."""
 
-    __slots__ = ("dispatched", "future", "tick", "timer")
+    __slots__ = ("dispatched", "future", "on_part", "tick", "timer")
 
-    def __init__(self, tick: TickRequest, future: asyncio.Future[Chunk]) -> None:
+    def __init__(
+        self, tick: TickRequest, future: asyncio.Future[Chunk], on_part: Callable[[ChunkPart], None] | None = None
+    ) -> None:
         self.tick = tick
         self.future = future
+        self.on_part = on_part
         self.dispatched = -1.0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -262,8 +268,13 @@ class Engine:
 
     # -- the TickConsumer ----------------------------------------------------------------
 
-    async def execute_tick(self, tick: TickRequest) -> Chunk:
-        """Run one tick on the worker holding its session's state; the chunk or a coded error."""
+    async def execute_tick(self, tick: TickRequest, on_part: Callable[[ChunkPart], None] | None = None) -> Chunk:
+        """Run one tick on the worker holding its session's state; the chunk or a coded error.
+
+        ``on_part`` hears the chunk's frames in parts while the worker makes them, where the model
+        (``spec.frame_parts``), the session's encoding (none, JPEG or raw) and the executor allow; the
+        parts joined are the chunk's frames. A part is no commit: the tick may still fail after one.
+        """
         loop = self._require_running()
         self._counters.ticks += 1
         route = self._router.find(tick.session_id)
@@ -273,7 +284,7 @@ class Engine:
             raise error
         worker = self._workers[route.worker]
         worker.gathering.arrived(tick.session_id)
-        pending = _Tick(tick, loop.create_future())
+        pending = _Tick(tick, loop.create_future(), on_part)
         entry = worker.queue.push(pending, loop.time())
         deadline = self.config.tick_deadline_s
         if deadline is not None:
@@ -528,7 +539,12 @@ class Engine:
         worker.gathering.taken(now)
         self._counters.batches += 1
         self._counters.batch_size.observe(len(batch))
-        future = self._executor.step(worker.index, [entry.item.tick for entry in batch])
+        ticks = [entry.item.tick for entry in batch]
+        parted = {entry.item.tick.session_id: entry.item for entry in batch if entry.item.on_part is not None}
+        if parted:
+            future = self._executor.step(worker.index, ticks, frozenset(parted), lambda part: _hand_on(parted, part))
+        else:
+            future = self._executor.step(worker.index, ticks)
         future.add_done_callback(lambda done: self._on_step_done(worker, batch, done))
         if self.config.hang_timeout_s is not None:
             worker.hang_timer = loop.call_later(self.config.hang_timeout_s, self._on_hang, worker, batch)
@@ -826,6 +842,15 @@ class Engine:
                 for worker in self._workers
             ),
         )
+
+
+def _hand_on(parted: dict[str, _Tick], part: ChunkPart) -> None:
+    """A part of a chunk in flight, to its tick's ``on_part`` while the tick waits for it."""
+    pending = parted.get(part.session_id)
+    if pending is None or pending.on_part is None or pending.future.done():
+        return
+    if pending.tick.chunk_index == part.chunk_index:
+        pending.on_part(part)
 
 
 def _log_media_failure(done: asyncio.Future[Any]) -> None:

@@ -1,7 +1,8 @@
 """The immutable values that cross between the engine and a worker (often a process boundary).
 
 Owns: :class:`WorkerConfig` (how a worker builds its model and runner), the per-tick
-results of a step (:class:`TickOutput`, :class:`TickFailure`), :class:`StepReport`
+results of a step (:class:`TickOutput`, :class:`TickFailure`), :class:`ChunkPart` (a chunk's frames
+handed on while its step still runs), :class:`StepReport`
 (one step's results plus its compute and encoding times), :class:`ResidencyReport` and the name of the
 runner call that undoes a session's last step (:data:`ROLLBACK_SESSION_RPC`). All are
 frozen and picklable; frames travel as numpy arrays, or as
@@ -24,6 +25,7 @@ from worldserve.protocol import ChunkMetadata
 
 __all__ = [
     "ROLLBACK_SESSION_RPC",
+    "ChunkPart",
     "ResidencyLimits",
     "ResidencyReport",
     "StepReport",
@@ -79,6 +81,27 @@ class TickOutput:
 
     frames: npt.NDArray[np.uint8] | EncodedFrames
     metadata: ChunkMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPart:
+    """Frames of a chunk still being made (a model with ``spec.frame_parts``, for a tick that asked).
+
+    ``first`` is the index in the chunk of the part's first frame; ``frames`` are the part's frames,
+    as :class:`TickOutput` would carry them (raw, or encoded in the session's JPEG or raw encoding).
+    A chunk's parts, in order, are its frames; the step's :class:`TickOutput` still carries them all.
+    A part is not a commit: the tick may yet fail, and then its parts are void.
+    """
+
+    session_id: str
+    chunk_index: int
+    first: int
+    frames: npt.NDArray[np.uint8] | EncodedFrames
+
+    @property
+    def count(self) -> int:
+        """Frames in the part."""
+        return self.frames.count if isinstance(self.frames, EncodedFrames) else int(self.frames.shape[0])
 
 
 @dataclass(frozen=True, slots=True)

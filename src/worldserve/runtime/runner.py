@@ -24,6 +24,13 @@ encoder whose media is no longer wanted is dropped, and stops costing anything).
 ``encode_threads`` > 1 a batch's encodings (every chunk in every media) run in parallel
 (Pillow and PyAV release the GIL while they encode), so the encoding adds less to the step.
 
+For a model with ``spec.frame_parts``, the ticks of sessions a step names in ``parted``
+hand their frames on as :class:`~worldserve.runtime.messages.ChunkPart` s while the step runs (to
+``on_part``), encoded part by part in a JPEG or raw encoding (the chunk's payloads are then the parts',
+not encoded again); a session whose chunk is wanted in H.264 or in more than one media sends no parts
+(its encodings are made per chunk). A batch that raises after a part left fails those sessions
+instead of retrying them alone (their frames would be made twice).
+
 When ``model.step`` raises for a batch, every state of that batch is suspect. If the
 model declares ``spec.atomic_step`` (a step that raises leaves its states unchanged),
 each tick is retried alone: the failing session's state is released and the others
@@ -39,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -54,6 +61,7 @@ from worldserve.protocol import TickRequest, parse_chunk_envelope
 from worldserve.runtime.errors import AdmissionRefusedError, ModelStepError
 from worldserve.runtime.messages import (
     ROLLBACK_SESSION_RPC,
+    ChunkPart,
     ResidencyLimits,
     ResidencyReport,
     StepReport,
@@ -103,6 +111,34 @@ class _Resident:
         self.encoders: dict[str, FrameEncoder] = {}  # by media; each made on its first chunk
 
 
+class _Parting:
+    """One tick's chunk handed on in parts while its step runs: what went out so far."""
+
+    __slots__ = ("chunk_index", "encode_s", "encoder", "payloads", "sent", "session_id", "sink")
+
+    def __init__(self, tick: TickRequest, encoder: FrameEncoder | None, sink: Callable[[ChunkPart], None]) -> None:
+        self.session_id = tick.session_id
+        self.chunk_index = tick.chunk_index
+        self.encoder = encoder  # a stateless one (JPEG, raw), or None: the parts go as arrays
+        self.sink = sink
+        self.sent = 0  # frames handed on
+        self.payloads: list[bytes] = []  # the encoded parts' payloads, in order
+        self.encode_s = 0.0
+
+    def hand_on(self, frames: npt.NDArray[np.uint8]) -> None:
+        out: npt.NDArray[np.uint8] | EncodedFrames = frames
+        if self.encoder is not None:
+            began = time.perf_counter()
+            out = self.encoder.encode(frames)
+            self.encode_s += time.perf_counter() - began
+            self.payloads.extend(out.payloads)
+        else:
+            frames.flags.writeable = False
+        part = ChunkPart(self.session_id, self.chunk_index, self.sent, out)
+        self.sent += part.count
+        self.sink(part)
+
+
 class ModelRunner:
     """Holds one worker's sessions' states and runs their ticks through the model."""
 
@@ -122,6 +158,7 @@ class ModelRunner:
         self._tombstones: OrderedDict[str, TickFailure] = OrderedDict()
         self._evictions = 0
         self._compute_s = 0.0  # time inside model.step during the current step call
+        self._parting: dict[int, _Parting] = {}  # the current step's ticks that hand their frames on, by index
         self._encode_threads = encode_threads
         self._encoder: ThreadPoolExecutor | None = None  # made on the first step that can use it
         self._rollback: RollbackModel | None = None
@@ -319,8 +356,15 @@ class ModelRunner:
 
     # -- ticks ---------------------------------------------------------------------------
 
-    def step(self, ticks: Sequence[TickRequest]) -> StepReport:
-        """Run one AR block for each tick (batched up to ``spec.max_batch_size``)."""
+    def step(
+        self,
+        ticks: Sequence[TickRequest],
+        parted: Collection[str] = (),
+        on_part: Callable[[ChunkPart], None] | None = None,
+    ) -> StepReport:
+        """Run one AR block for each tick (batched up to ``spec.max_batch_size``); the sessions named in
+        ``parted`` hand their frames on to ``on_part`` as they are made, where the model and their
+        encodings allow it."""
         results: list[TickOutput | TickFailure | None] = [None] * len(ticks)
         runnable: list[tuple[int, str, _Resident, TickRequest]] = []
         seen: set[str] = set()
@@ -344,14 +388,25 @@ class ModelRunner:
             for index, sid, resident, _ in runnable
             if resident.options.encoding is not None
         }
+        self._parting = {}
+        if on_part is not None and parted and self._spec.frame_parts:
+            for index, sid, resident, tick in runnable:
+                encodings = resident.options.encodings
+                if sid in parted and len(encodings) <= 1 and not any(item.stateful for item in encodings):
+                    encoder = encoders.pop(index)[1][0] if encodings else None
+                    self._parting[index] = _Parting(tick, encoder, on_part)
         self._compute_s = 0.0
         limit = self._spec.max_batch_size
         for start in range(0, len(runnable), limit):
             group = runnable[start : start + limit]
             for (index, _, _, _), outcome in zip(group, self._run(group), strict=True):
                 results[index] = outcome
+        parts_s = sum(parting.encode_s for parting in self._parting.values())
         encode_s = self._encode(results, encoders) if encoders else 0.0
-        return StepReport(tuple(result for result in results if result is not None), self._compute_s, encode_s)
+        self._parting = {}
+        return StepReport(
+            tuple(result for result in results if result is not None), self._compute_s - parts_s, encode_s + parts_s
+        )
 
     def _session_encoders(self, resident: _Resident) -> tuple[FrameEncoder, ...]:
         """The session's encoders, its ``encoding``'s first (each made on its first chunk)."""
@@ -443,16 +498,34 @@ class ModelRunner:
 
     def _run(self, group: list[tuple[int, str, _Resident, TickRequest]]) -> list[TickOutput | TickFailure]:
         began = time.perf_counter()
+        partings = [self._parting.get(index) for index, _, _, _ in group]
         try:
             if self._rollback is not None:
                 for _, _, resident, tick in group:
                     resident.undo = (tick.chunk_index, self._rollback.snapshot(resident.state))
-            envelopes = self._model.step([(resident.state, tick) for _, _, resident, tick in group])
+            pairs = [(resident.state, tick) for _, _, resident, tick in group]
+            if any(partings):
+
+                def sink(row: int, frames: npt.NDArray[np.uint8]) -> None:
+                    parting = partings[row]
+                    if parting is not None:
+                        parting.hand_on(frames)
+
+                envelopes = self._model.step(pairs, on_part=sink)  # type: ignore[call-arg]
+            else:
+                envelopes = self._model.step(pairs)
         except Exception as error:
             self._compute_s += time.perf_counter() - began
+            out = [p is not None and p.sent > 0 for p in partings]  # frames already handed on: never made twice
             if len(group) > 1 and self._spec.atomic_step:
                 # The model promises an untouched batch: retry alone to isolate the culprit.
-                return [outcome for item in group for outcome in self._run([item])]
+                detail = f"model step raised {type(error).__name__}: {error}, after frames of its chunk were sent"
+                sent = TickFailure(ErrorCode.MODEL_ERROR, f"{detail}; reset the session to go on.")
+                return [
+                    outcome
+                    for item, gone in zip(group, out, strict=True)
+                    for outcome in ([self._lost(item[1], sent)] if gone else self._run([item]))
+                ]
             detail = f"model step raised {type(error).__name__}: {error}"
             if len(group) > 1:
                 detail += (
@@ -480,12 +553,23 @@ class ModelRunner:
         except ValueError as error:
             failure = TickFailure(ErrorCode.BAD_OUTPUT, f"model output for session {sid!r} is not a chunk: {error}.")
             return self._lost(sid, failure)
+        parting = self._parting.get(item[0])
+        frames: npt.NDArray[np.uint8] | EncodedFrames = np.ascontiguousarray(payload)
+        if parting is not None:
+            if parting.sent != spec.frames_per_chunk:
+                failure = TickFailure(
+                    ErrorCode.BAD_OUTPUT,
+                    f"model handed on {parting.sent} of session {sid!r}'s {spec.frames_per_chunk} frames in parts.",
+                )
+                return self._lost(sid, failure)
+            if parting.encoder is not None:  # the chunk's payloads are its parts', encoded once
+                frames = EncodedFrames(parting.encoder.encoding, spec.width, spec.height, tuple(parting.payloads))
         resident.next_chunk += 1
         if tick.close_session:
             self._drop(sid)
         else:
             self._resident.move_to_end(sid)
-        return TickOutput(np.ascontiguousarray(payload), metadata)
+        return TickOutput(frames, metadata)
 
 
 def _describe(value: object) -> str:

@@ -5,7 +5,8 @@ Owns: turning one call into a reply for any executor (:func:`answer`: exceptions
 model libraries are imported only here), sends ``("ready", pid, spec)`` or
 ``("start_failed", message)``, then answers each ``(request_id, method, args, use_frames)``
 with ``(request_id, True, result)`` or ``(request_id, False, (code, message))``
-(:func:`answer`). Exceptions never cross the
+(:func:`answer`); a step whose args name sessions to hand on in parts sends each
+:class:`~worldserve.runtime.messages.ChunkPart` first, as ``(request_id, None, part)``. Exceptions never cross the
 pipe; only codes and messages do. A step's ticks arrive in
 :mod:`~worldserve.runtime.wire`'s compact form. A step's frames go through
 the parent's shared-memory :class:`~worldserve.runtime.framebuf.FrameBuffer` when the
@@ -16,18 +17,19 @@ Must not know: asyncio, the engine's routing or batching, sessions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from worldserve.models import load_model
 from worldserve.runtime.errors import TickFailedError
 from worldserve.runtime.framebuf import FrameBuffer
-from worldserve.runtime.messages import StepReport, WorkerConfig
+from worldserve.runtime.messages import ChunkPart, StepReport, WorkerConfig
 from worldserve.runtime.runner import STEP, ModelRunner
 from worldserve.runtime.wire import decode_ticks
 
@@ -51,13 +53,23 @@ def build_runner(config: WorkerConfig, worker: int) -> ModelRunner:
     return ModelRunner(model, config.limits, worker=worker, encode_threads=config.cpu_threads or 1)
 
 
-def answer(runner: ModelRunner, method: str, args: Sequence[Any], worker: int) -> Reply:
+def answer(
+    runner: ModelRunner,
+    method: str,
+    args: Sequence[Any],
+    worker: int,
+    on_part: Callable[[ChunkPart], None] | None = None,
+) -> Reply:
     """Run one call on a runner, on the worker's side; exceptions become ``(code, message)``.
 
     Exceptions never cross a boundary (a thread, a pipe, a machine): only codes and
-    messages do, and the executor's base turns them back into the coded error.
+    messages do, and the executor's base turns them back into the coded error. A step's
+    parts go to ``on_part`` (``args``: the ticks and the sessions to hand on in parts).
     """
     try:
+        if method == STEP and on_part is not None:
+            ticks, parted = args
+            return True, runner.step(ticks, parted, on_part)
         return True, runner.call(method, args)
     except TickFailedError as error:
         return False, (error.code, str(error))
@@ -119,9 +131,12 @@ def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
                 except Exception as error:
                     ok, result = False, ("runtime_error", f"worker {worker}: cannot attach frames: {error}")
             else:
+                on_part = None
                 if method == STEP:
-                    args = (decode_ticks(args[0]),)
-                ok, result = answer(runner, method, args, worker)
+                    args = (decode_ticks(args[0]), *args[1:])
+                    if len(args) > 1 and args[1]:
+                        on_part = _sender(conn, request_id)
+                ok, result = answer(runner, method, args, worker, on_part)
                 if ok and use_frames and frames is not None and isinstance(result, StepReport):
                     result = frames.pack(result) or result
             try:
@@ -135,3 +150,13 @@ def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
     finally:
         if frames is not None:
             frames.close()
+
+
+def _sender(conn: Connection, request_id: int) -> Callable[[ChunkPart], None]:
+    """Sends a step's parts down the pipe ahead of its reply (a broken pipe: the parent sees the death)."""
+
+    def send(part: ChunkPart) -> None:
+        with contextlib.suppress(BrokenPipeError, EOFError, OSError):
+            conn.send((request_id, None, part))
+
+    return send

@@ -5,7 +5,10 @@ process, a Ray actor): a fixed number of workers, each running one
 :class:`~worldserve.runtime.runner.ModelRunner` built from a
 :class:`~worldserve.runtime.messages.WorkerConfig`; :meth:`Executor.call` queues one
 runner method on one worker (:meth:`Executor.step` the batched model step), and calls
-to one worker run in the order they were made. And the parts every executor shares:
+to one worker run in the order they were made. A step may name sessions whose frames are wanted as
+they are made: the worker sends their :class:`~worldserve.runtime.messages.ChunkPart` s ahead of its
+reply, and the step's ``on_part`` hears each on the event loop, before the step's future settles (an
+executor that cannot carry them, Ray's, sends none: the chunk comes whole). And the parts every executor shares:
 the registry of pending calls (request id -> future, per life of a worker), the
 closed / not-running checks, the translation of a runner's reply ``(ok, payload)`` --
 ``payload`` a ``(code, message)`` pair when not ok -- back into the coded
@@ -31,19 +34,21 @@ import asyncio
 import contextlib
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from worldserve.models.base import ModelSpec
 from worldserve.protocol import TickRequest
 from worldserve.runtime.errors import RuntimeClosedError, TickFailedError, WorkerDiedError, error_from_code
-from worldserve.runtime.messages import WorkerConfig
+from worldserve.runtime.messages import ChunkPart, WorkerConfig
 from worldserve.runtime.runner import STEP
 
-__all__ = ["DeathCallback", "Executor", "Life", "Reply", "post"]
+__all__ = ["DeathCallback", "Executor", "Life", "PartCallback", "Reply", "post"]
 
 #: Called on the event loop with the worker's index and the error its calls failed with.
 DeathCallback = Callable[[int, WorkerDiedError], None]
+#: Hears a step's chunk parts on the event loop, as the worker sends them.
+PartCallback = Callable[[ChunkPart], None]
 
 #: A worker's answer to one call: ``(True, result)`` or ``(False, (code, message))``
 #: (built on the worker's side by :func:`worldserve.runtime.worker.answer`).
@@ -63,11 +68,12 @@ class Life:
     replaced worker never touches its successor's calls.
     """
 
-    __slots__ = ("alive", "closing", "death", "ended", "index", "pending")
+    __slots__ = ("alive", "closing", "death", "ended", "index", "pending", "sinks")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.sinks: dict[int, PartCallback] = {}  # the pending steps that want their chunks' parts
         self.alive = False  # started and answering calls
         self.ended = False  # died or stopped (set once)
         self.closing = False  # stopped on purpose: its calls fail with RuntimeClosedError, no death is reported
@@ -117,9 +123,10 @@ class Executor(ABC):
     def _send(self, worker: int, request_id: int, method: str, args: tuple[Any, ...]) -> None:
         """Carry one call to the worker's current life; its reply goes to :meth:`_deliver`."""
 
-    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest]) -> None:
-        """Carry one model step (the hot path; an executor may encode or route it specially)."""
-        self._send(worker, request_id, STEP, (list(ticks),))
+    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest], parted: frozenset[str]) -> None:
+        """Carry one model step (the hot path; an executor may encode or route it specially); the worker
+        sends the parts of ``parted`` sessions' chunks to :meth:`_part` ahead of the reply, where it can."""
+        self._send(worker, request_id, STEP, (list(ticks), parted) if parted else (list(ticks),))
 
     @abstractmethod
     async def restart(self, worker: int) -> None:
@@ -145,11 +152,24 @@ class Executor(ABC):
             return self.step(worker, *args)
         return self._submit(worker, method, args)
 
-    def step(self, worker: int, ticks: Sequence[TickRequest]) -> asyncio.Future[Any]:
-        """Queue one batched model step of ``ticks`` on ``worker``; the future gets a ``StepReport``."""
-        return self._submit(worker, STEP, (ticks,))
+    def step(
+        self,
+        worker: int,
+        ticks: Sequence[TickRequest],
+        parted: Collection[str] = (),
+        on_part: PartCallback | None = None,
+    ) -> asyncio.Future[Any]:
+        """Queue one batched model step of ``ticks`` on ``worker``; the future gets a ``StepReport``.
 
-    def _submit(self, worker: int, method: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        With ``on_part``, the chunks of the sessions in ``parted`` are also handed to it in parts as the
+        worker makes them (a model with ``spec.frame_parts``), each before the future settles.
+        """
+        wanted = frozenset(parted) if on_part is not None else frozenset()
+        return self._submit(worker, STEP, (ticks, wanted), on_part if wanted else None)
+
+    def _submit(
+        self, worker: int, method: str, args: tuple[Any, ...], on_part: PartCallback | None = None
+    ) -> asyncio.Future[Any]:
         loop = self._require_loop()
         future: asyncio.Future[Any] = loop.create_future()
         life = self._lives[worker]
@@ -160,8 +180,10 @@ class Executor(ABC):
         else:
             request_id = next(self._ids)
             life.pending[request_id] = future
+            if on_part is not None:
+                life.sinks[request_id] = on_part
             if method == STEP:
-                self._send_step(worker, request_id, args[0])
+                self._send_step(worker, request_id, args[0], args[1])
             else:
                 self._send(worker, request_id, method, args)
         return future
@@ -198,8 +220,15 @@ class Executor(ABC):
         if not life.ended:
             life.alive = True
 
+    def _part(self, life: Life, request_id: int, part: ChunkPart) -> None:
+        """Hand a part of a pending step's chunk to the step's ``on_part`` (a late one is dropped)."""
+        sink = life.sinks.get(request_id)
+        if sink is not None and request_id in life.pending:
+            sink(part)
+
     def _deliver(self, life: Life, request_id: int, reply: Reply) -> None:
         """Settle one call with the worker's reply (a late reply of a dead life is dropped)."""
+        life.sinks.pop(request_id, None)
         future = life.pending.pop(request_id, None)
         if future is None or future.done():
             return
@@ -246,6 +275,7 @@ class Executor(ABC):
     @staticmethod
     def _fail_pending(life: Life, error: TickFailedError) -> None:
         pending, life.pending = life.pending, {}
+        life.sinks.clear()
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)

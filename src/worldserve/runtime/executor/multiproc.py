@@ -169,13 +169,14 @@ class MultiprocExecutor(Executor):
         proc.enqueued += 1
         proc.outbox.put((request_id, method, args, False))
 
-    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest]) -> None:
+    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest], parted: frozenset[str]) -> None:
         proc = self._procs[worker]
         assert proc is not None
         use_frames = proc.frames is not None and proc.frames_request is None
         if use_frames:
             proc.frames_request = request_id
-        message = (request_id, STEP, (encode_ticks(ticks),), use_frames)  # the worker decodes the ticks
+        rows = encode_ticks(ticks)  # the worker decodes the ticks
+        message = (request_id, STEP, (rows, parted) if parted else (rows,), use_frames)
         if not self._send_now(proc, message):
             proc.enqueued += 1
             proc.outbox.put(message)
@@ -235,6 +236,9 @@ class MultiprocExecutor(Executor):
             post(loop, _settle, proc.ready, conn.recv())
             while True:
                 request_id, ok, payload = conn.recv()
+                if ok is None:  # a part of a step's chunk, ahead of the step's reply
+                    post(loop, self._part, proc.life, request_id, payload)
+                    continue
                 if isinstance(payload, PackedStep):
                     assert proc.frames is not None
                     payload = proc.frames.unpack(payload)  # before the next step may reuse the slots

@@ -509,7 +509,8 @@ class RayExecutor(Executor):
         actor = self._current(worker)
         self._track(actor, request_id, actor.handle.call.remote(method, args))
 
-    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest]) -> None:
+    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest], parted: frozenset[str]) -> None:
+        # An actor call answers once: its chunks come whole, so ``parted`` sessions get no parts.
         actor = self._current(worker)
         self._track(actor, request_id, actor.handle.step.remote(encode_ticks(ticks)))
 
