@@ -25,6 +25,7 @@ from worldserve.runtime import (
     InprocExecutor,
     ModelRunner,
     MultiprocExecutor,
+    Runtime,
     WorkerConfig,
 )
 from worldserve.runtime.messages import TickFailure, TickOutput
@@ -141,3 +142,22 @@ async def test_wan_causal_through_worker_processes_streams_each_latent_frame_of_
             assert np.array_equal(np.concatenate([part.frames for part in parts]), chunk.frames)  # type: ignore[misc]
     finally:
         await engine.shutdown()
+
+
+async def test_a_runtime_session_s_listener_hears_its_chunks_in_parts_and_stops_when_told() -> None:
+    """``Runtime.listen_parts``: what a server would use, through the session's own ``next_chunk``."""
+    async with Runtime(
+        "runtime_models:PartsModel", executor="inprocess", model_options={"part": 2}, encode_frames="worker"
+    ) as rt:
+        session = await rt.create_session(seed=9, encoding=FrameEncoding("raw"))
+        heard: list[ChunkPart] = []
+        assert rt.listen_parts(session.session_id, heard.append)
+        first = await session.next_chunk()
+        assert [(p.chunk_index, p.first) for p in heard] == [(0, 0), (0, 2)]
+        assert first.frames.payloads == tuple(b for p in heard for b in p.frames.payloads)  # type: ignore[union-attr]
+        assert rt.listen_parts(session.session_id, None)
+        await session.next_chunk()
+        assert len(heard) == 2  # no listener: no parts
+    async with Runtime("procedural", executor="inprocess") as rt:
+        session = await rt.create_session()
+        assert not rt.listen_parts(session.session_id, heard.append)  # a model that makes its chunks whole

@@ -192,6 +192,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = "new"
         self._lost = asyncio.Event()
+        self._part_listeners: dict[str, Callable[[ChunkPart], None]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -274,6 +275,7 @@ class Engine:
         ``on_part`` hears the chunk's frames in parts while the worker makes them, where the model
         (``spec.frame_parts``), the session's encoding (none, JPEG or raw) and the executor allow; the
         parts joined are the chunk's frames. A part is no commit: the tick may still fail after one.
+        Without ``on_part``, the session's listener (:meth:`listen_parts`) hears them, if it has one.
         """
         loop = self._require_running()
         self._counters.ticks += 1
@@ -284,7 +286,7 @@ class Engine:
             raise error
         worker = self._workers[route.worker]
         worker.gathering.arrived(tick.session_id)
-        pending = _Tick(tick, loop.create_future(), on_part)
+        pending = _Tick(tick, loop.create_future(), on_part or self._part_listeners.get(tick.session_id))
         entry = worker.queue.push(pending, loop.time())
         deadline = self.config.tick_deadline_s
         if deadline is not None:
@@ -748,6 +750,20 @@ class Engine:
         if self._admission is not None and self._state == "running":
             self.release_session(session_id)
         self._router.remove(session_id)
+        self._part_listeners.pop(session_id, None)
+
+    def listen_parts(self, session_id: str, listener: Callable[[ChunkPart], None] | None) -> bool:
+        """Have ``listener`` hear the parts of the session's chunks from its next tick on (``None``: stop),
+        as ``execute_tick``'s ``on_part`` would; ``False`` when none can come: the model makes its
+        chunks whole (no ``spec.frame_parts``). The session's encoding decides the rest (H.264, or
+        more than one media: whole chunks), and so does the executor (Ray's: whole chunks)."""
+        if listener is None:
+            self._part_listeners.pop(session_id, None)
+            return True
+        if not self._executor.spec.frame_parts:
+            return False
+        self._part_listeners[session_id] = listener
+        return True
 
     def mark_in_use(self, session_id: str, seconds: float) -> None:
         """Someone is using the session: admission must not evict it for the next ``seconds``

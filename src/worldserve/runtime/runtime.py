@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -30,6 +31,7 @@ from worldserve.runtime.engine import Engine
 from worldserve.runtime.errors import RuntimeClosedError, WorkerDiedError
 from worldserve.runtime.executor import Executor, InprocExecutor, MultiprocExecutor
 from worldserve.runtime.journal import Journals
+from worldserve.runtime.messages import ChunkPart
 from worldserve.runtime.metrics import Capacity, EngineStats
 from worldserve.session import Session, SessionManager, SessionStateError, SessionStatus, TickConsumer
 from worldserve.stats import SessionStats
@@ -196,6 +198,11 @@ class Runtime:
         chunks (the caller then encodes them; see :meth:`Engine.set_extra_encodings
         <worldserve.runtime.engine.Engine.set_extra_encodings>`)."""
         return self.engine.set_extra_encodings(session_id, tuple(encodings))
+
+    def listen_parts(self, session_id: str, listener: Callable[[ChunkPart], None] | None) -> bool:
+        """Hear the session's chunks in parts as its worker makes them (see :meth:`Engine.listen_parts
+        <worldserve.runtime.engine.Engine.listen_parts>`); ``False`` when its model makes them whole."""
+        return self.engine.listen_parts(session_id, listener)
 
     def capacity(self) -> Capacity:
         """Room for new sessions now: free slots and ready workers (for ``/healthz``)."""
