@@ -53,6 +53,7 @@ conformance: venv
 bench: venv
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/chunk_parts.py
 	$(BIN)/python bench/tinyworld.py
 	$(BIN)/python bench/capacity.py
 	$(BIN)/python bench/media.py

@@ -38,6 +38,17 @@ def test_runtime_benchmark_smoke() -> None:
     assert re.search(r"batching at 8 sessions: [\d.]+x", done.stdout), done.stdout
 
 
+def test_chunk_parts_benchmark_smoke() -> None:
+    pytest.importorskip("diffusers")
+    command = [sys.executable, "bench/chunk_parts.py", "--models", "wan-causal", "--sessions", "1", "--chunks", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    row = re.search(r"\| wan-causal \| 1 \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (-?\d+) \| 3 \|", done.stdout)
+    assert row is not None, done.stdout
+    whole, parted, first, playable, _ = (int(value) for value in row.groups())
+    assert first <= playable <= parted  # the first of 3 parts is in before the chunk is
+
+
 def test_tinyworld_benchmark_smoke() -> None:
     command = [sys.executable, "bench/tinyworld.py", "--chunks", "4", "--repeats", "1"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
