@@ -1,7 +1,8 @@
 """Key-to-photon and late chunks with a lead of one chunk vs just in time, preemption on vs off, side by side.
 
 For each model and each side (a ``--lead`` value, ``1`` or ``jit``, with preemption on, or with
-``:off`` after it ``--preempt off``: ``1:off`` is the old pacing), starts a server
+``:off`` after it ``--preempt off``: ``1:off`` is the old pacing; ``+parts`` after either: the clients take
+each chunk's frames in parts as the model makes them, ``worldserve bench --parts``), starts a server
 on a free port and drives it with ``worldserve bench``'s client (``run_bench``) at each client
 count, in alternation, then prints one table: key-to-photon p50 / p95 / p99 (an event's send to
 the first frame of the chunk that applied it playing at the model's rate; docs/latency.md),
@@ -10,7 +11,9 @@ model's rate saw, the chunks preemption replaced and the event ledger (lost / ap
 what the players showed), the mean batch, and the admission refusals.
 
 Usage: ``python bench/leads.py [--models procedural tinyworld] [--leads 1:off 1 jit] [--clients 1 4]
-[--duration 15] [--media jpeg] [--rounds 1]``. The server and its clients share this
+[--duration 15] [--media jpeg] [--rounds 1]``; frames whole and in parts side by side:
+``python bench/leads.py --models wan-causal --leads jit jit+parts
+--server-arg '--model-option config=tiny'``. The server and its clients share this
 machine's cores: the load average at each run's start is printed.
 """
 
@@ -56,7 +59,7 @@ def row(model: str, lead: str, clients: int, result: BenchResult, load: float) -
 
 
 def _serve_args(model: str, side: str, extra: list[str]) -> list[str]:
-    lead, _, preempt = side.partition(":")
+    lead, _, preempt = side.removesuffix("+parts").partition(":")
     if preempt not in ("", "off"):
         raise SystemExit(f"a side is a --lead value, with ':off' after it for --preempt off; got {side!r}")
     return ["--model", model, "--lead", lead, "--preempt", preempt or "auto", *extra]
@@ -69,7 +72,8 @@ def main() -> int:
         "--leads",
         nargs="+",
         default=["1:off", "1", "jit"],
-        help="sides to compare: a --lead value, with ':off' after it for --preempt off",
+        help="sides to compare: a --lead value, with ':off' after it for --preempt off, '+parts' after that for "
+        "clients that take frames in parts",
     )
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of each run")
@@ -97,7 +101,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for model in args.models:
         servers = {
-            lead: start_server(_serve_args(model, lead, extra), f"leads-{model}-{lead.replace(':', '-')}")
+            lead: start_server(
+                _serve_args(model, lead, extra), f"leads-{model}-{lead.replace(':', '-').replace('+', '-')}"
+            )
             for lead in args.leads
         }
         try:
@@ -113,6 +119,7 @@ def main() -> int:
                                 media=args.media,
                                 settle=3.0,
                                 playout_slack_frames=args.slack_frames,
+                                parts=lead.endswith("+parts"),
                             )
                         )
                         print(row(model, lead, clients, result, load), flush=True)

@@ -233,12 +233,14 @@ class PartsModel(FaultyModel):
     """:class:`FaultyModel` that declares ``frame_parts``: each row's frames go to the step's sink ``part``
     frames at a time (every row's first part, then every row's second, as a streaming decoder does),
     before the step returns them whole. ``cracked`` in a prompt makes the step raise once the first
-    parts are out (the batch's states have moved: this model is not atomic then)."""
+    parts are out (the batch's states have moved: this model is not atomic then). ``pause_s``: a wait
+    after each part but the last (a decoder that takes its time: a part is out while the step runs on)."""
 
-    def __init__(self, *, part: int = 2, **options: Any) -> None:
+    def __init__(self, *, part: int = 2, pause_s: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         self._faulty_spec = dataclasses.replace(self._faulty_spec, name="parts", frame_parts=True)
         self._part = part
+        self._pause_s = pause_s
 
     def step(
         self, batch: Sequence[tuple[Any, TickRequest]], on_part: Callable[[int, np.ndarray], None] | None = None
@@ -251,4 +253,6 @@ class PartsModel(FaultyModel):
                     on_part(row, envelope["payload"][first : first + self._part])
             if any(self._marked(state, tick, "cracked") for state, tick in batch):
                 raise RuntimeError("the decoder cracked after a part")
+            if self._pause_s and first + self._part < frames:
+                time.sleep(self._pause_s)
         return outputs

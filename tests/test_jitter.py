@@ -180,3 +180,25 @@ def test_a_stalls_burst_is_drained_to_target_plus_a_chunk_by_playing_early() -> 
     buffer.advance(arrivals[-1] + 4 * PERIOD)  # what is queued plays out (then it runs dry: no more chunks)
     assert buffer.underruns == 2  # nothing ran dry meanwhile
     assert_every_frame_once_in_order(buffer, len(arrivals))  # and nothing dropped
+
+
+def test_a_chunk_in_parts_plays_from_its_first_part_and_its_rest_queues_behind_it() -> None:
+    """Each chunk's first half comes at its period, the other half a frame later (well before it is due): it
+    plays exactly as whole chunks arriving with their first halves would, every frame once, no underrun."""
+    parted, whole = JitterBuffer(FRAME, FPC), JitterBuffer(FRAME, FPC)
+    for k in range(20):
+        first = parted.arrive(k, 2, k * PERIOD)
+        assert parted.arrive(k, 2, k * PERIOD + FRAME, first=2) is None  # the rest says nothing of the start
+        assert first == whole.arrive(k, FPC, k * PERIOD)
+    for buffer in (parted, whole):
+        buffer.advance(20 * PERIOD)
+    assert [(s.seq, s.index, s.at) for s in parted.shown] == [(s.seq, s.index, s.at) for s in whole.shown]
+    assert parted.underruns == 0
+    assert_every_frame_once_in_order(parted, 20)
+    # a rest that comes after its frames were due: the player runs dry there, and counts it
+    late = JitterBuffer(FRAME, FPC)
+    late.arrive(0, 1, 0.0)
+    late.arrive(0, 3, 4 * FRAME, first=1)
+    late.advance(PERIOD * 2)
+    assert late.underruns == 1
+    assert [(s.seq, s.index) for s in late.shown] == [(0, i) for i in range(FPC)]

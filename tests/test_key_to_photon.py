@@ -97,6 +97,28 @@ async def test_a_batching_timed_model_h264_decomposes_too() -> None:
         server.stop()
 
 
+async def test_frames_in_parts_decompose_from_the_first_part_and_lose_nothing() -> None:
+    """A model that makes each chunk in parts, a client that takes them (``run_bench(parts=True)``): the key's
+    frame leaves with the chunk's first part, so its step ends there (``times.part_ms``); every part is
+    non-negative and they sum to the total; the player played every frame and the ledger is exact."""
+    server = start_server(
+        "--model", "runtime_models:PartsModel", "--model-option", "part=1", "--model-option", "pause_s=0.02",
+        test_models=True,
+    )  # fmt: skip
+    try:
+        result = await run_bench(
+            server.ws, clients=1, duration=2.0, event_interval=0.1, settle=5.0, media="jpeg", parts=True
+        )
+        _check_decomposition(result)
+        (report,) = result.reports
+        assert report.lost == report.applied_twice == report.seq_gaps == 0
+        assert not report.errors
+        # the key's frame left before the step ended: the chunk's stepped instant is after the one it is measured to
+        assert all(sample.stepped == sample.encoded == sample.handed for sample in result.k2p)
+    finally:
+        server.stop()
+
+
 def _sample(sent: float, up: float, down: float, offset: float) -> KeyToPhoton:
     """An event sent at ``sent`` (client clock) whose trips took ``up`` and ``down``, on a server
     whose clock reads ``offset`` ahead of the client's; 10 ms on the server in between."""

@@ -157,15 +157,15 @@ def test_a_failed_step_changes_nothing_and_a_batch_matches_its_sessions_alone(
     moves = [[keys_control("W"), mouse_control(0.1, 0.0)], [keys_control("S")], []]
     model.step([(states[0], tick("0", 0, *moves[0]))])  # session 0 is one block ahead
     model.step([(twins[0], tick("0", 0, *moves[0]))])
-    decode = model.vae.decode_rows
+    decode = model.vae.decode_parts
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("decoder out of memory")
 
-    model.vae.decode_rows = broken  # type: ignore[method-assign]
+    model.vae.decode_parts = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         model.step([(s, tick(s.session_id, 1 if i == 0 else 0, *moves[i])) for i, s in enumerate(states)])
-    model.vae.decode_rows = decode  # type: ignore[method-assign]
+    model.vae.decode_parts = decode  # type: ignore[method-assign]
     together = model.step([(s, tick(s.session_id, 1 if i == 0 else 0, *moves[i])) for i, s in enumerate(states)])
     for i, twin in enumerate(twins):
         alone = model.step([(twin, tick(twin.session_id, 1 if i == 0 else 0, *moves[i]))])[0]["payload"]

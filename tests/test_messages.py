@@ -94,6 +94,7 @@ _SERVER_SAMPLES: dict[str, dict[str, object]] = {
     "input.accepted": {"event_id": 1, "status": "accepted", "pending": 1},
     "chunk": {"seq": 0, "epoch": 0, "chunk_index": 0, "request_id": "r", "applied_event_ids": [], "frames": _FRAMES,
               "timings": {"tick_ms": 1.0}, "batch_size": 1, "applied_latency_ms": []},
+    "chunk.part": {"seq": 0, "epoch": 0, "chunk_index": 0, "first": 0, "frames": _FRAMES},
     "input.dropped": {"event_ids": [1], "reason": "reset"},
     "session.failed": {"code": "evicted", "message": "gone"},
     "session.reset": {"epoch": 1},

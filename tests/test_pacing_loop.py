@@ -78,6 +78,8 @@ class _World:
         self.replace_ok = True
         self.held: list[int] = []  # chunks held from playing while an undo awaits
         self.released: list[int] = []
+        self.early = 0.0  # a chunk is playable this long before its commit (its frames went out in parts)
+        self.asked: list[tuple[int, int, float]] = []  # playable(epoch, chunk index, committed) calls
 
     def held_back(self) -> bool:
         return self.hold
@@ -90,6 +92,13 @@ class _World:
 
     def report_failure(self) -> None:
         self.failures += 1
+
+    def parts_out(self) -> bool:
+        return False
+
+    def playable(self, epoch: int, chunk_index: int, committed: float) -> float:
+        self.asked.append((epoch, chunk_index, committed))
+        return committed - self.early
 
     async def send(self, chunk: Chunk, epoch: int, *, started: float, committed: float, supersedes: int | None) -> int:
         seq = len(self.sent)
@@ -340,5 +349,25 @@ async def test_a_controllers_ack_tells_the_pacer_when_playback_is() -> None:
         assert loop.pacer.due_of(1) == pytest.approx(before - 0.03)
         loop.played(1, before + 1.0)  # a late ack moves nothing
         assert loop.pacer.due_of(1) == pytest.approx(before - 0.03)
+    finally:
+        await loop.stop(grace=0)
+
+
+async def test_a_chunk_playable_before_its_commit_anchors_playback_there() -> None:
+    """Just in time: a chunk whose frames went out in parts is ready when it is playable (the world says when),
+    not at its commit: playback is anchored that much sooner, and a later chunk is late only after that."""
+    backend, world, clock = _Backend(), _World(), _Clock()
+    world.early = 0.2
+    loop = _loop(backend, world, clock)
+    loop.pacer.lead = Lead(0, 0.05)
+    loop.start()
+    try:
+        await _until(lambda: len(world.sent) == 1)
+        assert world.asked == [(0, 0, clock.now)]
+        assert loop.pacer.due_of(0) == pytest.approx(clock.now - 0.2 + 0.05)
+        clock.now += PERIOD
+        loop.wake()
+        await _until(lambda: len(world.sent) == 2)
+        assert loop.pacer.late == 0  # committed 0.15 s after its instant, playable 0.05 s before it
     finally:
         await loop.stop(grace=0)

@@ -44,6 +44,7 @@ from worldserve.protocol import ControlInput
 __all__ = [
     "Acceptance",
     "ClientChunk",
+    "ClientPart",
     "Dropped",
     "Queued",
     "SessionFailedError",
@@ -137,6 +138,11 @@ class ClientChunk:
     #: The index in the chunk of ``frames[0]``: 0 unless the frames before it were dropped (over WebRTC, the
     #: server drops the oldest unsent frames of a peer behind; ``frames`` then holds fewer than the chunk made).
     first_frame: int = 0
+    #: Its frames that came before it in parts (``start(parts=True)``), and when the first part arrived and was
+    #: decoded (time.monotonic(): its first frames could be shown from then); 0 and None for a chunk sent whole.
+    parted: int = 0
+    first_part_arrived_at: float | None = None
+    first_part_at: float | None = None
 
     @classmethod
     def from_header(
@@ -165,6 +171,19 @@ class ClientChunk:
             supersedes=header.get("supersedes"),
             first_frame=first_frame,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPart:
+    """Frames of a chunk still being made (``start(parts=True)``): frames ``first`` .. of chunk ``seq``."""
+
+    seq: int
+    epoch: int
+    chunk_index: int
+    first: int
+    frames: npt.NDArray[np.uint8] = field(repr=False)
+    received_at: float  # time.monotonic() when its frames were decoded (ready to show)
+    arrived_at: float  # time.monotonic() when its last binary message arrived (before decoding)
 
 
 def keys(*held: str) -> ControlInput:
@@ -245,6 +264,10 @@ class WorldClient:
         self.queued: list[Queued] = []
         self._on_queued: Callable[[Queued], None] | None = None
         self._waiting_start: str | None = None  # the id of a start waiting in line
+        #: Hears each part of a chunk as it comes (``start(parts=True)``), before the chunk; the chunk that
+        #: follows holds its frames too (:attr:`ClientChunk.parted`). Called from the reader: keep it short.
+        self.on_part: Callable[[ClientPart], None] | None = None
+        self._parts: dict[int, list[ClientPart]] = {}  # seq -> the parts of a chunk not come yet
 
     # -- connection ----------------------------------------------------------------
 
@@ -460,6 +483,7 @@ class WorldClient:
         share_controllers: bool = False,
         queue: bool = False,
         on_queued: Callable[[Queued], None] | None = None,
+        parts: bool = False,
     ) -> SessionInfo:
         """Start this connection's session; ``image`` is an optional start image (an RGB array, or PNG,
         JPEG or raw RGB bytes); ``references``: a model's reference images by slot name (its spec's
@@ -473,8 +497,13 @@ class WorldClient:
         ``admission_refused`` at once; the server refuses after its ``--queue-timeout-s``. Behind a
         balancer, the service's line may start it on another front-end (``session.moved``): the
         client connects there by itself (:attr:`url` becomes its URL) and starts with the reservation.
+        ``parts``: take each chunk's frames in parts as the model makes them (JPEG or raw, a model whose
+        spec says ``frame_parts``): :attr:`on_part` hears each, and the chunk still comes whole from
+        :meth:`next_chunk`.
         """
         options: dict[str, Any] = {"media": media}
+        if parts:
+            options["parts"] = True
         if quality is not None:
             options["quality"] = quality
         if bitrate_kbps is not None:
@@ -639,6 +668,8 @@ class WorldClient:
                     chunk = await self._read_chunk(message)
                     if chunk is not None:  # None: its frames come apart (WebRTC), and it is delivered then
                         self._deliver(chunk)
+                elif kind == "chunk.part":
+                    self._take_part(message, *(await self._read_payloads(message["frames"])))
                 elif kind == "chunk.skipped":
                     self.skipped.append((message["from_seq"], message["to_seq"]))
                     self.skipped_applied.extend(message.get("applied_event_ids", ()))
@@ -677,9 +708,40 @@ class WorldClient:
         self.last_seq = max(self.last_seq, chunk.seq)
         self._chunks.put_nowait(chunk)
 
+    def _take_part(self, header: dict[str, Any], frames: npt.NDArray[np.uint8], arrived_at: float) -> None:
+        seq, first = header["seq"], header["first"]
+        part = ClientPart(seq, header["epoch"], header["chunk_index"], first, frames, time.monotonic(), arrived_at)
+        if first == 0:
+            self._parts[seq] = [part]  # a chunk made again after its first parts went starts over
+        else:
+            held = self._parts.get(seq)
+            if held is None or sum(len(p.frames) for p in held) != first:
+                raise WorldClientError(f"chunk {seq}'s part from frame {first} does not follow the ones before.")
+            held.append(part)
+        if self.on_part is not None:
+            self.on_part(part)
+
     async def _read_chunk(self, header: dict[str, Any]) -> ClientChunk | None:
+        seq, info = header["seq"], header["frames"]
+        sent = int(info.get("sent") or 0)
+        rest, arrived_at = await self._read_payloads(info)
+        held = self._parts.pop(seq, [])
+        for old in [old for old in self._parts if old < seq]:
+            del self._parts[old]  # parts of chunks that never came (a failure, a chunk made again)
+        frames = rest
+        if sent:
+            if sum(len(part.frames) for part in held) != sent:
+                raise WorldClientError(f"chunk {seq} says {sent} frames came in parts; they did not.")
+            frames = np.concatenate([*(part.frames for part in held), rest])
+        chunk = ClientChunk.from_header(header, frames, received_at=time.monotonic(), arrived_at=arrived_at)
+        if not sent:
+            return chunk
+        return replace(chunk, parted=sent, first_part_arrived_at=held[0].arrived_at, first_part_at=held[0].received_at)
+
+    async def _read_payloads(self, info: dict[str, Any]) -> tuple[npt.NDArray[np.uint8], float]:
+        """The binary messages that follow a header (``info``: its ``frames``), decoded, and when the last of
+        them arrived (time.monotonic(), before decoding)."""
         assert self._ws is not None
-        info = header["frames"]
         payloads = []
         for _ in range(len(info["sizes"])):
             payload = await self._ws.recv()
@@ -688,13 +750,15 @@ class WorldClient:
             payloads.append(payload)
         arrived_at = time.monotonic()
         height, width = info["height"], info["width"]
-        if info["media"] == "raw":
+        if not payloads:
+            frames = np.zeros((0, height, width, 3), np.uint8)
+        elif info["media"] == "raw":
             frames = np.stack([np.frombuffer(p, dtype=np.uint8).reshape(height, width, 3) for p in payloads])
         elif info["media"] == "h264":
             frames = await asyncio.to_thread(self._decode_h264, payloads[0], int(info.get("init_bytes") or 0))
         else:
             frames = await asyncio.to_thread(_decode_jpegs, payloads)
-        return ClientChunk.from_header(header, frames, received_at=time.monotonic(), arrived_at=arrived_at)
+        return frames, arrived_at
 
     def _decode_h264(self, payload: bytes, init_bytes: int) -> npt.NDArray[np.uint8]:
         if self._h264 is None or init_bytes:

@@ -470,7 +470,7 @@ class Connection:
             share_controllers=message.share.controllers,
             clock=self._clock,
         )
-        member = self._member = host.attach_host(self, self._seq_base)
+        member = self._member = host.attach_host(self, self._seq_base, parts=message.options.parts)
         self._metrics.sessions_started.inc()
         self._metrics.sessions_active.inc()
         share = None
@@ -642,6 +642,10 @@ class Connection:
             return
         if not member.can_control:
             await self._error(ErrorCode.NOT_CONTROLLER, "viewers cannot cancel chunks.", message_id=message.id)
+            return
+        if member.host.parts_out():
+            message_text = "the chunk in flight's first frames were sent already (chunk.part): it is not cancelled."
+            await self._error(ErrorCode.NOTHING_TO_CANCEL, message_text, message_id=message.id)
             return
         try:
             chunk_index = await member.host.session.cancel_chunk()

@@ -20,6 +20,12 @@ starts with an IDR frame, sent with the init segment in front; the world asks th
 for one at once (:meth:`WorldBackend.request_keyframe`: the worker's encoder, or its own
 when the server encodes), so the wait is a chunk or two and every other member's stream
 goes on untouched.
+Frames in parts (a member that asked, ``options.parts``; JPEG or raw; a model with
+``spec.frame_parts`` whose worker encodes): the world listens to its chunks' parts
+(:meth:`WorldBackend.listen_parts`) and sends each as a ``chunk.part`` to the members that take parts,
+under the seq the chunk will have (:class:`~.parts.PartsOut`); the chunk then reaches them without
+the frames they have. A chunk with parts out is not cancelled or undone (its frames may be playing),
+and the pacing takes it as ready when it is playable, while every connected member takes parts.
 And whether the world is *in use*: each time a connected member arrives, acks a chunk or
 sends an event, the runtime is told the session is in use for ``evict_idle_s`` more
 seconds (:meth:`WorldBackend.mark_in_use`), and when its last member parks that it no
@@ -52,12 +58,14 @@ from worldserve.errors import ErrorCode, InvalidEventError, StaleEventError
 from worldserve.media import MEDIA, EncodedFrames, FrameEncoder, FrameEncoding, decode_frames
 from worldserve.models.base import ModelSpec
 from worldserve.runtime.chunk import Chunk
+from worldserve.runtime.messages import ChunkPart
 from worldserve.runtime.metrics import Capacity
 from worldserve.server.config import ServerConfig
 from worldserve.server.directory import Directory
 from worldserve.server.messages import (
     ChunkFrames,
     ChunkMessage,
+    ChunkPartMessage,
     ChunkSkipped,
     ChunkTimes,
     InputDropped,
@@ -66,6 +74,7 @@ from worldserve.server.messages import (
 )
 from worldserve.server.metrics import ServerMetrics
 from worldserve.server.pacing_loop import PacingLoop, TickClock
+from worldserve.server.parts import PartsOut
 from worldserve.session import (
     EventAcceptance,
     EventAcceptanceStatus,
@@ -116,6 +125,11 @@ class WorldBackend(TickClock, Protocol):
 
     def mark_in_use(self, session_id: str, seconds: float) -> None:
         """Someone plays the session: never evict it for the next ``seconds`` (0: it may be evicted)."""
+        ...
+
+    def listen_parts(self, session_id: str, listener: Callable[[ChunkPart], None] | None) -> bool:
+        """Hear the session's chunks in parts as its worker makes them (``None``: stop); False when its model
+        makes them whole."""
         ...
 
     def capacity(self) -> Capacity:
@@ -181,6 +195,7 @@ class Member:
     skipped_reason: SkipReason = "lagged"  # why the chunks from ``skipped_from`` on were not sent
     needs_key: bool = True  # H.264: it cannot decode a chunk that does not start with an IDR frame
     stream_init: bytes = b""  # H.264: the init segment it was sent last
+    parts: bool = False  # its connection takes a chunk's frames in parts (chunk.part), as they are made
     failure_reported: tuple[int, str | None, str | None] | None = None
     reported_dropped: set[int] = field(default_factory=set)  # session ids reported with session.failed
     expiry: asyncio.Task[None] | None = None
@@ -230,6 +245,8 @@ class _Made:
     #: each was accepted (None: unknown): what a preemption that undoes it gives back
     ledger: tuple[tuple[Member, int, int], ...] = ()
     accepted: tuple[tuple[int, float | None], ...] = ()
+    #: its first frames went out in parts (chunk.part) to these connections, in the host's media
+    parted: PartsOut | None = None
 
     def for_member(self, member: Member, now: float) -> tuple[ChunkMessage, tuple[bytes, ...]] | None:
         """The header and binary messages ``member`` gets, in its media (handed over at ``now``, the
@@ -258,6 +275,12 @@ class _Made:
                     "init_bytes": len(version.init) * fresh,
                 }
             )
+        parted = self.parted
+        if parted is not None and (member.outlet is None or not parted.took(member.outlet) or frames.media == "h264"):
+            parted = None  # it was not sent the parts (another media, or another connection: a resume)
+        if parted is not None:  # it has the first frames already: the rest, and how many it has
+            frames = frames.model_copy(update={"sizes": frames.sizes[parted.sent :], "sent": parted.sent})
+            payloads = payloads[parted.sent :]
         event_ids, latencies, accepted = member.applied.get(self.seq, ([], [], []))
         times = None
         if self.instants is not None:
@@ -269,6 +292,7 @@ class _Made:
                 stepped_ms=stepped * 1000.0,
                 encoded_ms=encoded * 1000.0,
                 sent_ms=now * 1000.0,
+                part_ms=None if parted is None or not parted.arrivals else parted.arrivals[0][0] * 1000.0,
             )
         header = ChunkMessage(
             seq=self.seq + member.seq_base,
@@ -354,6 +378,8 @@ class WorldHost:
         self._next_sid = 0
         self._failure_key: tuple[int, str | None, str | None] | None = None
         self._last: _Made | None = None  # the last chunk sent, while a preemption may undo it
+        self._parts: PartsOut | None = None  # the chunk in flight's parts sent so far
+        self._listening = False  # the runtime hands this world its chunks' parts
         self._started_at = clock()
         self._first_chunk_sent = False
         #: The generation task and the latency policy (pacing_loop.py): lead, preemption, backpressure.
@@ -399,9 +425,56 @@ class WorldHost:
         self._in_use()
         return member
 
-    def attach_host(self, outlet: Outlet, seq_base: int = 0) -> Member:
-        """The starting connection's member; then :meth:`start` generation."""
-        return self._add(Role.HOST, outlet, seq_base)
+    def attach_host(self, outlet: Outlet, seq_base: int = 0, *, parts: bool = False) -> Member:
+        """The starting connection's member; then :meth:`start` generation. ``parts``: it takes a chunk's
+        frames in parts as the worker makes them, where the world's media (JPEG, raw) and model allow."""
+        member = self._add(Role.HOST, outlet, seq_base)
+        member.parts = parts and self.media in ("jpeg", "raw") and self.spec.frame_parts
+        if member.parts and not self._listening:
+            self._listening = self._backend.listen_parts(self.session_id, self._on_part)
+        return member
+
+    def _on_part(self, part: ChunkPart) -> None:
+        """A part of the chunk in flight: on to the members that take parts (those that took its first)."""
+        encoded = part.frames
+        if self.closed or not isinstance(encoded, EncodedFrames) or not encoded.encoding.same_bytes(self._encoding):
+            return  # only the world's own media, as its worker encoded it
+        epoch = self.session.epoch
+        out = self._parts
+        if part.first == 0:  # a tick's first part (a chunk made again after a cancel starts over)
+            takers = tuple(m.outlet for m in self.members if m.parts and m.outlet is not None and m.media == self.media)
+            out = self._parts = PartsOut(epoch, part.chunk_index, self._seq + 1, takers) if takers else None
+        if out is None or (out.epoch, out.chunk_index) != (epoch, part.chunk_index):
+            return
+        if not out.add(self._clock(), part.first, encoded.payloads):
+            return
+        version = _version(encoded)
+        for member in self.members:
+            if member.outlet is not None and out.took(member.outlet):
+                message = ChunkPartMessage(
+                    seq=out.seq + member.seq_base,
+                    epoch=epoch,
+                    chunk_index=part.chunk_index,
+                    first=part.first,
+                    frames=version.frames,
+                )
+                member.outlet.post((message,), version.payloads)
+
+    def parts_out(self) -> bool:
+        """Whether the chunk in flight has frames out in parts (then it is not cancelled: they may be playing)."""
+        out, session = self._parts, self.session
+        return out is not None and (out.epoch, out.chunk_index) == (session.epoch, session.chunk_in_flight)
+
+    def playable(self, epoch: int, chunk_index: int, committed: float) -> float:
+        """When the chunk just committed could begin to play for every connected member: ``committed``, or
+        sooner when all of them were sent it in parts (:meth:`~.parts.PartsOut.playable`)."""
+        out, spec = self._parts, self.spec
+        if out is None or (out.epoch, out.chunk_index) != (epoch, chunk_index) or out.sent != spec.frames_per_chunk:
+            return committed
+        connected = [member.outlet for member in self.members if member.outlet is not None]
+        if not connected or not all(out.took(outlet) for outlet in connected):
+            return committed
+        return min(committed, out.playable(spec.fps))
 
     def start(self) -> None:
         self.pacing.start()
@@ -717,8 +790,10 @@ class WorldHost:
         return due
 
     def replaceable(self) -> bool:
-        """A chunk sent may be replaced unless an H.264 member has it (a fragment may be decoded already)."""
-        return "h264" not in self._media_in_use()
+        """A chunk sent may be replaced unless an H.264 member has it (a fragment may be decoded already), or it
+        went out in parts (its first frames may be playing before any ack could say so)."""
+        parted = self._last is not None and self._last.parted is not None
+        return "h264" not in self._media_in_use() and not parted
 
     def undo(self, seq: int) -> None:
         """The pacing loop undid chunk ``seq``, the last sent (a preemption): the members' ledgers,
@@ -887,6 +962,12 @@ class WorldHost:
             self._keyframe_asked = False
         self._seq += 1
         seq = self._seq
+        out, self._parts = self._parts, None
+        parted = None
+        if out is not None and (out.epoch, out.chunk_index, out.seq) == (epoch, metadata.chunk_index, seq):
+            mine = encoded.get(self.media)
+            if mine is not None and mine.payloads[: out.sent] == tuple(out.payloads):
+                parted = out  # else (a chunk made again after its parts went): sent whole, as it is
         # each applied event's acceptance (unknown: taken as the tick's, 0 ms of latency as before)
         known = {sid: self._accepted_at.pop(sid, None) for sid in metadata.applied_event_ids}
         accepted_at = {sid: started if at is None else at for sid, at in known.items()}
@@ -929,6 +1010,7 @@ class WorldHost:
             supersedes=supersedes,
             ledger=tuple(ledger),
             accepted=tuple(known.items()),
+            parted=parted,
         )
         self._last = made
         self._replay.append(made)

@@ -31,6 +31,7 @@ __all__ = [
     "ChunkCancelled",
     "ChunkFrames",
     "ChunkMessage",
+    "ChunkPartMessage",
     "ChunkSkipped",
     "ChunkTrack",
     "ChunkTimes",
@@ -131,6 +132,13 @@ class StartOptions(_Message):
             "at least 128 kbit/s.",
         ),
     ] = None
+    parts: bool = Field(
+        default=False,
+        description="jpeg and raw: take a chunk's frames in parts as the model makes them (chunk.part messages "
+        "ahead of the chunk, a latent frame at a time), where the model makes them so (its spec's frame_parts) "
+        "and its worker encodes them; the chunk then carries only the frames not sent yet (frames.sent). h264 "
+        "and a model that makes its chunks whole: no parts, as without.",
+    )
 
     @model_validator(mode="after")
     def _bitrate_is_h264s(self) -> StartOptions:
@@ -467,6 +475,11 @@ class ChunkFrames(_Outgoing):
         "bytes, then the fragment; 0: the fragment alone. Sent where this connection's stream starts: its first "
         "chunk, after a gap, or when the encoder started a new stream.",
     )
+    sent: int | None = Field(
+        default=None,
+        description="In a chunk: its first frames already sent in chunk.part messages of the same seq (this "
+        "connection asked for parts); sizes then list only the frames after them. Absent: none.",
+    )
 
 
 class ChunkTimes(_Outgoing):
@@ -490,6 +503,11 @@ class ChunkTimes(_Outgoing):
     stepped_ms: float = Field(description="The model's step was done (before any worker encoding).")
     encoded_ms: float = Field(description="The frames were encoded as this world's media.")
     sent_ms: float = Field(description="The chunk was handed to this connection's writer.")
+    part_ms: float | None = Field(
+        default=None,
+        description="Its first part (chunk.part) was handed to this connection's writer: its first frames "
+        "left then, before the step ended (stepped_ms and after are the whole chunk's). Absent: sent whole.",
+    )
 
 
 class ChunkMessage(_ServerMessage):
@@ -524,6 +542,20 @@ class ChunkMessage(_ServerMessage):
         "is left of that one unplayed. Never sent to a world with an H.264 member (a fragment sent may be "
         "decoded already).",
     )
+
+
+class ChunkPartMessage(_ServerMessage):
+    """Frames of a chunk still being made (``session.start``'s ``options.parts``): ``len(frames.sizes)`` binary
+    messages follow it, frames ``first`` .. ``first + frames.count - 1`` of the chunk ``seq`` will be. Its
+    ``chunk`` message comes after its last part, with ``frames.sent``; a session that fails first never
+    sends it (drop the parts then)."""
+
+    type: Literal["chunk.part"] = "chunk.part"
+    seq: int
+    epoch: int
+    chunk_index: int
+    first: int = Field(description="The index in the chunk of this part's first frame.")
+    frames: ChunkFrames
 
 
 #: ``input.dropped``'s reasons: :class:`worldserve.session.DropReason`'s values.
@@ -599,6 +631,7 @@ ServerMessage = Annotated[
     | ChunkTrack
     | InputAccepted
     | ChunkMessage
+    | ChunkPartMessage
     | InputDropped
     | SessionFailed
     | SessionResetDone

@@ -15,7 +15,9 @@ for the next chunk, so it cannot hide them either.
 
 The world around it (:class:`World`: in the server, :class:`~.host.WorldHost`) owns who watches:
 its members' lag (``held_back``), when a member's acks say a chunk begins to play (``plays_at``),
-whether a chunk sent may still be replaced (``replaceable``: no H.264 member), sending a chunk
+whether a chunk sent may still be replaced (``replaceable``: no H.264 member, not sent in parts), whether
+the chunk in flight has frames out (``parts_out``: then it is not cancelled), when a chunk made could
+begin to play (``playable``: its commit, or sooner when it went out in parts), sending a chunk
 made (``send``, which gives back its seq) and taking one back from members, encoders and the
 replay buffer (``undo``). The loop calls those and nothing else of it, so tests drive it with
 a recorder of those calls, a session and a clock they move (``tests/test_pacing_loop.py``).
@@ -83,6 +85,15 @@ class World(Protocol):
 
     def report_failure(self) -> None:
         """The session failed (a tick, or an undo): tell its members."""
+        ...
+
+    def parts_out(self) -> bool:
+        """Whether the chunk in flight has frames out already (sent in parts): it is not cancelled then."""
+        ...
+
+    def playable(self, epoch: int, chunk_index: int, committed: float) -> float:
+        """When the chunk committed at ``committed`` could begin to play for every connected member (sooner
+        where its frames went out in parts as they were made)."""
         ...
 
     async def send(self, chunk: Chunk, epoch: int, *, started: float, committed: float, supersedes: int | None) -> int:
@@ -246,7 +257,8 @@ class PacingLoop:
                 continue
             epoch = session.epoch
             finished = self._clock()
-            if pacer.made(epoch, started, finished):
+            ready = world.playable(epoch, chunk.metadata.chunk_index, finished)
+            if pacer.made(epoch, started, ready):
                 self._metrics.late_chunks.inc()
             supersedes, self._superseded = self._superseded, None
             seq = self._seq = await world.send(chunk, epoch, started=started, committed=finished, supersedes=supersedes)
@@ -281,6 +293,8 @@ class PacingLoop:
         if in_flight is not None:
             if in_flight == 0 or self._preempted == (epoch, in_flight) or self._hides(self._tick_reach):
                 return
+            if self._world.parts_out():
+                return  # its first frames are out: they may be playing
             due = self._world.plays_at(self._seq + 1, self._tick_due)
             if not self.preempt.worth(now, due, self._preempt_cost()):
                 return

@@ -336,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the sessions' frames travel (the clients decode them all; every mode but --newcomers)",
     )
     bench.add_argument(
+        "--parts",
+        action="store_true",
+        help="each client takes its chunks' frames in parts as the model makes them (a model whose spec says "
+        "frame_parts, --media raw or jpeg) and plays them as they come (the closed- and open-loop runs)",
+    )
+    bench.add_argument(
         "--transport",
         choices=("ws", "webrtc"),
         default="ws",
@@ -789,6 +795,7 @@ def _bench(args: argparse.Namespace) -> int:
                 playout_slack_frames=args.slack_frames,
                 transport=args.transport,
                 same_clock=True if args.same_clock else None,
+                parts=args.parts,
                 **common,
             )
         )

@@ -97,21 +97,24 @@ class JitterBuffer:
         """Frames waiting to play."""
         return len(self._queue)
 
-    def arrive(self, seq: int, frames: int, now: float) -> float | None:
+    def arrive(self, seq: int, frames: int, now: float, first: int = 0) -> float | None:
         """A chunk of ``frames`` frames is decoded at ``now``: queue it, and say when its first frame
-        plays (None: it has none). Later arrivals never move that instant; a :meth:`supersede` may."""
+        plays (None: it has none). Later arrivals never move that instant; a :meth:`supersede` may.
+
+        ``first`` > 0: these are the chunk's frames from ``first`` on, the rest of a chunk that came in
+        parts (its first part came with ``first`` 0); they queue behind its frames before them."""
         self.advance(now)
-        if frames and self._playing:
+        if frames and self._playing and first == 0:
             # the wait of this chunk's first frame: behind every frame queued, less what is being taken back
             self._levels.append(self._next_due - now + len(self._queue) * self.frame - self._early)
             excess = min(self._levels) - (self.target + self.ahead) * self.frame
             if len(self._levels) == LEVEL_WINDOW and excess > 1e-9:
                 self._early += min(excess, self.frame)
                 self.taken_back += 1
-        self._queue.extend((seq, index) for index in range(frames))
+        self._queue.extend((seq, first + index) for index in range(frames))
         if not self._playing and self._hold_until is None and self._queue:
             self._hold_until = now + self.target * self.frame
-        return self.first_played(seq) if frames else None
+        return self.first_played(seq) if frames and first == 0 else None
 
     def set_live(self, live: bool, now: float) -> None:
         """The stream stops (a dropped socket: running dry then is no underrun) or goes on, at ``now``."""

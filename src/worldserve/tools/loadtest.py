@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import numpy.typing as npt
 
-from worldserve.client import ClientChunk, SessionInfo, WorldClient, WorldClientError, WorldError, keys
+from worldserve.client import ClientChunk, ClientPart, SessionInfo, WorldClient, WorldClientError, WorldError, keys
 from worldserve.protocol import ControlInput
 from worldserve.tools.jitter import JitterBuffer
 
@@ -470,6 +470,7 @@ async def _run_client(
     playout_slack_frames: float = 0.0,
     image: npt.NDArray[np.uint8] | None = None,
     transport: Transport = "ws",
+    parts: bool = False,
 ) -> ClientReport:
     report = ClientReport()
     rng = random.Random(seed)
@@ -487,7 +488,12 @@ async def _run_client(
         async with client:
             started = time.monotonic()
             info = await client.start(
-                prompt=rng.choice(_PROMPTS), seed=seed, image=image, media=media, share_viewers=viewers > 0
+                prompt=rng.choice(_PROMPTS),
+                seed=seed,
+                image=image,
+                media=media,
+                share_viewers=viewers > 0,
+                parts=parts,
             )
             report.chunk_period = info.model["frames_per_chunk"] / info.model["fps"]
             stop_viewers = asyncio.Event()
@@ -518,6 +524,22 @@ async def _run_client(
                 delay = 0.0 if at is None else max(0.0, at - time.monotonic())
                 acks[seq] = loop.call_later(delay, send_ack, seq)
 
+            # A chunk in parts: its frames queue as each part is decoded; its first frame's instant is kept
+            # for when the chunk itself comes (it is acked then at the soonest: the server knows its seq then).
+            part_played: dict[int, float | None] = {}
+            part_ready: dict[int, float] = {}  # seq -> when its first frame could play with none of its parts late
+
+            def on_part(part: ClientPart) -> None:
+                played = player.arrive(part.seq, int(part.frames.shape[0]), part.received_at, first=part.first)
+                ready = part.received_at - part.first * frame
+                if part.first == 0:
+                    part_played[part.seq] = played
+                    part_ready[part.seq] = ready
+                else:
+                    part_ready[part.seq] = max(part_ready.get(part.seq, ready), ready)
+
+            client.on_part = on_part
+
             async def consume() -> None:
                 nonlocal last_seq, previous
                 while True:
@@ -537,10 +559,20 @@ async def _run_client(
                             handle.cancel()  # never played: never acked
                         report.superseded_chunks += 1
                     mark = _Counted.mark(chunk, report)
-                    report.arrivals.append(chunk.received_at)
+                    ready = part_ready.pop(chunk.seq, None) if chunk.parted else None
+                    if ready is not None and chunk.frames.shape[0] > chunk.parted:  # the rest came with the chunk
+                        ready = max(ready, chunk.received_at - chunk.parted * frame)
+                    report.arrivals.append(chunk.received_at if ready is None else ready)
                     if webrtc:  # its first frame was shown as it was decoded (none: it never showed)
                         seen = chunk.frames.shape[0] > 0
                         shown = chunk.received_at
+                    elif chunk.parted:  # its first frames came in parts (queued then); the rest now
+                        rest = int(chunk.frames.shape[0]) - chunk.parted
+                        player.arrive(chunk.seq, rest, chunk.received_at, first=chunk.parted)
+                        played = part_played.pop(chunk.seq, None)
+                        shown = played if played is not None else (chunk.first_part_at or chunk.received_at)
+                        seen = True
+                        ack_at(chunk.seq, played)
                     else:
                         played = player.arrive(chunk.seq, int(chunk.frames.shape[0]), chunk.received_at)
                         shown = chunk.received_at if played is None else played
@@ -569,6 +601,11 @@ async def _run_client(
                     if times is not None and seen:
                         report.ages.append((shown, times["encoded_ms"] / 1000.0))
                     if times is not None and chunk.arrived_at is not None and seen:
+                        # A chunk in parts: its first frames left with its first part, made and encoded before the
+                        # step ended (the step's part runs to that part's handing-over; encode is in it).
+                        part_ms = times.get("part_ms") if chunk.parted else None
+                        first_out = None if part_ms is None else part_ms / 1000.0
+                        dispatched = times["dispatched_ms"] / 1000.0
                         for event_id, accepted_ms in zip(chunk.applied_event_ids, times["accepted_ms"], strict=False):
                             if event_id not in sent_at:
                                 continue
@@ -577,12 +614,16 @@ async def _run_client(
                                     sent=sent_at[event_id],
                                     accepted=accepted_ms / 1000.0,
                                     tick=times["tick_ms"] / 1000.0,
-                                    dispatched=times["dispatched_ms"] / 1000.0,
-                                    stepped=times["stepped_ms"] / 1000.0,
-                                    encoded=times["encoded_ms"] / 1000.0,
-                                    handed=times["sent_ms"] / 1000.0,
-                                    arrived=chunk.arrived_at,
-                                    decoded=chunk.received_at,
+                                    dispatched=dispatched,
+                                    stepped=times["stepped_ms"] / 1000.0 if first_out is None else first_out,
+                                    encoded=times["encoded_ms"] / 1000.0 if first_out is None else first_out,
+                                    handed=times["sent_ms"] / 1000.0 if first_out is None else first_out,
+                                    arrived=chunk.arrived_at
+                                    if first_out is None or chunk.first_part_arrived_at is None
+                                    else chunk.first_part_arrived_at,
+                                    decoded=chunk.received_at
+                                    if first_out is None or chunk.first_part_at is None
+                                    else chunk.first_part_at,
                                     shown=shown,
                                     frame=frame,
                                 )
@@ -684,6 +725,7 @@ async def run_bench(
     playout_slack_frames: float = 0.0,
     transport: Transport = "ws",
     same_clock: bool | None = None,
+    parts: bool = False,
 ) -> BenchResult:
     """Run sessions against ``url`` and gather what each client (and each viewer) saw.
 
@@ -701,7 +743,8 @@ async def run_bench(
     ``transport``: ``webrtc`` runs each session over ``/v1/webrtc`` (frames decoded from its video track, each
     chunk shown as its first frame is decoded; viewers stay on WebSockets). ``same_clock``: the server reads this
     machine's monotonic clock (``None``: when ``url`` is a loopback address; another network namespace of this
-    machine is the same clock too), else its offset is estimated.
+    machine is the same clock too), else its offset is estimated. ``parts``: each client takes its chunks'
+    frames in parts as the model makes them (``options.parts``; JPEG or raw) and plays them as they come.
     """
     rng = random.Random(seed)
     lifetime = session_seconds if session_seconds is not None else duration
@@ -739,6 +782,7 @@ async def run_bench(
                 playout_slack_frames=playout_slack_frames,
                 image=None if image_size is None else start_image(*image_size, index),
                 transport=transport,
+                parts=parts,
             )
             for index, offset in enumerate(offsets)
         )
