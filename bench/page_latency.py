@@ -15,10 +15,15 @@ than its few dozen inputs can tell), and both jitter buffers' underruns;
 then each part's p50, the page's beside the bench's (the page's parts: wait_tick, step = queue
 + model, encode, transfer = up + handoff + down, decode, buffer = playout; docs/latency.md).
 
+``--frames parts`` has the page and the bench take each chunk's frames in parts as the model makes them
+(the page's default, ``options.parts``; a model whose spec says ``frame_parts``, JPEG or raw), ``whole``
+takes them whole (``?parts=0``); both, in turn on the same server: side by side.
+
 Usage: ``python bench/page_latency.py [--models procedural tinyworld] [--leads jit 1]
-[--media jpeg h264] [--duration 20] [--interval 0.5]``; ``--smoke``: one short run (procedural,
-jit, jpeg). Needs Chromium (``make browser``; ``WORLDSERVE_CHROMIUM`` names another) and
-playwright (the ``dev`` extra). The server, the browser and the bench share this machine's cores.
+[--media jpeg h264] [--frames parts] [--duration 20] [--interval 0.5] [--server-arg ARGS]``;
+``--smoke``: one short run (procedural, jit, jpeg). Needs Chromium (``make browser``;
+``WORLDSERVE_CHROMIUM`` names another) and playwright (the ``dev`` extra). The server, the browser and
+the bench share this machine's cores.
 """
 
 from __future__ import annotations
@@ -75,9 +80,12 @@ def ratio_interval(bench: list[float], page: list[float], seed: int, rounds: int
     return ratios[int(0.025 * (rounds - 1))], ratios[int(0.975 * (rounds - 1))]
 
 
-def page_figures(server: BenchServer, media: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
+def page_figures(
+    server: BenchServer, media: str, duration: float, interval: float, seed: int, parts: bool = True
+) -> dict[str, Any]:
     """Steer one world through the page for ``duration`` s; the page's own figures (ms) and its underruns."""
-    return steer_page(f"http://127.0.0.1:{server.port}/?media={media}", duration, interval, seed)
+    query = f"?media={media}" + ("" if parts else "&parts=0")
+    return steer_page(f"http://127.0.0.1:{server.port}/{query}", duration, interval, seed)
 
 
 def steer_page(url: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
@@ -125,7 +133,9 @@ def steer_page(url: str, duration: float, interval: float, seed: int) -> dict[st
     return {"totals": [float(entry["total"]) for entry in log], "parts": parts, "underruns": int(jitter["underruns"])}
 
 
-def bench_figures(server: BenchServer, media: str, duration: float, interval: float, seed: int) -> dict[str, Any]:
+def bench_figures(
+    server: BenchServer, media: str, duration: float, interval: float, seed: int, parts: bool = True
+) -> dict[str, Any]:
     """``worldserve bench``'s one session against the same server, counted as the page counts (ms)."""
     result = asyncio.run(
         run_bench(
@@ -137,6 +147,7 @@ def bench_figures(server: BenchServer, media: str, duration: float, interval: fl
             settle=3.0,
             seed=seed,
             playout_slack_frames=1.0,
+            parts=parts and media != "h264",
         )
     )
     by_chunk: dict[float, list[KeyToPhoton]] = defaultdict(list)
@@ -162,6 +173,14 @@ def main() -> int:
     parser.add_argument("--media", nargs="+", default=["jpeg", "h264"], choices=["raw", "jpeg", "h264"])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of steering per run")
     parser.add_argument("--interval", type=float, default=0.5, help="mean seconds between two inputs")
+    parser.add_argument(
+        "--frames",
+        nargs="+",
+        default=["parts"],
+        choices=["parts", "whole"],
+        help="frames in parts as the model makes them (the page's default) and/or whole, in turn",
+    )
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARGS", help="more serve arguments")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="one short run: procedural, jit, jpeg, 3 s")
     args = parser.parse_args()
@@ -177,36 +196,39 @@ def main() -> int:
     )
     print()
     print(
-        "| model | lead | media | page key-to-photon p50 / p95 / p99 ms (n) | bench p50 / p95 / p99 ms (n) "
+        "| model | lead | media | frames | page key-to-photon p50 / p95 / p99 ms (n) | bench p50 / p95 / p99 ms (n) "
         "| bench p50 vs page (95 % interval) | underruns page / bench | load |"
     )
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     split: list[str] = []
     for model in args.models:
         for lead in args.leads:
-            server = start_server(["--model", model, "--lead", lead], f"page-{model}-{lead}", timeout=300.0)
+            extra = [word for text in args.server_arg for word in text.split()]
+            server = start_server(["--model", model, "--lead", lead, *extra], f"page-{model}-{lead}", timeout=300.0)
             try:
-                for media in args.media:
+                for media, frames in ((m, f) for m in args.media for f in args.frames):
                     load = os.getloadavg()[0]
-                    page = page_figures(server, media, args.duration, args.interval, args.seed)
-                    bench = bench_figures(server, media, args.duration, args.interval, args.seed)
+                    parts = frames == "parts"
+                    page = page_figures(server, media, args.duration, args.interval, args.seed, parts)
+                    bench = bench_figures(server, media, args.duration, args.interval, args.seed, parts)
                     versus = "-"
                     if page["totals"] and bench["totals"]:
                         ratio = statistics.median(bench["totals"]) / statistics.median(page["totals"]) - 1
                         low, high = ratio_interval(bench["totals"], page["totals"], args.seed)
                         versus = f"{ratio * 100:+.0f} % ({low * 100:+.0f} to {high * 100:+.0f})"
                     print(
-                        f"| {model} | {lead} | {media} | {_spread(page['totals'])} | {_spread(bench['totals'])} "
+                        f"| {model} | {lead} | {media} | {frames} | {_spread(page['totals'])} "
+                        f"| {_spread(bench['totals'])} "
                         f"| {versus} | {page['underruns']} / {bench['underruns']} | {load:.1f} |",
                         flush=True,
                     )
                     cells = [f"{_p50(page['parts'][part])} / {_p50(bench['parts'][part])}" for part in PARTS]
-                    split.append(f"| {model} | {lead} | {media} | " + " | ".join(cells) + " |")
+                    split.append(f"| {model} | {lead} | {media} | {frames} | " + " | ".join(cells) + " |")
             finally:
                 server.stop()
     print()
-    print("| model | lead | media | " + " | ".join(f"{part} p50 page / bench" for part in PARTS) + " |")
-    print("|---|---|---|" + "---|" * len(PARTS))
+    print("| model | lead | media | frames | " + " | ".join(f"{part} p50 page / bench" for part in PARTS) + " |")
+    print("|---|---|---|---|" + "---|" * len(PARTS))
     print("\n".join(split))
     print()
     print(

@@ -19,6 +19,8 @@ export type InputAccepted = ServerMessages.InputAccepted;
 export type InputDropped = ServerMessages.InputDropped;
 export type ChunkSkipped = ServerMessages.ChunkSkipped;
 export type ChunkHeader = ServerMessages.ChunkMessage;
+/** Frames of a chunk still being made (`parts: true` at start): its binary messages follow, as a chunk's do. */
+export type ChunkPartHeader = ServerMessages.ChunkPartMessage;
 export type Media = "raw" | "jpeg" | "h264";
 
 /** One control of an input event: a track, its schema and its data (docs/protocol.md, "Controls"). */
@@ -109,6 +111,10 @@ export interface StartOptions {
   /** When the server is full, wait in line (each `session.queued` goes to `onQueued`). */
   queue?: boolean;
   onQueued?: (queued: SessionQueued) => void;
+  /** JPEG and raw: take each chunk's frames in parts as the model makes them (`chunk.part`, ahead of the chunk;
+   * a model whose spec says `frame_parts`). A listener hears each part's header and frames; `nextChunk` still
+   * hands over whole chunks. */
+  parts?: boolean;
 }
 
 export interface EventOptions {
@@ -139,8 +145,9 @@ export interface SessionListener {
   /** A message the server sent unasked: a chunk's header (its frames follow), `session.reset`, `input.dropped`,
    * `chunk.skipped`, `session.queued`, `session.closed`, `session.failed`, an `error` that answers no request. */
   message?(message: ServerMessage): void;
-  /** One binary message of the chunk whose header came last (a frame; H.264: the chunk's fragment), as it comes. */
-  frame?(payload: ArrayBuffer, header: ChunkHeader, index: number): void;
+  /** One binary message of the chunk (or chunk part) whose header came last (a frame; H.264: the chunk's fragment),
+   * as it comes; `index` counts from the header's first binary message. */
+  frame?(payload: ArrayBuffer, header: ChunkHeader | ChunkPartHeader, index: number): void;
   /** The connection ended, not by this client's own `drop` or a move: the WebSocket's close code (1006: none
    * came, as when the network or the handshake failed). */
   closed?(code: number): void;
@@ -177,7 +184,9 @@ export class WorldClient {
   private readonly replies = new Map<string, Waiter<ServerMessage>>();
   private readonly ready: (Chunk | Error)[] = [];
   private readonly takers: Waiter<Chunk>[] = [];
-  private partial: { header: ChunkHeader; payloads: Uint8Array[] } | null = null;
+  private partial: { header: ChunkHeader | ChunkPartHeader; payloads: Uint8Array[] } | null = null;
+  /** Parts of chunks not come yet, by seq: their payloads in order (`parts: true`, without a listener). */
+  private readonly parts = new Map<number, Uint8Array[]>();
   private onQueued: ((queued: SessionQueued) => void) | null = null;
   private closed: Error | null = null;
   private listener: SessionListener | null = null;
@@ -237,7 +246,11 @@ export class WorldClient {
     const message: Record<string, unknown> = {
       type: "session.start",
       seed: options.seed ?? 0,
-      options: { media: options.media ?? "raw", ...(options.quality !== undefined ? { quality: options.quality } : {}) },
+      options: {
+        media: options.media ?? "raw",
+        ...(options.quality !== undefined ? { quality: options.quality } : {}),
+        ...(options.parts ? { parts: true } : {}),
+      },
     };
     if (options.prompt !== undefined) message.prompt = options.prompt;
     if (options.image !== undefined) message.image = options.image;
@@ -469,7 +482,7 @@ export class WorldClient {
       partial.payloads.push(new Uint8Array(data as ArrayBuffer));
       if (partial.payloads.length === partial.header.frames.sizes.length) {
         this.partial = null;
-        this.deliver(toChunk(partial.header, partial.payloads));
+        this.complete(partial.header, partial.payloads);
       }
       return;
     }
@@ -477,11 +490,15 @@ export class WorldClient {
     const listener = this.listener;
     switch (message.type) {
       case "chunk":
+      case "chunk.part":
         this.partial = { header: message, payloads: [] };
         if (listener) {
-          this.lastSeq = Math.max(this.lastSeq, message.seq);
+          if (message.type === "chunk") this.lastSeq = Math.max(this.lastSeq, message.seq);
           if (message.frames.sizes.length === 0) this.partial = null;
           listener.message?.(message);
+        } else if (message.frames.sizes.length === 0) {
+          this.partial = null;
+          this.complete(message, []);
         }
         return;
       case "chunk.skipped":
@@ -507,6 +524,25 @@ export class WorldClient {
     } else if (message.type === "session.failed" || message.type === "error") {
       this.deliver(new WorldError(message.code, message.message));
     }
+  }
+
+  /** A chunk's or a part's frames are all in (no listener): a part is kept until its chunk, which takes them. */
+  private complete(header: ChunkHeader | ChunkPartHeader, payloads: Uint8Array[]): void {
+    if (header.type === "chunk.part") {
+      const held = header.first === 0 ? [] : this.parts.get(header.seq);
+      if (!held || held.length !== header.first) {
+        return this.lost(new WorldClientError(`chunk ${header.seq}'s part from frame ${header.first} follows none.`));
+      }
+      this.parts.set(header.seq, [...held, ...payloads]);
+      return;
+    }
+    const held = this.parts.get(header.seq) ?? [];
+    for (const seq of this.parts.keys()) if (seq <= header.seq) this.parts.delete(seq);
+    const sent = header.frames.sent ?? 0;
+    if (sent && held.length !== sent) {
+      return this.lost(new WorldClientError(`chunk ${header.seq} says ${sent} frames came in parts; they did not.`));
+    }
+    this.deliver(toChunk(header, sent ? [...held, ...payloads] : payloads));
   }
 
   /** A notice to the listener, or, with none, kept in its list (`skipped`, `dropped`, `queued`). */

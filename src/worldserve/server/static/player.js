@@ -43,6 +43,9 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
   const BASE = location.pathname.replace(/[^/]*$/, "");
   // ?transport=webrtc: the session over WebRTC (POST /v1/webrtc; a viewer's link: WHEP), where the browser has it.
   const RTC_WANTED = new URLSearchParams(location.search).get("transport") === "webrtc" && Boolean(window.RTCPeerConnection);
+  // JPEG and raw: take each chunk's frames in parts as the model makes them (chunk.part), and play them as they
+  // come (a model whose spec says frame_parts; others send chunks whole anyway); ?parts=0 takes chunks whole.
+  const PARTS_WANTED = new URLSearchParams(location.search).get("parts") !== "0";
   const state = {
     client: null, // the session's WorldClient (over WebRTC: WebRTCWorldClient), while it has one
     spec: null,
@@ -95,6 +98,10 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     chunkOf: new Map(), // seq -> {shown, skip, applied: [[event id, input instant]]}, for the last chunks
     rtcShown: [], // over WebRTC, the last PHOTON_LOG_MAX frames shown: {rtp, seq, chunk, epoch}
     received: [], // the seqs of the last PHOTON_LOG_MAX chunks received whole, in order (resumes included)
+    // seq -> a chunk taken in parts: {received, decoded} of its first part, when its first frame was on screen
+    // (firstShownAt), and, once the chunk itself came (chunkIn), its key->screen figure's start (photon)
+    partsOf: new Map(),
+    parts: 0, // chunk parts received
   };
   // A read-only window for tests and curious users.
   window.worldserve = {
@@ -132,6 +139,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     get resumes() { return state.resumes; },
     get restarts() { return state.restarts; },
     get superseded() { return state.superseded; },
+    get parts() { return state.parts; }, // chunk parts received (a chunk's frames as the model made them)
     get seq() { return state.shownSeq; }, // the chunk of the frame shown last (its seq)
     get recordedBytes() { return recording.bytes; },
     get media() { return state.media; },
@@ -444,9 +452,11 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     const started = state.started || { prompt, seed: Number($("seed").value) || 0 };
     state.started = started;
     state.lastSeq = -1;
+    const media = chooseMedia();
     return {
       seed: started.seed,
-      media: chooseMedia(),
+      media,
+      ...(PARTS_WANTED && media !== "h264" ? { parts: true } : {}),
       shareViewers: true,
       shareControllers: true,
       queue: true, // a full server puts this start in line (session.queued) instead of refusing it
@@ -846,10 +856,17 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
           break;
         }
         if (message.supersedes != null) supersede(message.supersedes, message.seq);
+        if (!message.frames.sent && state.partsOf.delete(message.seq)) jitterDropSeq(message.seq); // made again: whole
         state.header = message;
         state.frames = [];
         if (message.epoch > state.epoch) newEpoch(message.epoch); // another controller reset the world
         if (message.frames.sizes.length === 0) finishChunk();
+        break;
+      case "chunk.part": // frames of a chunk still being made: they play as they come
+        if (rtc.client) break;
+        state.header = message;
+        state.frames = [];
+        if (message.frames.sizes.length === 0) finishPart();
         break;
       case "input.dropped":
         // A superseded held key/camera event is routine (a newer one replaced it), not worth a log line.
@@ -956,7 +973,50 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       return;
     }
     state.frames.push(decodeFrame(new Uint8Array(buffer), media, width, height)); // the package's decoding
-    if (state.frames.length === header.frames.sizes.length) finishChunk();
+    if (state.frames.length === header.frames.sizes.length) {
+      if (header.type === "chunk.part") finishPart();
+      else finishChunk();
+    }
+  }
+
+  // A part of a chunk is in: its frames queue behind the chunk's frames before them, and play as they come.
+  function finishPart() {
+    const header = state.header;
+    const pending = state.frames;
+    state.header = null;
+    state.frames = [];
+    state.parts += 1;
+    const first = header.first === 0;
+    if (first) state.partsOf.set(header.seq, { received: performance.now(), decoded: null, firstShownAt: null, chunkIn: false, photon: null });
+    const part = state.partsOf.get(header.seq);
+    if (!part) return; // its first part was not ours (a resume between parts): the chunk comes with the rest
+    const decoded = Promise.all(pending);
+    state.decoding = state.decoding.then(() => decoded).then((images) => {
+      if (first) {
+        part.decoded = performance.now();
+        if (images.length) { // a chunk's start: its wait, as finishChunk weighs a whole chunk's
+          const now = performance.now();
+          jitter.earlyMs += jitterLevel(state.nextFrameAt - now + state.queue.length * framePeriodMs() - jitter.earlyMs);
+        }
+      }
+      images.forEach((image, offset) => {
+        const index = header.first + offset;
+        state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, parted: true, chunk: header.chunk_index, index });
+      });
+      if (images.length) jitterArrived(performance.now());
+    }).catch((error) => console.error("a chunk part's frames could not be decoded", error));
+  }
+
+  // The chunk of parts whose first frame is on screen (at) has come: ack it now (the server knows its seq from
+  // then) and take its key->screen figure from its first part's instants.
+  function partsDone(seq, part, at) {
+    state.partsOf.delete(seq);
+    ack(seq);
+    if (part.photon) {
+      part.photon.received = part.received;
+      part.photon.decoded = part.decoded;
+      photonShown(part.photon, at);
+    }
   }
 
   function chunkReceived(seq) {
@@ -975,6 +1035,22 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     if (photon) photon.received = performance.now(); // its last binary message is in
     state.lastChunkMs = header.timings.tick_ms;
     const info = state.chunkOf.get(header.seq);
+    for (const seq of state.partsOf.keys()) { if (seq < header.seq - 8) state.partsOf.delete(seq); }
+    const sent = header.frames.sent || 0;
+    const part = sent ? state.partsOf.get(header.seq) : undefined;
+    if (part) { // its first frames came in parts (queued already): the rest queues behind them
+      const rest = Promise.all(pending);
+      state.decoding = state.decoding.then(() => rest).then((images) => {
+        images.forEach((image, offset) => {
+          state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: false, chunk: header.chunk_index, index: sent + offset });
+        });
+        if (images.length) jitterArrived(performance.now());
+        part.chunkIn = true;
+        part.photon = photon;
+        if (part.firstShownAt !== null) partsDone(header.seq, part, part.firstShownAt);
+      }).catch((error) => console.error("a chunk's frames could not be decoded", error));
+      return;
+    }
     // Queued in the order the chunks came, whichever decodes first (a burst after a stall decodes at once).
     const decoded = Promise.all(pending);
     state.decoding = state.decoding.then(() => decoded).then((images) => {
@@ -1053,10 +1129,13 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       logPhoton({ total: state.photonMs });
       return;
     }
+    // A chunk in parts: the frame left with its first part (part_ms), made and encoded before the step ended.
+    const stepped = t.part_ms ?? t.stepped_ms;
+    const encoded = t.part_ms ?? t.encoded_ms;
     const parts = {
       wait_tick: t.tick_ms - t.accepted_ms,
-      step: t.stepped_ms - t.tick_ms,
-      encode: t.encoded_ms - t.stepped_ms,
+      step: stepped - t.tick_ms,
+      encode: encoded - stepped,
       transfer: 0,
       decode: photon.decoded - photon.received,
       buffer: at - photon.decoded,
@@ -1218,7 +1297,10 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     if (item.image instanceof ImageData) ctx.putImageData(item.image, 0, 0);
     else ctx.drawImage(item.image, 0, 0);
     if (item.photon) photonShown(item.photon, now);
-    if (item.first) ack(item.seq);
+    const part = item.first && item.parted ? state.partsOf.get(item.seq) : undefined;
+    if (part && part.chunkIn) partsDone(item.seq, part, now);
+    else if (part) part.firstShownAt = now; // acked once the chunk itself comes
+    else if (item.first) ack(item.seq);
     const info = state.chunkOf.get(item.seq);
     if (info) info.shown += 1;
     state.shownSeq = item.seq;

@@ -60,6 +60,8 @@ export class WorldClient {
     ready = [];
     takers = [];
     partial = null;
+    /** Parts of chunks not come yet, by seq: their payloads in order (`parts: true`, without a listener). */
+    parts = new Map();
     onQueued = null;
     closed = null;
     listener = null;
@@ -115,7 +117,11 @@ export class WorldClient {
         const message = {
             type: "session.start",
             seed: options.seed ?? 0,
-            options: { media: options.media ?? "raw", ...(options.quality !== undefined ? { quality: options.quality } : {}) },
+            options: {
+                media: options.media ?? "raw",
+                ...(options.quality !== undefined ? { quality: options.quality } : {}),
+                ...(options.parts ? { parts: true } : {}),
+            },
         };
         if (options.prompt !== undefined)
             message.prompt = options.prompt;
@@ -351,7 +357,7 @@ export class WorldClient {
             partial.payloads.push(new Uint8Array(data));
             if (partial.payloads.length === partial.header.frames.sizes.length) {
                 this.partial = null;
-                this.deliver(toChunk(partial.header, partial.payloads));
+                this.complete(partial.header, partial.payloads);
             }
             return;
         }
@@ -359,12 +365,18 @@ export class WorldClient {
         const listener = this.listener;
         switch (message.type) {
             case "chunk":
+            case "chunk.part":
                 this.partial = { header: message, payloads: [] };
                 if (listener) {
-                    this.lastSeq = Math.max(this.lastSeq, message.seq);
+                    if (message.type === "chunk")
+                        this.lastSeq = Math.max(this.lastSeq, message.seq);
                     if (message.frames.sizes.length === 0)
                         this.partial = null;
                     listener.message?.(message);
+                }
+                else if (message.frames.sizes.length === 0) {
+                    this.partial = null;
+                    this.complete(message, []);
                 }
                 return;
             case "chunk.skipped":
@@ -394,6 +406,26 @@ export class WorldClient {
         else if (message.type === "session.failed" || message.type === "error") {
             this.deliver(new WorldError(message.code, message.message));
         }
+    }
+    /** A chunk's or a part's frames are all in (no listener): a part is kept until its chunk, which takes them. */
+    complete(header, payloads) {
+        if (header.type === "chunk.part") {
+            const held = header.first === 0 ? [] : this.parts.get(header.seq);
+            if (!held || held.length !== header.first) {
+                return this.lost(new WorldClientError(`chunk ${header.seq}'s part from frame ${header.first} follows none.`));
+            }
+            this.parts.set(header.seq, [...held, ...payloads]);
+            return;
+        }
+        const held = this.parts.get(header.seq) ?? [];
+        for (const seq of this.parts.keys())
+            if (seq <= header.seq)
+                this.parts.delete(seq);
+        const sent = header.frames.sent ?? 0;
+        if (sent && held.length !== sent) {
+            return this.lost(new WorldClientError(`chunk ${header.seq} says ${sent} frames came in parts; they did not.`));
+        }
+        this.deliver(toChunk(header, sent ? [...held, ...payloads] : payloads));
     }
     /** A notice to the listener, or, with none, kept in its list (`skipped`, `dropped`, `queued`). */
     notice(message, kept) {
