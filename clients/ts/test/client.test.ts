@@ -2,63 +2,31 @@
 // in Node with `ws`: the protocol doc's example exchange, resume after a drop, a share link, cancel,
 // and the errors a client is told. Run by `npm test` (make test runs it); WORLDSERVE_PYTHON names the
 // Python that has worldserve installed (default: the repository's .venv).
-import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { createServer } from "node:net";
-import { dirname, join } from "node:path";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 
 import {
   WorldClient, WorldClientError, WorldError, camera, iceServersOf, keys, parseIceLinks, rgbToRgba, type SocketLike,
 } from "../src/index.js";
+import { serve, type Served } from "./serve.js";
 
-const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
-const python = process.env.WORLDSERVE_PYTHON ?? join(root, ".venv", "bin", "python");
 const TOKEN = "ts-client-test-token";
 const socket = (url: string, protocols?: string[]) => new WebSocket(url, protocols) as unknown as SocketLike;
 
-let server: ChildProcess;
+let served: Served;
 let url = "";
-let log = "";
-
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  probe.listen(0, "127.0.0.1");
-  await once(probe, "listening");
-  const address = probe.address();
-  probe.close();
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
 
 before(async () => {
-  const port = await freePort();
-  server = spawn(python, ["-m", "worldserve", "serve", "--model", "procedural", "--port", String(port),
-    "--token", TOKEN, "--log-level", "warning", "--ice-server", "stun:127.0.0.1:3478",
-    "--ice-server", "turn:ana:s3%22cr%5Cet@127.0.0.1:3478?transport=tcp"], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
-  server.stdout?.on("data", (data) => { log += data; });
-  server.stderr?.on("data", (data) => { log += data; });
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    if (server.exitCode !== null) throw new Error(`server exited: ${log}`);
-    try {
-      const reply = await fetch(`http://127.0.0.1:${port}/healthz`);
-      if (reply.ok) break;
-    } catch {
-      // not up yet
-    }
-    if (Date.now() > deadline) throw new Error(`server not healthy: ${log}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  url = `ws://127.0.0.1:${port}/v1/world`;
+  served = await serve(["--model", "procedural", "--token", TOKEN, "--ice-server", "stun:127.0.0.1:3478",
+    "--ice-server", "turn:ana:s3%22cr%5Cet@127.0.0.1:3478?transport=tcp"]);
+  url = served.url;
 });
 
 after(() => {
-  server.kill("SIGTERM");
-  assert.ok(!log.includes("Traceback"), log);
+  served.stop();
+  assert.ok(!served.log().includes("Traceback"), served.log());
 });
 
 function client(at: string = url): WorldClient {

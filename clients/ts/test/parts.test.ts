@@ -2,61 +2,28 @@
 // in parts (tests/runtime_models.py's PartsModel: the procedural world handed on a frame at a time): without
 // a listener, nextChunk still hands over whole chunks, byte for byte what a client that did not ask gets;
 // a listener hears each part's header and frames before its chunk, which says how many it already sent.
-import { spawn, type ChildProcess } from "node:child_process";
-import { once } from "node:events";
-import { createServer } from "node:net";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 
 import { WorldClient, type SocketLike } from "../src/index.js";
-
-const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
-const python = process.env.WORLDSERVE_PYTHON ?? join(root, ".venv", "bin", "python");
+import { root, serve, type Served } from "./serve.js";
 const socket = (url: string, protocols?: string[]) => new WebSocket(url, protocols) as unknown as SocketLike;
 
-let server: ChildProcess;
+let served: Served;
 let url = "";
-let log = "";
-
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  probe.listen(0, "127.0.0.1");
-  await once(probe, "listening");
-  const address = probe.address();
-  probe.close();
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
 
 before(async () => {
-  const port = await freePort();
   const env = { ...process.env, PYTHONPATH: [join(root, "tests"), process.env.PYTHONPATH].filter(Boolean).join(":") };
-  server = spawn(python, ["-m", "worldserve", "serve", "--model", "runtime_models:PartsModel", "--model-option", "part=1",
-    "--model-option", "pause_s=0.02", "--workers", "1", "--port", String(port), "--log-level", "warning"],
-  { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
-  server.stdout?.on("data", (data) => { log += data; });
-  server.stderr?.on("data", (data) => { log += data; });
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    if (server.exitCode !== null) throw new Error(`server exited: ${log}`);
-    try {
-      const reply = await fetch(`http://127.0.0.1:${port}/healthz`);
-      if (reply.ok) break;
-    } catch {
-      // not up yet
-    }
-    if (Date.now() > deadline) throw new Error(`server not healthy: ${log}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  url = `ws://127.0.0.1:${port}/v1/world`;
+  served = await serve(["--model", "runtime_models:PartsModel", "--model-option", "part=1",
+    "--model-option", "pause_s=0.02", "--workers", "1"], env);
+  url = served.url;
 });
 
 after(() => {
-  server.kill("SIGTERM");
-  assert.ok(!log.includes("Traceback"), log);
+  served.stop();
+  assert.ok(!served.log().includes("Traceback"), served.log());
 });
 
 test("nextChunk hands over whole chunks taken in parts, byte for byte what a client that did not ask gets", async () => {
