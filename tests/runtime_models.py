@@ -115,13 +115,21 @@ class Gate:
 
     def hold(self, session_ids: Iterable[str]) -> None:
         """In the model's step: say so, wait until the test opens the gate, say it left."""
-        self._file(".entered").write_text(" ".join(session_ids))
+        ids = list(session_ids)
+        self._say(".entered", ids)
         deadline = time.monotonic() + self.LIMIT_S
         while not self._file(".open").exists():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the test never opened the gate {self.path}")
             time.sleep(0.002)
-        self._file(".left").write_text(" ".join(session_ids))
+        self._say(".left", ids)
+
+    def _say(self, suffix: str, session_ids: list[str]) -> None:
+        """Write the file whole, then give it its name: a test that sees it exist reads every id (write_text
+        makes the file first and fills it after, and a reader in between read none)."""
+        written = self._file(suffix + ".part")
+        written.write_text(" ".join(session_ids))
+        written.replace(self._file(suffix))
 
     async def wait_entered(self) -> None:
         """Wait (on the event loop) until a gated step is inside the model."""
