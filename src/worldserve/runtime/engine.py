@@ -543,10 +543,7 @@ class Engine:
         self._counters.batch_size.observe(len(batch))
         ticks = [entry.item.tick for entry in batch]
         parted = {entry.item.tick.session_id: entry.item for entry in batch if entry.item.on_part is not None}
-        if parted:
-            future = self._executor.step(worker.index, ticks, frozenset(parted), lambda part: _hand_on(parted, part))
-        else:
-            future = self._executor.step(worker.index, ticks)
+        future = self._executor.step(worker.index, ticks, parted, lambda part: _hand_on(parted, part))
         future.add_done_callback(lambda done: self._on_step_done(worker, batch, done))
         if self.config.hang_timeout_s is not None:
             worker.hang_timer = loop.call_later(self.config.hang_timeout_s, self._on_hang, worker, batch)

@@ -64,10 +64,10 @@ def answer(
 
     Exceptions never cross a boundary (a thread, a pipe, a machine): only codes and
     messages do, and the executor's base turns them back into the coded error. A step's
-    parts go to ``on_part`` (``args``: the ticks and the sessions to hand on in parts).
+    parts go to ``on_part`` (``args``: the ticks and the sessions to hand on in parts, if any).
     """
     try:
-        if method == STEP and on_part is not None:
+        if method == STEP and on_part is not None and len(args) > 1 and args[1]:
             ticks, parted = args
             return True, runner.step(ticks, parted, on_part)
         return True, runner.call(method, args)
@@ -134,8 +134,7 @@ def serve(conn: Connection, runner: ModelRunner, worker: int) -> None:
                 on_part = None
                 if method == STEP:
                     args = (decode_ticks(args[0]), *args[1:])
-                    if len(args) > 1 and args[1]:
-                        on_part = _sender(conn, request_id)
+                    on_part = _sender(conn, request_id)  # used if the step names sessions to hand on in parts
                 ok, result = answer(runner, method, args, worker, on_part)
                 if ok and use_frames and frames is not None and isinstance(result, StepReport):
                     result = frames.pack(result) or result

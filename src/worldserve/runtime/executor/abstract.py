@@ -126,7 +126,7 @@ class Executor(ABC):
     def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest], parted: frozenset[str]) -> None:
         """Carry one model step (the hot path; an executor may encode or route it specially); the worker
         sends the parts of ``parted`` sessions' chunks to :meth:`_part` ahead of the reply, where it can."""
-        self._send(worker, request_id, STEP, (list(ticks), parted) if parted else (list(ticks),))
+        self._send(worker, request_id, STEP, (list(ticks), parted))
 
     @abstractmethod
     async def restart(self, worker: int) -> None:

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Sequence
 from typing import Any
 
-from worldserve.protocol import TickRequest
 from worldserve.runtime.errors import RuntimeClosedError, WorkerDiedError, WorkerStartError
 from worldserve.runtime.executor.abstract import Executor, Life, post
 from worldserve.runtime.messages import ChunkPart, WorkerConfig
-from worldserve.runtime.runner import STEP, ModelRunner
+from worldserve.runtime.runner import ModelRunner
 from worldserve.runtime.worker import Reply, answer, build_runner
 
 __all__ = ["InprocExecutor"]
@@ -62,22 +60,16 @@ class InprocExecutor(Executor):
         self._life_ready(thread.life, thread.runner.spec)
 
     def _send(self, worker: int, request_id: int, method: str, args: tuple[Any, ...]) -> None:
-        self._run(worker, request_id, method, args, parts=False)
-
-    def _send_step(self, worker: int, request_id: int, ticks: Sequence[TickRequest], parted: frozenset[str]) -> None:
-        self._run(worker, request_id, STEP, (list(ticks), parted) if parted else (list(ticks),), parts=bool(parted))
-
-    def _run(self, worker: int, request_id: int, method: str, args: tuple[Any, ...], *, parts: bool) -> None:
         thread = self._threads[worker]
         assert thread is not None  # the base sends only to a live worker
         assert thread.runner is not None
         loop = self._require_loop()
         life = thread.life
 
-        def on_part(part: ChunkPart) -> None:  # on the worker's thread: the part goes to the loop
+        def on_part(part: ChunkPart) -> None:  # on the worker's thread (a step that hands on parts): to the loop
             post(loop, self._part, life, request_id, part)
 
-        done = thread.pool.submit(answer, thread.runner, method, args, worker, on_part if parts else None)
+        done = thread.pool.submit(answer, thread.runner, method, args, worker, on_part)
         done.add_done_callback(lambda result: post(loop, self._settle, life, request_id, result))
 
     def _settle(self, life: Life, request_id: int, result: concurrent.futures.Future[Reply]) -> None:

@@ -175,8 +175,7 @@ class MultiprocExecutor(Executor):
         use_frames = proc.frames is not None and proc.frames_request is None
         if use_frames:
             proc.frames_request = request_id
-        rows = encode_ticks(ticks)  # the worker decodes the ticks
-        message = (request_id, STEP, (rows, parted) if parted else (rows,), use_frames)
+        message = (request_id, STEP, (encode_ticks(ticks), parted), use_frames)  # the worker decodes the ticks
         if not self._send_now(proc, message):
             proc.enqueued += 1
             proc.outbox.put(message)
