@@ -994,17 +994,19 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     state.decoding = state.decoding.then(() => decoded).then((images) => {
       if (first) {
         part.decoded = performance.now();
-        if (images.length) { // a chunk's start: its wait, as finishChunk weighs a whole chunk's
-          const now = performance.now();
-          jitter.earlyMs += jitterLevel(state.nextFrameAt - now + state.queue.length * framePeriodMs() - jitter.earlyMs);
-        }
+        if (images.length) jitterChunkStarts(); // its wait weighed as a whole chunk's is
       }
-      images.forEach((image, offset) => {
-        const index = header.first + offset;
-        state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, parted: true, chunk: header.chunk_index, index });
-      });
-      if (images.length) jitterArrived(performance.now());
+      queueParted(header, images, header.first);
     }).catch((error) => console.error("a chunk part's frames could not be decoded", error));
+  }
+
+  // Frames of a chunk taken in parts, from its frame `from` on, into the jitter buffer's queue.
+  function queueParted(header, images, from) {
+    images.forEach((image, offset) => {
+      const index = from + offset;
+      state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: index === 0, parted: true, chunk: header.chunk_index, index });
+    });
+    if (images.length) jitterArrived(performance.now());
   }
 
   // The chunk of parts whose first frame is on screen (at) has come: ack it now (the server knows its seq from
@@ -1041,10 +1043,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     if (part) { // its first frames came in parts (queued already): the rest queues behind them
       const rest = Promise.all(pending);
       state.decoding = state.decoding.then(() => rest).then((images) => {
-        images.forEach((image, offset) => {
-          state.queue.push({ image, seq: header.seq, epoch: header.epoch, first: false, chunk: header.chunk_index, index: sent + offset });
-        });
-        if (images.length) jitterArrived(performance.now());
+        queueParted(header, images, sent);
         part.chunkIn = true;
         part.photon = photon;
         if (part.firstShownAt !== null) partsDone(header.seq, part, part.firstShownAt);
@@ -1056,10 +1055,7 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
     state.decoding = state.decoding.then(() => decoded).then((images) => {
       if (state.supersededSeqs.has(header.seq)) return; // replaced while it was decoding
       if (photon) photon.decoded = performance.now();
-      if (images.length) { // its wait: behind every frame queued, less what is being taken back
-        const now = performance.now();
-        jitter.earlyMs += jitterLevel(state.nextFrameAt - now + state.queue.length * framePeriodMs() - jitter.earlyMs);
-      }
+      if (images.length) jitterChunkStarts();
       // A replacement plays from where the chunk it replaces was (its frames shown are not shown again).
       const from = Math.min(info ? info.skip : 0, images.length);
       images.forEach((image, index) => {
@@ -1189,6 +1185,13 @@ import { H264Player, WebRTCWorldClient, WorldClient, WorldError, decodeFrame, li
       target: JITTER_START_FRAMES, most: JITTER_START_FRAMES, underruns: 0,
       playing: false, holdUntil: null, calmSince: null, earlyMs: 0, changes: [], levels: [], takenBack: 0,
     });
+  }
+
+  // A chunk's first frames are in (a whole chunk, or its first part): its wait, behind every frame queued, less
+  // what is being taken back, weighed by jitterLevel.
+  function jitterChunkStarts() {
+    const now = performance.now();
+    jitter.earlyMs += jitterLevel(state.nextFrameAt - now + state.queue.length * framePeriodMs() - jitter.earlyMs);
   }
 
   // A chunk arrived and waits `waitMs` before its first frame plays (the frames queued ahead of it, in
